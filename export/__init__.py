@@ -1,0 +1,1 @@
+"""HF target + draft -> ONNX bundle. Needs the ``[export]`` extra (torch, transformers, onnx)."""

@@ -1,0 +1,120 @@
+"""Speculative sampling (paper §2.3, Algorithm 1) as pure NumPy functions.
+
+One verification step: the draft proposed γ tokens x_1..x_γ, each drawn from its standardized
+q_i; the target scored all γ+1 positions in one call, giving p_1..p_{γ+1}.
+
+    accept x_i while r_i <= p_i(x_i) / q_i(x_i)          r_i ~ U(0, 1)
+    first rejection at i:  t ~ norm(max(0, p_i - q_i))    (the residual)
+    all γ accepted:        t ~ p_{γ+1}                    (the bonus token)
+
+The emitted tokens x_1..x_n, t are distributed exactly as the target's own samples
+(Appendix A.1). Every function takes optional leading batch axes; the single-sequence forms
+return plain ints.
+
+Lenience l in (0, 1] (Appendix A.5, off at l = 1) multiplies q by l before the comparison,
+accepting when r <= p(x) / (l q(x)). No token is then emitted with probability above p(x)/l.
+The residual stays norm(max(0, p - q)), which keeps that bound (see ``tests/runtime``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+from specdec.errors import ConfigError
+from specdec.runtime.sampling import sample
+
+
+class Verdict(NamedTuple):
+    """Outcome of one verification: ints for one sequence, arrays [B] for a batch."""
+
+    accepted: int | np.ndarray  # draft tokens kept, 0..γ
+    token: int | np.ndarray  # the correction (at the first rejection) or the bonus token
+
+
+def check_lenience(lenience: float) -> float:
+    if not (isinstance(lenience, (int, float)) and 0.0 < lenience <= 1.0):
+        raise ConfigError(f"lenience={lenience!r}: expected a number in (0, 1] (1 = exact)")
+    return float(lenience)
+
+
+def _residual(p: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """max(0, p - q) per row; ``sample`` normalizes it."""
+    return np.maximum(p - q, 0.0)
+
+
+def verify_batch(
+    draft: np.ndarray, q: np.ndarray, p: np.ndarray, rng: np.random.Generator, lenience: float = 1.0
+) -> Verdict:
+    """Algorithm 1 over a batch.
+
+    Args:
+        draft: [B, γ] int draft tokens.
+        q: [B, γ, V] standardized draft rows each token was drawn from.
+        p: [B, γ+1, V] standardized target rows.
+        rng: source of the uniforms r_i and of the final token.
+        lenience: l in (0, 1]; 1 is exact.
+
+    Returns:
+        Verdict of int64 arrays [B].
+    """
+    lenience = check_lenience(lenience)
+    batch, gamma = draft.shape
+    assert q.shape[:2] == (batch, gamma) and p.shape[:2] == (batch, gamma + 1), (draft.shape, q.shape, p.shape)
+    rows = np.arange(batch)
+    idx = draft[..., None]
+    px = np.take_along_axis(p[:, :gamma], idx, axis=-1)[..., 0]  # [B, γ]
+    qx = np.take_along_axis(q, idx, axis=-1)[..., 0]  # [B, γ]
+    r = rng.random((batch, gamma))  # [B, γ]
+    reject = r * (lenience * qx) > px  # r > p/(l q), without dividing by a zero q
+    n = np.where(reject.any(axis=-1), reject.argmax(axis=-1), gamma)  # [B]
+
+    final = p[rows, n]  # [B, V]: p_{n+1}
+    rejected = n < gamma
+    if rejected.any():
+        res = _residual(p[rows[rejected], n[rejected]], q[rows[rejected], n[rejected]])
+        # A residual with no mass means p == q up to rounding, where rejection is
+        # impossible in exact arithmetic; p itself is then the right distribution.
+        empty = res.sum(axis=-1) <= 0
+        res[empty] = final[rejected][empty]
+        final = final.copy()
+        final[rejected] = res
+    return Verdict(n.astype(np.int64), sample(final, rng))
+
+
+def verify(draft: np.ndarray, q: np.ndarray, p: np.ndarray, rng: np.random.Generator, lenience: float = 1.0) -> Verdict:
+    """Algorithm 1 for one sequence: draft [γ], q [γ, V], p [γ+1, V] -> Verdict of ints."""
+    v = verify_batch(np.asarray(draft)[None], np.asarray(q)[None], np.asarray(p)[None], rng, lenience)
+    return Verdict(int(v.accepted[0]), int(v.token[0]))
+
+
+def verify_greedy_batch(draft: np.ndarray, logits: np.ndarray, lenience: float = 1.0) -> Verdict:
+    """Argmax verification: keep draft tokens while they equal the target's argmax.
+
+    Args:
+        draft: [B, γ] draft tokens (the draft's own argmax picks).
+        logits: [B, γ+1, V] raw target logits.
+        lenience: l in (0, 1]. Below 1, also accept x when p(x) >= l * max p, p = softmax(logits)
+            (Appendix A.5, applied before standardizing); the correction is still the argmax.
+
+    Returns:
+        Verdict of int64 arrays [B]; the token is the target argmax after the accepted run.
+    """
+    lenience = check_lenience(lenience)
+    batch, gamma = draft.shape
+    top = logits.argmax(axis=-1)  # [B, γ+1]
+    ok = draft == top[:, :gamma]  # [B, γ]
+    if lenience < 1.0:
+        # p(x) / max p = exp(logit_x - max logit): no softmax needed.
+        lx = np.take_along_axis(logits[:, :gamma], draft[..., None], axis=-1)[..., 0]
+        ok |= lx - logits[:, :gamma].max(axis=-1) >= math.log(lenience)
+    n = np.where(~ok.all(axis=-1), (~ok).argmax(axis=-1), gamma)  # [B]
+    return Verdict(n.astype(np.int64), top[np.arange(batch), n].astype(np.int64))
+
+
+def verify_greedy(draft: np.ndarray, logits: np.ndarray, lenience: float = 1.0) -> Verdict:
+    """Argmax verification for one sequence: draft [γ], logits [γ+1, V] -> Verdict of ints."""
+    v = verify_greedy_batch(np.asarray(draft)[None], np.asarray(logits)[None], lenience)
+    return Verdict(int(v.accepted[0]), int(v.token[0]))

@@ -1,0 +1,105 @@
+"""Standardized sampling: Hugging Face semantics, checked against transformers' own warpers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from specdec.errors import SamplingError
+from specdec.runtime.sampling import SamplingConfig, sample, softmax, standardize
+
+
+def hf_reference(logits: np.ndarray, cfg: SamplingConfig) -> np.ndarray:
+    """The distribution transformers' generate(do_sample=True) samples from, via its real warpers."""
+    torch = pytest.importorskip("torch")
+    gen = pytest.importorskip("transformers.generation.logits_process")
+    scores = torch.tensor(logits, dtype=torch.float64)
+    ids = torch.zeros((scores.shape[0], 1), dtype=torch.long)
+    warpers = [gen.TemperatureLogitsWarper(cfg.temperature)]
+    if cfg.top_k:
+        warpers.append(gen.TopKLogitsWarper(cfg.top_k))
+    if cfg.top_p is not None and cfg.top_p < 1.0:
+        warpers.append(gen.TopPLogitsWarper(cfg.top_p))
+    for w in warpers:
+        scores = w(ids, scores)
+    return torch.softmax(scores, dim=-1).numpy()
+
+
+CONFIGS = [
+    SamplingConfig(1.0),
+    SamplingConfig(0.5),
+    SamplingConfig(2.0),
+    SamplingConfig(1.0, top_k=1),
+    SamplingConfig(1.0, top_k=7),
+    SamplingConfig(0.7, top_k=40),
+    SamplingConfig(1.0, top_p=0.5),
+    SamplingConfig(1.0, top_p=0.95),
+    SamplingConfig(0.8, top_k=20, top_p=0.9),
+    SamplingConfig(1.5, top_k=3, top_p=0.3),
+]
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=str)
+def test_matches_transformers_warpers(cfg):
+    rng = np.random.default_rng(0)
+    logits = rng.normal(scale=3.0, size=(64, 100))
+    # No exact ties here: transformers breaks them through torch.sort, which is unstable, so
+    # which tied token it keeps is arbitrary. Our rule for ties is tested below.
+    np.testing.assert_allclose(standardize(logits, cfg), hf_reference(logits, cfg), atol=1e-12)
+
+
+def test_greedy_is_one_hot_first_argmax():
+    logits = np.array([[0.0, 3.0, 3.0, -1.0], [5.0, 1.0, 2.0, 5.0]])
+    np.testing.assert_array_equal(standardize(logits, SamplingConfig(0.0)), [[0, 1, 0, 0], [1, 0, 0, 0]])
+
+
+def test_top_p_tie_keeps_lower_index_like_argmax():
+    logits = np.array([0.0, 2.0, 2.0, -1.0])
+    np.testing.assert_array_equal(standardize(logits, SamplingConfig(top_p=0.3)) > 0, [0, 1, 0, 0])
+
+
+def test_top_p_keeps_smallest_set_reaching_mass():
+    logits = np.log(np.array([0.5, 0.3, 0.15, 0.05]))
+    assert (standardize(logits, SamplingConfig(top_p=0.5)) > 0).sum() == 1
+    assert (standardize(logits, SamplingConfig(top_p=0.79)) > 0).sum() == 2
+    assert (standardize(logits, SamplingConfig(top_p=0.81)) > 0).sum() == 3
+    assert (standardize(logits, SamplingConfig(top_p=1.0)) > 0).sum() == 4
+
+
+def test_sample_follows_probabilities_and_skips_zero_mass():
+    rng = np.random.default_rng(1)
+    probs = np.array([0.0, 0.5, 0.0, 0.2, 0.3, 0.0])
+    draws = sample(np.broadcast_to(probs, (200_000, 6)), rng)
+    counts = np.bincount(draws, minlength=6)
+    assert counts[probs == 0].sum() == 0
+    assert stats.chisquare(counts[probs > 0], 200_000 * probs[probs > 0]).pvalue > 1e-4
+
+
+def test_sample_accepts_unnormalized_rows():
+    rng = np.random.default_rng(2)
+    draws = sample(np.broadcast_to([2.0, 6.0], (100_000, 2)), rng)
+    assert abs(draws.mean() - 0.75) < 0.01
+
+
+def test_softmax_handles_masked_logits():
+    p = softmax(np.array([0.0, -np.inf, 1.0]))
+    assert p[1] == 0 and np.isclose(p.sum(), 1)
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"temperature": -0.1}, "temperature"),
+        ({"temperature": float("inf")}, "temperature"),
+        ({"top_k": -1}, "top_k"),
+        ({"top_k": 2.5}, "top_k"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_p": 1.2}, "top_p"),
+    ],
+)
+def test_bad_settings_are_refused(kwargs, field):
+    with pytest.raises(SamplingError, match=field) as err:
+        SamplingConfig(**kwargs)
+    assert isinstance(err.value, ValueError)
+    assert "\n" not in str(err.value)

@@ -1,0 +1,69 @@
+"""The installed ``specdec`` console script, run as a user would."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from specdec.runtime.analysis import plan
+
+SPECDEC = shutil.which("specdec")
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    cmd = [SPECDEC, *args] if SPECDEC else [sys.executable, "-m", "specdec", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+
+
+def test_plan_json_picks_optimal_gamma():
+    out = run("plan", "--alpha", "0.8", "--cost", "0.05", "--json")
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    assert set(got) == {"gamma", "expected_tokens", "speedup", "operations"}
+    assert got == plan(0.8, 0.05)._asdict()
+
+
+def test_plan_json_with_gamma_and_cost_ops():
+    out = run("plan", "--alpha", "0.7", "--cost", "0.02", "--cost-ops", "0.1", "--gamma", "3", "--json")
+    got = json.loads(out.stdout)
+    assert got["gamma"] == 3
+    assert got["operations"] == pytest.approx(plan(0.7, 0.02, 0.1, 3).operations)
+
+
+def test_plan_table_marks_the_choice():
+    out = run("plan", "--alpha", "0.8", "--cost", "0.05")
+    assert out.returncode == 0
+    chosen = plan(0.8, 0.05).gamma
+    marked = [line for line in out.stdout.splitlines() if "chosen" in line]
+    assert len(marked) == 1 and marked[0].split()[0] == str(chosen)
+
+
+@pytest.mark.parametrize(
+    "args, word",
+    [
+        (["--alpha", "1.5", "--cost", "0.1"], "alpha"),
+        (["--alpha", "0", "--cost", "0.1"], "alpha"),
+        (["--alpha", "0.5", "--cost", "-1"], "cost"),
+        (["--alpha", "0.5", "--cost", "0.1", "--gamma", "0"], "gamma"),
+        (["--alpha", "0.5", "--cost", "x"], "--cost"),
+        (["--cost", "0.1"], "--alpha"),
+    ],
+)
+def test_plan_bad_values_exit_2_with_one_line(args, word):
+    out = run("plan", *args)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and word in lines[0], out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_runtime_imports_without_torch():
+    """Production services import the runtime with NumPy and ONNX Runtime only."""
+    code = "import sys, specdec.runtime, specdec.engines; bad = {'torch', 'transformers', 'onnx', 'optimum'} & set(sys.modules); print(sorted(bad))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
