@@ -1,0 +1,53 @@
+"""Writing a bundle atomically: nothing that looks complete exists until validation passed.
+
+Export builds everything in a hidden temporary folder beside the destination (same
+filesystem, so the final move is a rename). The manifest is written last. On any failure the
+temporary folder is removed and an existing bundle is left untouched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Iterator
+
+from specdec.errors import ExportError
+from specdec.manifest import MANIFEST_NAME, Manifest
+
+
+def check_destination(out: Path, overwrite: bool) -> None:
+    """Refuse an existing destination unless ``overwrite``; refuse a file in its place always."""
+    if out.exists() and not out.is_dir():
+        raise ExportError(f"--out {out} is a file; pass a folder path for the bundle")
+    if out.exists() and any(out.iterdir()) and not overwrite:
+        raise ExportError(f"--out {out} already exists; pass --overwrite to replace it or choose another folder")
+
+
+@contextlib.contextmanager
+def staging(out: Path) -> Iterator[Path]:
+    """A temporary folder beside ``out``; removed on exit unless it was moved into place."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    try:
+        yield tmp
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def commit(tmp: Path, out: Path, manifest: Manifest) -> None:
+    """Write the manifest into ``tmp`` and move ``tmp`` to ``out``, replacing any old bundle."""
+    (tmp / MANIFEST_NAME).write_text(manifest.to_json())
+    old = None
+    if out.exists():
+        old = out.parent / f".{out.name}.old-{tmp.name[-8:]}"
+        out.rename(old)
+    try:
+        tmp.rename(out)
+    except OSError:
+        if old is not None:
+            old.rename(out)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

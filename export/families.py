@@ -1,0 +1,71 @@
+"""Supported model families: every per-family difference lives in this one table.
+
+A family says how to read shape facts off a Hugging Face config and which config options it
+cannot export exactly. Adding a Llama-shaped family is one entry.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from specdec.errors import ModelError
+
+
+def _kv_heads(cfg: Any) -> int:
+    return getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+
+
+def _head_dim(cfg: Any) -> int:
+    return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+
+
+def _window(cfg: Any) -> int | None:
+    """Sliding-window size in effect (Mistral; Qwen2 only with use_sliding_window), else None."""
+    return getattr(cfg, "sliding_window", None) if getattr(cfg, "use_sliding_window", True) else None
+
+
+def _no_unsupported(**flags: Any) -> Callable[[Any], list[str]]:
+    """A check that lists config options set to values we do not export exactly."""
+
+    def check(cfg: Any) -> list[str]:
+        return [f"{k}={getattr(cfg, k)!r} (need {v!r})" for k, v in flags.items() if getattr(cfg, k, v) != v]
+
+    return check
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    model_types: tuple[str, ...]
+    unsupported: Callable[[Any], list[str]] = lambda cfg: []
+    kv_heads: Callable[[Any], int] = _kv_heads
+    head_dim: Callable[[Any], int] = _head_dim
+    window: Callable[[Any], int | None] = _window
+
+
+FAMILIES = (
+    Family("llama", ("llama", "qwen2", "mistral")),
+    Family("gpt2", ("gpt2",), _no_unsupported(scale_attn_by_inverse_layer_idx=False, reorder_and_upcast_attn=False)),
+    Family("opt", ("opt",), _no_unsupported(enable_bias=True)),
+    Family("gpt_neox", ("gpt_neox",)),
+)
+_BY_TYPE = {t: f for f in FAMILIES for t in f.model_types}
+SUPPORTED = tuple(sorted(_BY_TYPE))
+
+
+def family_of(cfg: Any, source: str, max_seq_len: int) -> Family:
+    """The family of a config, or a ModelError naming the supported architectures."""
+    model_type = getattr(cfg, "model_type", None)
+    fam = _BY_TYPE.get(model_type)
+    if fam is None:
+        raise ModelError(
+            f"{source}: architecture {model_type!r} is not supported; supported: {', '.join(SUPPORTED)}"
+        )
+    bad = fam.unsupported(cfg)
+    window = fam.window(cfg)
+    if window is not None and max_seq_len > window:
+        bad.append(f"sliding_window={window} (need max-seq-len <= {window}; pass --max-seq-len {window})")
+    if bad:
+        raise ModelError(f"{source}: {fam.name} option(s) {', '.join(bad)} cannot be exported exactly yet")
+    return fam

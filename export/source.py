@@ -1,0 +1,119 @@
+"""Source models: resolve a local folder or hub id, check the pair up front, then load.
+
+Checks that need only configs and tokenizers (missing path, unsupported family, vocab and
+special-token mismatch, max-seq-len beyond the model's positions) run before any weights load.
+Weights load from safetensors only; remote code only when the user asks for it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from specdec.errors import ModelError
+from specdec.export.families import Family, family_of
+
+
+@dataclass(frozen=True)
+class Source:
+    """A resolved, checked source model (config and tokenizer only; no weights yet)."""
+
+    name: str
+    revision: str | None
+    trust_remote_code: bool
+    config: Any
+    family: Family
+    tokenizer: Any | None  # a transformers tokenizer, or None when the source has none
+
+    @property
+    def commit(self) -> str | None:
+        return getattr(self.config, "_commit_hash", None) or self.revision
+
+    def eos_ids(self) -> tuple[int, ...]:
+        eos = self.config.eos_token_id
+        return () if eos is None else tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)
+
+
+def _looks_local(src: str) -> bool:
+    return src.startswith((".", "/", "~")) or Path(src).exists() or src.count("/") > 1
+
+
+def resolve(src: str, max_seq_len: int, revision: str | None = None, trust_remote_code: bool = False) -> Source:
+    """Config and tokenizer of ``src`` (a checkpoint folder or a hub id), checked for export."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    path = Path(src).expanduser()
+    if _looks_local(src) and not path.is_dir():
+        raise ModelError(f"model path {src!r} does not exist; pass a Hugging Face checkpoint folder or a hub id")
+    if path.is_dir() and not (path / "config.json").is_file():
+        raise ModelError(f"{src!r} has no config.json; pass a Hugging Face checkpoint folder (save_pretrained output)")
+    where = str(path) if path.is_dir() else src
+    try:
+        config = AutoConfig.from_pretrained(where, revision=revision, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ModelError(f"cannot read the config of {src!r} ({first}); check the id/folder and your network") from None
+    family = family_of(config, src, max_seq_len)
+    positions = getattr(config, "max_position_embeddings", None)
+    if positions is not None and max_seq_len > positions:
+        raise ModelError(
+            f"--max-seq-len {max_seq_len} exceeds {src}'s max_position_embeddings={positions}; pass --max-seq-len {positions} or less"
+        )
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(where, revision=revision, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError, TypeError):
+        tokenizer = None  # a checkpoint without tokenizer files: token ids only
+    return Source(src, revision, trust_remote_code, config, family, tokenizer)
+
+
+def check_pair(target: Source, draft: Source) -> None:
+    """Refuse a draft whose vocabulary or special tokens differ from the target's."""
+    t, d = target.config, draft.config
+    if t.vocab_size != d.vocab_size:
+        raise ModelError(
+            f"vocab mismatch: target {target.name} has vocab_size={t.vocab_size}, draft {draft.name} has {d.vocab_size}; "
+            "the draft must share the target's tokenizer"
+        )
+    for attr in ("bos_token_id",):
+        if getattr(t, attr, None) != getattr(d, attr, None):
+            raise ModelError(
+                f"special-token mismatch: target {attr}={getattr(t, attr, None)}, draft {attr}={getattr(d, attr, None)}; "
+                "the draft must share the target's tokenizer"
+            )
+    if set(target.eos_ids()) != set(draft.eos_ids()):
+        raise ModelError(
+            f"special-token mismatch: target eos_token_id={list(target.eos_ids())}, draft eos_token_id={list(draft.eos_ids())}; "
+            "the draft must share the target's tokenizer"
+        )
+    if target.tokenizer is not None and draft.tokenizer is not None:
+        if target.tokenizer.get_vocab() != draft.tokenizer.get_vocab():
+            raise ModelError(
+                f"tokenizer mismatch: {target.name} and {draft.name} map tokens to different ids; "
+                "the draft must share the target's tokenizer"
+            )
+
+
+def load_model(src: Source) -> Any:
+    """The source's torch model in float32, eval mode, from safetensors weights."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    path = Path(src.name).expanduser()
+    where = str(path) if path.is_dir() else src.name
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            where,
+            revision=src.revision,
+            trust_remote_code=src.trust_remote_code,
+            use_safetensors=True,
+            torch_dtype=torch.float32,
+        )
+    except (OSError, ValueError) as e:
+        first = str(e).strip().splitlines()[0]
+        raise ModelError(f"cannot load weights of {src.name!r} ({first}); specdec loads safetensors weights only") from None
+    return model.eval()
+
+
+def parameter_count(model: Any) -> int:
+    return sum(p.numel() for p in model.parameters())

@@ -1,0 +1,175 @@
+"""The bundle manifest: the one contract between export, engines and runtime.
+
+``specdec-export`` writes ``manifest.json`` next to the graphs; engines and the runtime read
+every graph's input/output names, dtypes and shapes from here and never hard-code them.
+Loading checks that every path stays inside the bundle and that each graph file exists and
+has the recorded sha256. Pure Python: no torch, no ONNX.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from specdec.errors import BundleError
+
+SCHEMA_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+DTYPES = ("float32", "float16", "int64", "int32", "bool")
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One graph input or output. A shape entry is an int (static) or a name (dynamic)."""
+
+    name: str
+    dtype: str
+    shape: tuple[int | str, ...]
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise BundleError(f"tensor {self.name!r} has dtype {self.dtype!r}; expected one of {DTYPES}")
+        object.__setattr__(self, "shape", tuple(self.shape))
+
+
+@dataclass(frozen=True)
+class GraphSpec:
+    """One ONNX graph in the bundle.
+
+    ``role``: "verify" (target, K tokens per call), "step" (draft, 1 token per call) or
+    "prefill" (dynamic length). ``tokens`` is the static number of new tokens per call, or
+    None when it is dynamic. ``data`` lists external-data files the graph reads.
+    """
+
+    file: str
+    sha256: str
+    model: str  # "target" or "draft"
+    role: str
+    tokens: int | None
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    data: tuple[str, ...] = ()
+    flavour: str = "ort"  # "ort": contrib ops allowed; "portable": standard ops, static K (TensorRT)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "inputs", tuple(t if isinstance(t, TensorSpec) else TensorSpec(**t) for t in self.inputs))
+        object.__setattr__(self, "outputs", tuple(t if isinstance(t, TensorSpec) else TensorSpec(**t) for t in self.outputs))
+        object.__setattr__(self, "data", tuple(self.data))
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Shape facts about one source model, as the runtime needs them."""
+
+    source: str
+    revision: str | None
+    family: str
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    hidden_size: int
+    max_position_embeddings: int
+    parameters: int
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """Everything the runtime needs to know about a bundle."""
+
+    gamma: int
+    max_seq_len: int
+    vocab_size: int
+    dtype: str
+    quantization: str | None
+    bos_token_id: int | None
+    eos_token_ids: tuple[int, ...]
+    pad_token_id: int | None
+    target: ModelSpec
+    draft: ModelSpec
+    graphs: dict[str, GraphSpec]
+    tokenizer: str | None = None  # relative folder holding tokenizer.json, or None
+    validation: dict[str, Any] = field(default_factory=dict)
+    tools: dict[str, str] = field(default_factory=dict)
+    schema_version: int = SCHEMA_VERSION
+
+    def __post_init__(self) -> None:
+        if self.schema_version != SCHEMA_VERSION:
+            raise BundleError(
+                f"manifest schema_version={self.schema_version}; this specdec reads {SCHEMA_VERSION}: re-export the bundle"
+            )
+        if self.gamma < 1:
+            raise BundleError(f"manifest gamma={self.gamma}; expected >= 1: re-export the bundle")
+        object.__setattr__(self, "eos_token_ids", tuple(self.eos_token_ids))
+
+    @property
+    def k(self) -> int:
+        """Tokens per verify call, γ + 1."""
+        return self.gamma + 1
+
+    def files(self) -> list[str]:
+        """Every file the manifest names, relative to the bundle."""
+        out = []
+        for g in self.graphs.values():
+            out += [g.file, *g.data]
+        return out
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Manifest:
+        try:
+            d = dict(d)
+            d["target"] = ModelSpec(**d["target"])
+            d["draft"] = ModelSpec(**d["draft"])
+            d["graphs"] = {k: GraphSpec(**v) for k, v in d["graphs"].items()}
+            return cls(**d)
+        except (KeyError, TypeError) as e:
+            raise BundleError(f"manifest is malformed ({e}); re-export the bundle with specdec-export") from None
+
+
+def sha256_of(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def inside(bundle: Path, rel: str) -> Path:
+    """The path of ``rel`` in ``bundle``; refuses absolute paths and anything that leaves it."""
+    root = bundle.resolve()
+    p = (root / rel).resolve()
+    if Path(rel).is_absolute() or (p != root and root not in p.parents):
+        raise BundleError(f"manifest path {rel!r} leaves the bundle {bundle}; refusing to read it")
+    return p
+
+
+def load_manifest(bundle: str | Path, verify_hashes: bool = True) -> Manifest:
+    """Read and check ``bundle/manifest.json``: paths stay inside, files exist, hashes match."""
+    bundle = Path(bundle)
+    path = bundle / MANIFEST_NAME
+    if not bundle.is_dir():
+        raise BundleError(f"bundle {str(bundle)!r} is not a folder; pass the folder specdec-export wrote")
+    if not path.is_file():
+        raise BundleError(f"{path} is missing; {bundle} is not a complete bundle: re-export with specdec-export")
+    try:
+        raw = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise BundleError(f"{path} is not valid JSON ({e}); re-export the bundle") from None
+    if not isinstance(raw, dict):
+        raise BundleError(f"{path} holds {type(raw).__name__}, expected an object; re-export the bundle")
+    m = Manifest.from_dict(raw)
+    for rel in m.files() + ([m.tokenizer] if m.tokenizer else []):
+        if not inside(bundle, rel).exists():
+            raise BundleError(f"bundle file {rel!r} is missing from {bundle}; re-export the bundle")
+    if verify_hashes:
+        for name, g in m.graphs.items():
+            got = sha256_of(inside(bundle, g.file))
+            if got != g.sha256:
+                raise BundleError(f"graph {name} ({g.file}) has sha256 {got[:12]}…, manifest says {g.sha256[:12]}…; the bundle is corrupt: re-export it")
+    return m

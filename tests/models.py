@@ -1,0 +1,94 @@
+"""Tiny real Hugging Face models for tests, built from configs (no hub access here).
+
+Default initialisation gives nearly uniform next-token distributions, which hide exactness
+bugs (every token is about as likely, so a wrong row still "looks" right). We scale the
+weight matrices up until the typical top-1 probability is high, and check it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+VOCAB = 320
+CORPUS = """def add(a, b):\n    return a + b\n\nclass Stack:\n    def __init__(self):\n        self.items = []\n
+    def push(self, x):\n        self.items.append(x)\n\nfor i in range(10):\n    print(i, i * i)\n
+import os\nimport sys\nwith open(path) as f:\n    data = f.read()\nif __name__ == "__main__":\n    main()\n""" * 4
+
+
+def make_tokenizer(folder: Path) -> None:
+    """A byte-level BPE tokenizer with VOCAB ids, saved as a transformers fast tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB, special_tokens=["<s>", "</s>", "<pad>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tok.train_from_iterator([CORPUS], trainer)
+    assert tok.get_vocab_size() == VOCAB, tok.get_vocab_size()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+    fast.save_pretrained(folder)
+
+
+def config_for(family: str, size: str = "target"):
+    """A tiny config of ``family``; the draft is smaller than the target."""
+    from transformers import AutoConfig
+
+    big = size == "target"
+    hidden, layers, heads = (64, 3, 4) if big else (32, 1, 2)
+    common = dict(vocab_size=VOCAB, bos_token_id=0, eos_token_id=1, pad_token_id=2)
+    kw = {
+        "llama": dict(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                      num_attention_heads=heads, num_key_value_heads=heads // 2, max_position_embeddings=512),
+        "qwen2": dict(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                      num_attention_heads=heads, num_key_value_heads=heads // 2, max_position_embeddings=512),
+        "mistral": dict(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                        num_attention_heads=heads, num_key_value_heads=heads // 2, max_position_embeddings=512,
+                        sliding_window=None),
+        "gpt2": dict(n_embd=hidden, n_layer=layers, n_head=heads, n_positions=512),
+        "opt": dict(hidden_size=hidden, ffn_dim=2 * hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                    max_position_embeddings=512, word_embed_proj_dim=hidden),
+        "gpt_neox": dict(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                         num_attention_heads=heads, max_position_embeddings=512, rotary_pct=0.5),
+    }[family]
+    return AutoConfig.for_model(family, **common, **kw)
+
+
+def peaked_model(cfg, seed: int, scale: float = 40.0):
+    """A model from ``cfg`` whose 2-D weights are scaled so next-token distributions are peaked."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, attn_implementation="eager").eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 2:
+                p.mul_(scale)
+    return model
+
+
+def top1_mass(model, seed: int = 0) -> float:
+    """Mean top-1 probability over random contexts: a check that the model is peaked."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, model.config.vocab_size, (4, 32), generator=g)
+    with torch.no_grad():
+        probs = model(ids).logits.softmax(-1)
+    return float(probs.max(-1).values.mean())
+
+
+def save_pair(root: Path, family: str, seed: int = 0) -> tuple[Path, Path]:
+    """Write target and draft checkpoints (safetensors + tokenizer) of ``family`` under ``root``."""
+    out = []
+    for size, s in (("target", seed), ("draft", seed + 1)):
+        folder = root / f"{family}-{size}"
+        model = peaked_model(config_for(family, size), s)
+        assert top1_mass(model) > 0.5, f"{family} {size} is not peaked: top-1 mass {top1_mass(model):.2f}"
+        model.save_pretrained(folder, safe_serialization=True)
+        make_tokenizer(folder)
+        out.append(folder)
+    return out[0], out[1]
