@@ -1,0 +1,40 @@
+"""One model's KV cache: buffers allocated once at load, appended in place, rolled back in O(1)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from specdec.errors import InputError
+
+NP_DTYPES = {"float32": np.float32, "float16": np.float16, "int64": np.int64, "int32": np.int32, "bool": np.bool_}
+
+
+class KVCache:
+    """Per layer a key and a value buffer [1, kvH, MAX, D]; rows [0, length) are committed.
+
+    Graphs write the rows of a call at [length, length + S) in place; the caller then keeps
+    some of them with ``append`` and forgets the rest. Rows past ``length`` are never read
+    (attention reads [0, total) of the call that wrote them), so a rollback is a length change.
+    """
+
+    def __init__(self, layers: int, kv_heads: int, max_seq: int, head_dim: int, dtype: str):
+        shape = (1, kv_heads, max_seq, head_dim)
+        self.keys = [np.zeros(shape, dtype=NP_DTYPES[dtype]) for _ in range(layers)]
+        self.values = [np.zeros(shape, dtype=NP_DTYPES[dtype]) for _ in range(layers)]
+        self.max_seq = max_seq
+        self.length = 0
+
+    def append(self, n: int) -> None:
+        """Commit the next ``n`` rows that the last call wrote."""
+        if not 0 <= self.length + n <= self.max_seq:
+            raise InputError(f"KV cache append of {n} rows at length {self.length} exceeds max-seq-len {self.max_seq}")
+        self.length += n
+
+    def rewind_to(self, n: int) -> None:
+        """Forget every row from ``n`` on; O(1)."""
+        if not 0 <= n <= self.length:
+            raise InputError(f"rewind_to({n}) outside the committed rows [0, {self.length}]")
+        self.length = n
+
+    def reset(self) -> None:
+        self.length = 0

@@ -1,0 +1,130 @@
+"""An ONNX Runtime decoder graph run over buffers allocated once and bound once.
+
+The graph's names, dtypes and shapes come from the manifest and are checked against the
+session at load. Its KV inputs and outputs are bound to the same ``KVCache`` buffers (ORT
+writes new rows in place). For a static graph every buffer is bound once in ``__init__``; a
+call only writes ids and positions into preallocated arrays and runs. A dynamic-length
+(prefill) graph rebinds its token-sized buffers per call, with the same memory.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import onnxruntime as ort
+
+from specdec.engines.kv import NP_DTYPES, KVCache
+from specdec.errors import EngineError, InputError, SignatureError
+from specdec.manifest import GraphSpec, TensorSpec
+
+ORT_TYPES = {"float32": "tensor(float)", "float16": "tensor(float16)", "int64": "tensor(int64)", "int32": "tensor(int32)", "bool": "tensor(bool)"}
+PROVIDERS = {"cpu": ["CPUExecutionProvider"], "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"]}
+
+
+def session_options(threads: int | None = None) -> ort.SessionOptions:
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    if threads:
+        so.intra_op_num_threads = threads
+    so.log_severity_level = 3
+    return so
+
+
+def _shape_matches(want: tuple, got: list) -> bool:
+    if len(want) != len(got):
+        return False
+    return all(isinstance(w, str) and not isinstance(g, int) or w == g for w, g in zip(want, got))
+
+
+def check_signature(name: str, session: ort.InferenceSession, spec: GraphSpec) -> None:
+    """Refuse a graph whose inputs/outputs differ from the manifest; say what differs."""
+    problems = []
+    for kind, want, have in (("input", spec.inputs, session.get_inputs()), ("output", spec.outputs, session.get_outputs())):
+        got = {t.name: t for t in have}
+        missing = sorted({t.name for t in want} - set(got))
+        extra = sorted(set(got) - {t.name for t in want})
+        if missing:
+            problems.append(f"lacks {kind}s {missing}")
+        if extra:
+            problems.append(f"has unexpected {kind}s {extra}")
+        for t in want:
+            g = got.get(t.name)
+            if g is None:
+                continue
+            if g.type != ORT_TYPES[t.dtype]:
+                problems.append(f"{kind} {t.name} is {g.type}, manifest says {t.dtype}")
+            if not _shape_matches(t.shape, g.shape):
+                problems.append(f"{kind} {t.name} has shape {g.shape}, manifest says {list(t.shape)}")
+    if problems:
+        raise SignatureError(f"graph {name} ({spec.file}) differs from the manifest: {'; '.join(problems)}; re-export with specdec-export")
+
+
+class OrtDecoder:
+    """Run one decoder graph of a bundle over a model's ``KVCache``.
+
+    ``run(tokens)`` feeds the tokens at positions [cache.length, cache.length + S), writes
+    their KV rows there, and returns the logits [n, V] of the n real tokens. The returned
+    array is a view of a buffer the next call overwrites: copy it to keep it. The cache's
+    committed length is left to the caller (``cache.append`` / ``cache.rewind_to``).
+    """
+
+    def __init__(
+        self, path: Path, name: str, spec: GraphSpec, cache: KVCache, provider: str = "cpu", threads: int | None = None
+    ):
+        if provider not in PROVIDERS:
+            raise EngineError(f"provider {provider!r} is not supported by this engine; use one of {sorted(PROVIDERS)}")
+        if PROVIDERS[provider][0] not in ort.get_available_providers():
+            raise EngineError(f"ONNX Runtime here lacks {PROVIDERS[provider][0]}; install onnxruntime-gpu (pip install 'specdec[gpu]') or use provider='cpu'")
+        self.name, self.spec, self.cache = name, spec, cache
+        self.session = ort.InferenceSession(str(path), session_options(threads), providers=PROVIDERS[provider])
+        check_signature(name, self.session, spec)
+        specs = {t.name: t for t in (*spec.inputs, *spec.outputs)}
+        self.static = spec.tokens is not None
+        self.capacity = spec.tokens if self.static else cache.max_seq  # max tokens per call
+        vocab = specs["logits"].shape[-1]
+        # Buffers, allocated once. ids/pos/logits hold `capacity` tokens; a call uses a prefix.
+        self.ids = np.zeros((1, self.capacity), dtype=np.int64)  # [1, S]
+        self.pos = np.zeros((1, self.capacity), dtype=np.int64)  # [1, S]
+        self.seqlens = np.zeros((1,), dtype=np.int32)  # [1]: total - 1
+        self.total = np.zeros((), dtype=np.int32)  # []: rows visible after this call
+        self.logits = np.zeros((1, self.capacity, vocab), dtype=np.float32)  # [1, S, V]
+        self._arange = np.arange(self.capacity, dtype=np.int64)
+        self.io = self.session.io_binding()
+        kv_dtype = NP_DTYPES[specs["past_key_0"].dtype]
+        for i, (k, v) in enumerate(zip(cache.keys, cache.values)):
+            for tag, buf in (("key", k), ("value", v)):
+                self.io.bind_input(f"past_{tag}_{i}", "cpu", 0, kv_dtype, list(buf.shape), buf.ctypes.data)
+                self.io.bind_output(f"present_{tag}_{i}", "cpu", 0, kv_dtype, list(buf.shape), buf.ctypes.data)
+        self.io.bind_input("seqlens_k", "cpu", 0, np.int32, [1], self.seqlens.ctypes.data)
+        self.io.bind_input("total_sequence_length", "cpu", 0, np.int32, [], self.total.ctypes.data)
+        self._bound = 0
+        self._bind_tokens(self.capacity if self.static else 1)
+
+    def _bind_tokens(self, s: int) -> None:
+        """(Re)bind the token-sized buffers for S = s; a static graph does this once."""
+        self.io.bind_input("input_ids", "cpu", 0, np.int64, [1, s], self.ids.ctypes.data)
+        self.io.bind_input("position_ids", "cpu", 0, np.int64, [1, s], self.pos.ctypes.data)
+        self.io.bind_output("logits", "cpu", 0, np.float32, [1, s, self.logits.shape[-1]], self.logits.ctypes.data)
+        self._bound = s
+
+    def run(self, tokens: Sequence[int] | np.ndarray) -> np.ndarray:
+        """Logits [n, V] for ``tokens`` (n <= capacity), their KV written at [cache.length, ...)."""
+        n = len(tokens)
+        s = self.capacity if self.static else n
+        start = self.cache.length
+        if not 0 < n <= self.capacity:
+            raise InputError(f"{self.name}: {n} tokens per call; this graph takes 1..{self.capacity}")
+        if start + s > self.cache.max_seq:
+            raise InputError(f"{self.name}: rows {start}..{start + s} exceed max-seq-len {self.cache.max_seq}")
+        self.ids[0, :n] = tokens
+        if n < s:
+            self.ids[0, n:s] = self.ids[0, n - 1]  # padding: later rows, never read, never kept
+        np.add(self._arange[:s], start, out=self.pos[0, :s])
+        self.seqlens[0] = start + s - 1
+        self.total[()] = start + s
+        if s != self._bound:
+            self._bind_tokens(s)
+        self.session.run_with_iobinding(self.io)
+        return self.logits[0, :n]

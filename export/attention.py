@@ -1,0 +1,187 @@
+"""Attention that exports to ONNX Runtime's GroupQueryAttention over a shared, in-place KV buffer.
+
+Transformers' attention layers call ``ALL_ATTENTION_FUNCTIONS[config._attn_implementation]``
+after rotary and after ``past_key_values.update``. During export we register our own function
+and hand the model a cache whose ``update`` returns only the new rows, so the function sees
+the new K/V of this call and reads the preallocated buffers from the export state:
+
+    q, k_new, v_new (after rotary)          past_key_i / past_value_i  [1, kvH, MAX, D]
+              \\            |                       /
+               specdec::gqa  ->  com.microsoft::GroupQueryAttention
+              /                 \\
+    attention output           present_key_i / present_value_i  [1, kvH, MAX, D]
+
+The runtime binds past and present to the same buffer: ORT writes the new rows at
+[total - S, total) in place, and reads rows [0, total) only, so rolling back is choosing a
+smaller total on the next call. Positions come in as ``position_ids``; the family's own
+embedding code (rotary, learned, absolute) turns them into whatever it uses.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import onnx
+import onnxscript
+import torch
+from onnx.defs import OpSchema
+from transformers import AttentionInterface, DynamicCache
+
+ATTN_NAME = "specdec_gqa"
+
+
+@torch.library.custom_op("specdec::gqa", mutates_args=())
+def gqa(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    past_key: torch.Tensor,
+    past_value: torch.Tensor,
+    seqlens_k: torch.Tensor,
+    total_len: torch.Tensor,
+    num_heads: int,
+    kv_heads: int,
+    scale: float,
+    local_window: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Reference semantics of GroupQueryAttention (batch 1), for running the wrapper in torch.
+
+    query [1, S, H*D], key/value [1, S, kvH*D], past_* [1, kvH, MAX, D]; the S new rows go to
+    [total - S, total); token i attends to rows j <= total - S + i (and within the window).
+    """
+    b, s, _ = query.shape
+    d = past_key.shape[-1]
+    total = int(total_len)
+    start = total - s
+    pk, pv = past_key.clone(), past_value.clone()
+    pk[:, :, start:total] = key.view(b, s, kv_heads, d).transpose(1, 2)
+    pv[:, :, start:total] = value.view(b, s, kv_heads, d).transpose(1, 2)
+    q = query.view(b, s, num_heads, d).transpose(1, 2)  # [1, H, S, D]
+    rep = num_heads // kv_heads
+    k = pk[:, :, :total].repeat_interleave(rep, 1)  # [1, H, T, D]
+    v = pv[:, :, :total].repeat_interleave(rep, 1)
+    scores = (q @ k.transpose(-1, -2)) * scale  # [1, H, S, T]
+    i = torch.arange(s)[:, None] + start
+    j = torch.arange(total)[None, :]
+    visible = j <= i
+    if local_window > 0:
+        visible &= (i - j) < local_window
+    out = scores.masked_fill(~visible, float("-inf")).softmax(-1) @ v
+    return out.transpose(1, 2).reshape(b, s, num_heads * d), pk, pv
+
+
+@gqa.register_fake
+def _gqa_fake(query, key, value, past_key, past_value, seqlens_k, total_len, num_heads, kv_heads, scale, local_window):
+    return torch.empty_like(query), torch.empty_like(past_key), torch.empty_like(past_value)
+
+
+def _register_gqa_schema() -> None:
+    """The onnx package does not know ORT contrib ops; onnxscript needs a schema to emit one."""
+    if onnx.defs.has("GroupQueryAttention", "com.microsoft"):
+        return
+    formal, optional = OpSchema.FormalParameter, OpSchema.FormalParameterOption.Optional
+    attr, kind = OpSchema.Attribute, OpSchema.AttrType
+    onnx.defs.register_schema(
+        OpSchema(
+            "GroupQueryAttention",
+            "com.microsoft",
+            1,
+            inputs=[
+                formal("query", "T"),
+                formal("key", "T", param_option=optional),
+                formal("value", "T", param_option=optional),
+                formal("past_key", "T", param_option=optional),
+                formal("past_value", "T", param_option=optional),
+                formal("seqlens_k", "M"),
+                formal("total_sequence_length", "M"),
+            ],
+            outputs=[formal("output", "T"), formal("present_key", "T"), formal("present_value", "T")],
+            type_constraints=[("T", ["tensor(float)", "tensor(float16)"], ""), ("M", ["tensor(int32)"], "")],
+            attributes=[
+                attr("num_heads", kind.INT, ""),
+                attr("kv_num_heads", kind.INT, ""),
+                attr("scale", kind.FLOAT, ""),
+                attr("local_window_size", kind.INT, ""),
+            ],
+        )
+    )
+
+
+_register_gqa_schema()
+_MSFT = onnxscript.values.Opset("com.microsoft", 1)
+
+
+def _gqa_to_onnx(query, key, value, past_key, past_value, seqlens_k, total_len, num_heads: int, kv_heads: int, scale: float, local_window: int):
+    return _MSFT.GroupQueryAttention(
+        query, key, value, past_key, past_value, seqlens_k, total_len,
+        num_heads=num_heads, kv_num_heads=kv_heads, scale=scale,
+        local_window_size=local_window if local_window > 0 else -1,
+    )  # fmt: skip
+
+
+CUSTOM_TRANSLATION = {torch.ops.specdec.gqa.default: _gqa_to_onnx}
+
+
+@dataclass
+class _CallState:
+    """Per-forward inputs the attention function needs but transformers does not pass it."""
+
+    past_k: list[torch.Tensor]
+    past_v: list[torch.Tensor]
+    seqlens_k: torch.Tensor
+    total_len: torch.Tensor
+    present_k: dict[int, torch.Tensor] = field(default_factory=dict)
+    present_v: dict[int, torch.Tensor] = field(default_factory=dict)
+
+
+_active: list[_CallState] = []  # set only inside `call_state`, i.e. while one wrapper forward traces
+
+
+@contextlib.contextmanager
+def call_state(state: _CallState) -> Iterator[_CallState]:
+    _active.append(state)
+    try:
+        yield state
+    finally:
+        _active.pop()
+
+
+class PassThroughCache(DynamicCache):
+    """A cache whose ``update`` hands back only the new rows: the real cache is the ORT buffer."""
+
+    def update(self, key_states, value_states, layer_idx, cache_kwargs=None):
+        return key_states, value_states
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return 0
+
+
+def _scaling(module: torch.nn.Module, head_dim: int, scaling: float | None) -> float:
+    """The softmax scale. GPT-2 passes none and keeps its options on the module."""
+    if scaling is not None:
+        return float(scaling)
+    scale = 1.0 / math.sqrt(head_dim) if getattr(module, "scale_attn_weights", True) else 1.0
+    return scale
+
+
+def gqa_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, sliding_window=None, **kwargs):
+    """query [1, H, S, D], key/value [1, kvH, S, D] (new rows only) -> output [1, S, H, D]."""
+    state = _active[-1]
+    b, h, s, d = query.shape
+    kvh = key.shape[1]
+    layer = module.layer_idx
+    out, pk, pv = torch.ops.specdec.gqa(
+        query.transpose(1, 2).reshape(b, s, h * d),
+        key.transpose(1, 2).reshape(b, s, kvh * d),
+        value.transpose(1, 2).reshape(b, s, kvh * d),
+        state.past_k[layer], state.past_v[layer], state.seqlens_k, state.total_len,
+        h, kvh, _scaling(module, d, scaling), int(sliding_window or 0),
+    )  # fmt: skip
+    state.present_k[layer], state.present_v[layer] = pk, pv
+    return out.view(b, s, h, d), None
+
+
+AttentionInterface.register(ATTN_NAME, gqa_attention)

@@ -1,0 +1,113 @@
+"""Export-time validation: the exported graphs, run by the runtime's own engine, against PyTorch.
+
+For one model: prefill a random prompt with the prefill graph, then several decode calls
+(S = K for the target's verify graph, 1 for the draft's step graph) with random tokens, each
+followed by a partial acceptance (keep 1..S rows) and sometimes a deeper rewind, exactly as
+the decoding loop rolls back. PyTorch runs the same tokens with a DynamicCache cropped to the
+same length. Every call's logits and, at the end, the committed KV rows are compared.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from specdec.engines.kv import KVCache
+from specdec.engines.ort import OrtDecoder
+from specdec.errors import ValidationError
+from specdec.manifest import GraphSpec
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """Largest accepted |Δ logits| and smallest accepted top-1 agreement with PyTorch."""
+
+    max_abs: float
+    min_top1: float
+
+
+# float32 must match to 1e-4 (the product's promise rests on it); float16 and int8 change the
+# model itself, so only gross breakage is refused and the measured figures are recorded.
+TOLERANCES = {
+    ("float32", None): Tolerance(1e-4, 1.0),
+    ("float16", None): Tolerance(float("inf"), 0.9),
+    ("float32", "int8"): Tolerance(float("inf"), 0.5),
+}
+
+
+def _kv(cache, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    entry = cache.layers[layer] if hasattr(cache, "layers") else None
+    return (entry.keys, entry.values) if entry is not None else cache[layer]
+
+
+def validate_model(
+    model: torch.nn.Module,
+    bundle: Path,
+    prefill: tuple[str, GraphSpec],
+    decode: tuple[str, GraphSpec],
+    kv: tuple[int, int, int, int, str],
+    seed: int = 0,
+    rounds: int = 6,
+) -> dict[str, float]:
+    """Max |Δ| per output and top-1 agreement of ``prefill`` + ``decode`` graphs against ``model``.
+
+    Args:
+        kv: (layers, kv_heads, max_seq, head_dim, dtype) of the model's cache.
+    """
+    from transformers import DynamicCache
+
+    rng = np.random.default_rng(seed)
+    vocab = model.config.vocab_size
+    cache = KVCache(*kv)
+    engines = {
+        role: OrtDecoder(bundle / spec.file, name, spec, cache) for role, (name, spec) in (("prefill", prefill), ("decode", decode))
+    }
+    ref_cache = DynamicCache()
+    diffs = {"logits": 0.0, "present_key": 0.0, "present_value": 0.0}
+    agree, total = 0, 0
+
+    def compare(ours: np.ndarray, ids: list[int]) -> None:
+        nonlocal agree, total
+        with torch.no_grad():
+            ref = model(torch.tensor([ids]), past_key_values=ref_cache, use_cache=True).logits[0].float().numpy()
+        diffs["logits"] = max(diffs["logits"], float(np.abs(ours - ref).max()))
+        agree += int((ours.argmax(-1) == ref.argmax(-1)).sum())
+        total += len(ids)
+
+    prompt = rng.integers(0, vocab, size=int(rng.integers(5, 20))).tolist()
+    compare(engines["prefill"].run(prompt).copy(), prompt)
+    cache.append(len(prompt))
+    step = decode[1].tokens or 1
+    for r in range(rounds):
+        ids = rng.integers(0, vocab, size=step).tolist()
+        compare(engines["decode"].run(ids).copy(), ids)
+        cache.append(int(rng.integers(1, step + 1)))  # partial acceptance
+        if r % 3 == 2 and cache.length > len(prompt) + 1:
+            cache.rewind_to(cache.length - 1)  # a draft-style rollback of committed rows
+        ref_cache.crop(cache.length)
+    for i in range(len(cache.keys)):
+        k, v = _kv(ref_cache, i)
+        n = cache.length
+        diffs["present_key"] = max(diffs["present_key"], float(np.abs(cache.keys[i][0, :, :n] - k[0].float().numpy()).max()))
+        diffs["present_value"] = max(diffs["present_value"], float(np.abs(cache.values[i][0, :, :n] - v[0].float().numpy()).max()))
+    return {**diffs, "top1_agreement": agree / total, "positions": total}
+
+
+def check(figures: dict[str, dict[str, float]], tol: Tolerance) -> None:
+    """Raise ValidationError naming every graph output beyond tolerance."""
+    bad = []
+    for model, f in figures.items():
+        for out in ("logits", "present_key", "present_value"):
+            if f[out] > tol.max_abs:
+                bad.append(f"{model} {out} max|Δ|={f[out]:.3g}")
+        if f["top1_agreement"] < tol.min_top1:
+            bad.append(f"{model} top-1 agreement {f['top1_agreement']:.3f}")
+    if bad:
+        raise ValidationError(
+            f"exported graphs disagree with PyTorch beyond tolerance (max|Δ| {tol.max_abs:g}, top-1 >= {tol.min_top1:g}): "
+            + "; ".join(bad)
+            + "; no bundle was written"
+        )
