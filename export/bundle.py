@@ -8,6 +8,7 @@ temporary folder is removed and an existing bundle is left untouched.
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -30,6 +31,9 @@ def staging(out: Path) -> Iterator[Path]:
     """A temporary folder beside ``out``; removed on exit unless it was moved into place."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    tmp.chmod(0o777 & ~umask)  # mkdtemp makes it private; the bundle should not be
     try:
         yield tmp
     finally:

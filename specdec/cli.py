@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import click
 
@@ -50,22 +51,109 @@ def plan_cmd(alpha: float, cost: float, cost_ops: float | None, gamma: int | Non
         click.echo(f"gamma is capped at --max-gamma={max_gamma}; larger gamma would still gain a little")
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Console entry point: run the group and turn user errors into one line and exit 2."""
+@click.command("export")
+@click.option("--target", required=True, help="Target model: a Hugging Face checkpoint folder or hub id.")
+@click.option("--draft", required=True, help="Draft model: a checkpoint folder or hub id sharing the target's tokenizer.")
+@click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path), help="Bundle folder to write.")
+@click.option("--gamma", default=4, show_default=True, type=int, help="Draft tokens per target call; K = gamma + 1.")
+@click.option("--max-seq-len", default=2048, show_default=True, type=int, help="KV cache rows: prompt + output + gamma.")
+@click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "float16"]))
+@click.option("--quantize", default=None, type=click.Choice(["int8"]), help="Dynamic int8 weights for CPU.")
+@click.option("--trt", is_flag=True, help="Also build TensorRT engines (needs tensorrt and a GPU).")
+@click.option("--overwrite", is_flag=True, help="Replace an existing bundle at --out.")
+@click.option("--target-revision", default=None, help="Hub revision of the target.")
+@click.option("--draft-revision", default=None, help="Hub revision of the draft.")
+@click.option("--trust-remote-code", is_flag=True, help="Allow models that run their own code (off by default).")
+def export_cmd(**options) -> None:
+    """Export a target and draft to a validated ONNX bundle for the specdec runtime."""
+    from tqdm import tqdm
+
+    from specdec.export.pipeline import ExportConfig, GRAPHS, Progress, bundle_size, export_bundle
+
+    cfg = ExportConfig(**options)
+    steps = 4 + len(GRAPHS) * (2 if cfg.quantize else 1) + 2
+    # disable=None: no bar when stderr is not a terminal (CI, pipes), so errors stay one line.
+    with tqdm(total=steps, desc="specdec-export", unit="step", file=sys.stderr, leave=False, disable=None) as bar:
+
+        def report(step: str) -> None:
+            bar.set_postfix_str(step)
+            bar.update(1)
+
+        manifest = export_bundle(cfg, Progress(report))
+    click.echo(summary(cfg.out, manifest, bundle_size(cfg.out)))
+
+
+def summary(out: Path, m, size: int) -> str:
+    """A short human summary of a bundle."""
+    lines = [f"bundle {out}  ({size / 2**20:.1f} MiB, schema {m.schema_version})"]
+    for role in ("target", "draft"):
+        s = getattr(m, role)
+        lines.append(
+            f"  {role:6} {s.source}  {s.family}  {s.parameters / 1e6:.2f}M params  "
+            f"{s.num_layers} layers  {s.num_heads}/{s.num_kv_heads} heads  head_dim {s.head_dim}"
+        )
+    quant = f"  quantization {m.quantization}" if m.quantization else ""
+    lines.append(f"  gamma {m.gamma} (K={m.k})  max-seq-len {m.max_seq_len}  vocab {m.vocab_size}  dtype {m.dtype}{quant}")
+    lines.append(f"  eos {list(m.eos_token_ids)}  bos {m.bos_token_id}  tokenizer {'yes' if m.tokenizer else 'no'}")
+    for name, g in m.graphs.items():
+        tokens = "dynamic" if g.tokens is None else g.tokens
+        files = sum((out / f).stat().st_size for f in (g.file, *g.data))
+        lines.append(f"  graph {name:15} {g.role:8} tokens/call {tokens!s:8} {files / 2**20:7.1f} MiB  {g.file}")
+    v = m.validation
+    for role in ("target", "draft"):
+        if role in v:
+            f = v[role]
+            lines.append(
+                f"  validated {role:6} max|Δ logits| {f['logits']:.2e}  max|Δ kv| {max(f['present_key'], f['present_value']):.2e}  "
+                f"top-1 agreement {f['top1_agreement']:.3f} over {f['positions']} positions"
+            )
+    return "\n".join(lines)
+
+
+cli.add_command(export_cmd)
+
+
+@cli.command("inspect")
+@click.argument("bundle", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the manifest.")
+def inspect_cmd(bundle: Path, as_json: bool) -> None:
+    """Check a bundle (paths, files, hashes) and print its summary."""
+    from specdec.manifest import load_manifest
+
+    m = load_manifest(bundle)
+    if as_json:
+        click.echo(m.to_json())
+        return
+    size = sum(p.stat().st_size for p in bundle.rglob("*") if p.is_file())
+    click.echo(summary(bundle, m, size))
+
+
+def run(command: click.Command, argv: list[str] | None, prog_name: str) -> None:
+    """Run a click command; user errors become one line on stderr and exit status 2."""
     try:
-        cli.main(args=argv, prog_name="specdec", standalone_mode=False)
+        command.main(args=argv, prog_name=prog_name, standalone_mode=False)
     except SpecDecError as e:
-        click.echo(f"specdec: error: {e}", err=True)
+        click.echo(f"{prog_name}: error: {e}", err=True)
         sys.exit(2)
     except click.exceptions.NoArgsIsHelpError as e:  # bare `specdec`: help on stdout, like --help
         click.echo(e.ctx.get_help())
         sys.exit(0)
     except click.ClickException as e:
-        click.echo(f"specdec: error: {e.format_message()}", err=True)
+        click.echo(f"{prog_name}: error: {e.format_message()}", err=True)
         sys.exit(2)
     except click.exceptions.Abort:
-        click.echo("specdec: aborted", err=True)
+        click.echo(f"{prog_name}: aborted", err=True)
         sys.exit(1)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The ``specdec`` console script."""
+    run(cli, argv, "specdec")
+
+
+def export_main(argv: list[str] | None = None) -> None:
+    """The ``specdec-export`` console script: the same command as ``specdec export``."""
+    run(export_cmd, argv, "specdec-export")
 
 
 if __name__ == "__main__":

@@ -96,7 +96,7 @@ def save_pair(root: Path, family: str, seed: int = 0) -> tuple[Path, Path]:
     for size, s in (("target", seed), ("draft", seed + 1)):
         folder = root / f"{family}-{size}"
         model = peaked_model(config_for(family, size), s)
-        assert top1_mass(model) > 0.5, f"{family} {size} is not peaked: top-1 mass {top1_mass(model):.2f}"
+        assert top1_mass(model) > 0.35, f"{family} {size} is not peaked: top-1 mass {top1_mass(model):.2f}"
         model.save_pretrained(folder, safe_serialization=True)
         make_tokenizer(folder)
         out.append(folder)

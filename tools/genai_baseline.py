@@ -22,6 +22,7 @@ import numpy as np
 
 VENV_PACKAGES = ["onnxruntime-genai==0.18.*", "transformers>=5", "torch==2.13.0", "onnx", "onnx_ir"]
 WARMUP = 5
+DEFAULT_ROOT = Path(__file__).resolve().parents[1] / ".bench"  # git-ignored
 
 
 def _log(msg: str) -> None:
@@ -51,7 +52,7 @@ def ensure_venv(root: Path) -> Path:
 def build(hf_dir: Path, out_dir: Path, precision: str = "fp32", root: Path | None = None) -> Path:
     """Run the model builder on a local checkpoint folder (CPU EP); return ``model.onnx``.
 
-    ``root`` is where the venv lives (default: ``out_dir.parent``). Cached: an existing
+    ``root`` is where the venv lives (default: ``<repo>/.bench``). Cached: an existing
     ``out_dir/model.onnx`` with its ``genai_config.json`` is reused as is.
     """
     model = out_dir / "model.onnx"
@@ -60,7 +61,7 @@ def build(hf_dir: Path, out_dir: Path, precision: str = "fp32", root: Path | Non
         return model
     if not any((hf_dir / f).is_file() for f in ("tokenizer.json", "tokenizer.model", "vocab.json")):
         raise FileNotFoundError(f"{hf_dir} has no tokenizer file: the model builder needs one")
-    python = ensure_venv(root or out_dir.parent)
+    python = ensure_venv(root or DEFAULT_ROOT)
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     cmd = [str(python), "-m", "onnxruntime_genai.models.builder", "-i", str(hf_dir.resolve()),
            "-o", str(out_dir.resolve()), "-p", precision, "-e", "cpu",
@@ -111,26 +112,31 @@ def _session(model_onnx: Path, threads: int) -> Any:
     return ort.InferenceSession(str(model_onnx), so, providers=["CPUExecutionProvider"])
 
 
+def _int_dtype(sess: Any, name: str) -> type:
+    """numpy dtype of an integer graph input (the builder uses int64; int32 is honoured too)."""
+    kind = next(i.type for i in sess.get_inputs() if i.name == name)
+    return np.int32 if kind == "tensor(int32)" else np.int64
+
+
 def _bind_call(sess: Any, facts: dict[str, Any], k: int, past: int, share: bool,
                rng: np.random.Generator) -> tuple[Any, dict[str, Any]]:
     """Preallocate every input/output of one (K, P) call; return (IOBinding, its OrtValues)."""
     import onnxruntime as ort
 
     names = {i.name for i in sess.get_inputs()}
-    itype = {i.name: i.type for i in sess.get_inputs()}
-    idt = lambda n: np.int32 if itype[n] == "tensor(int32)" else np.int64  # noqa: E731
     hkv, hd = facts["kv_shape"]
     kv_len = facts["max_length"] if share else past
     if share and past + k > kv_len:
         raise ValueError(f"past+k={past + k} exceeds the shared KV buffer ({kv_len})")
     arrays: dict[str, np.ndarray] = {
-        facts["input_ids"]: rng.integers(3, facts["vocab"], (1, k)).astype(idt(facts["input_ids"]))}
+        facts["input_ids"]: rng.integers(3, facts["vocab"], (1, k)).astype(_int_dtype(sess, facts["input_ids"]))}
     if facts["attention_mask"] in names:
-        arrays[facts["attention_mask"]] = np.ones((1, past + k), idt(facts["attention_mask"]))
+        arrays[facts["attention_mask"]] = np.ones((1, past + k), _int_dtype(sess, facts["attention_mask"]))
     if facts["position_ids"] in names:
-        arrays[facts["position_ids"]] = np.arange(past, past + k)[None].astype(idt(facts["position_ids"]))
+        pos = np.arange(past, past + k)[None]
+        arrays[facts["position_ids"]] = pos.astype(_int_dtype(sess, facts["position_ids"]))
     values = {name: ort.OrtValue.ortvalue_from_numpy(arr) for name, arr in arrays.items()}
-    for (pk, pv), (ok, ov) in zip(facts["pkv"], facts["present"]):
+    for (pk, pv), (ok, ov) in zip(facts["pkv"], facts["present"], strict=True):
         for p, o in ((pk, ok), (pv, ov)):
             kv = (rng.standard_normal((1, hkv, kv_len, hd)) * 0.5).astype(np.float32)
             values[p] = ort.OrtValue.ortvalue_from_numpy(kv)
@@ -201,13 +207,14 @@ def check_multi_token(model_onnx: Path, k: int = 4, past: int = 16, threads: int
     pasts = [n for pair in facts["pkv"] for n in pair]
 
     def call(tok: np.ndarray, kv: dict[str, np.ndarray], p: int) -> tuple[np.ndarray, dict]:
-        feed: dict[str, np.ndarray] = {facts["input_ids"]: tok.astype(np.int64), **kv}
+        feed = {facts["input_ids"]: tok.astype(_int_dtype(sess, facts["input_ids"])), **kv}
         if facts["attention_mask"] in names:
-            feed[facts["attention_mask"]] = np.ones((1, p + tok.shape[1]), np.int64)
+            feed[facts["attention_mask"]] = np.ones((1, p + tok.shape[1]), _int_dtype(sess, facts["attention_mask"]))
         if facts["position_ids"] in names:
-            feed[facts["position_ids"]] = np.arange(p, p + tok.shape[1])[None]
+            pos = np.arange(p, p + tok.shape[1])[None]
+            feed[facts["position_ids"]] = pos.astype(_int_dtype(sess, facts["position_ids"]))
         out = sess.run([facts["logits"], *pres], feed)
-        return out[0], dict(zip(pasts, out[1:]))
+        return out[0], dict(zip(pasts, out[1:], strict=True))
 
     full, _ = call(ids, kv0, past)
     kv, steps = kv0, []
@@ -221,8 +228,8 @@ def main(argv: list[str] | None = None) -> int:
     """CLI: ensure_venv -> build -> time_calls, print a table (and optionally write JSON)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--hf-dir", type=Path, required=True, help="local HF checkpoint folder")
-    ap.add_argument("--work", type=Path, required=True, help="work dir (venv, build output)")
-    ap.add_argument("--venv-root", type=Path, default=None, help="venv parent (default: --work)")
+    ap.add_argument("--work", type=Path, required=True, help="work dir (build output)")
+    ap.add_argument("--venv-root", type=Path, default=DEFAULT_ROOT, help="genai-venv parent (default: <repo>/.bench)")
     ap.add_argument("--k", default="1,2,4,8")
     ap.add_argument("--past", default="256,1024")
     ap.add_argument("--reps", type=int, default=50)
@@ -234,8 +241,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     out_dir = args.work / f"genai-{args.hf_dir.resolve().name}-{args.precision}"
-    ensure_venv(args.venv_root or args.work)
-    model = build(args.hf_dir, out_dir, args.precision, root=args.venv_root or args.work)
+    ensure_venv(args.venv_root)
+    model = build(args.hf_dir, out_dir, args.precision, root=args.venv_root)
     facts = graph_facts(model)
     share = None if args.kv == "auto" else args.kv == "shared"
     rows = time_calls(model, [int(x) for x in args.k.split(",")], [int(x) for x in args.past.split(",")],
@@ -248,16 +255,14 @@ def main(argv: list[str] | None = None) -> int:
               "past_present_share_buffer": facts["past_present_share_buffer"],
               "multi_token_with_past_max_abs_diff": diff,
               "inputs": facts["inputs"], "outputs": facts["outputs"], "rows": rows}
-    print(f"model: {model}\nattention ops: {facts['attention_ops']}  "
-          f"past_present_share_buffer: {facts['past_present_share_buffer']}  "
-          f"K>1-with-past vs K single steps, max|dlogit|: {diff}")
+    print(f"model: {model}\nattention ops: {facts['attention_ops']}  past_present_share_buffer: "
+          f"{facts['past_present_share_buffer']}  K>1-with-past vs K single steps, max|dlogit|: {diff}")
     print(f"{'past':>6} {'k':>3} {'kv':>9} {'median_ms':>10} {'p10_ms':>8} {'p90_ms':>8}")
     for r in rows:
         tail = (f"{r['median_ms']:>10.3f} {r['p10_ms']:>8.3f} {r['p90_ms']:>8.3f}" if "error" not in r
                 else f"  ERROR {r['error']}")
         print(f"{r['past']:>6} {r['k']:>3} {r['kv']:>9} {tail}")
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2))
     return 0
 
