@@ -1,0 +1,134 @@
+"""specdec-export on tiny real models of every supported family.
+
+Each bundle's graphs are run by the runtime's engine through a decode with partial
+acceptance and rollback, and compared with PyTorch recomputing the whole sequence from
+scratch (no KV cache at all), so this reference shares nothing with the exporter's own
+validation.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from models import save_pair  # noqa: E402
+
+from specdec.engines.kv import KVCache  # noqa: E402
+from specdec.engines.ort import OrtDecoder  # noqa: E402
+from specdec.export.pipeline import ExportConfig, export_bundle  # noqa: E402
+from specdec.manifest import load_manifest  # noqa: E402
+
+FAMILIES = ["llama", "qwen2", "mistral", "gpt2", "opt", "gpt_neox"]
+ATOL = 1e-4  # the issue's float32 bound; measured figures are ~1e-5 (fp32 rounding of these models)
+
+
+def decoders(bundle, manifest, role: str):
+    spec = getattr(manifest, role)
+    cache = KVCache(spec.num_layers, spec.num_kv_heads, manifest.max_seq_len, spec.head_dim, manifest.dtype)
+    decode = "target_verify" if role == "target" else "draft_step"
+    prefill = OrtDecoder(bundle / manifest.graphs[f"{role}_prefill"].file, f"{role}_prefill", manifest.graphs[f"{role}_prefill"], cache)
+    step = OrtDecoder(bundle / manifest.graphs[decode].file, decode, manifest.graphs[decode], cache)
+    return cache, prefill, step
+
+
+def full_recompute(model, seq: list[int]) -> np.ndarray:
+    with torch.no_grad():
+        return model(torch.tensor([seq])).logits[0].numpy()
+
+
+def check_decode(model, bundle, manifest, role: str, rng) -> float:
+    """Prefill, then calls with partial acceptance and rollback; returns the max |Δ logits|."""
+    cache, prefill, step = decoders(bundle, manifest, role)
+    vocab = manifest.vocab_size
+    seq = rng.integers(0, vocab, size=9).tolist()
+    worst = float(np.abs(prefill.run(seq) - full_recompute(model, seq)).max())
+    cache.append(len(seq))
+    per_call = step.capacity
+    for r in range(8):
+        new = rng.integers(0, vocab, size=int(rng.integers(1, per_call + 1))).tolist()  # also fewer than K (padding)
+        ours = step.run(new).copy()
+        ref = full_recompute(model, seq + new)[-len(new) :]
+        worst = max(worst, float(np.abs(ours - ref).max()))
+        keep = int(rng.integers(0, len(new) + 1))  # keep a prefix, possibly nothing
+        cache.append(keep)
+        seq += new[:keep]
+        if r % 3 == 2 and len(seq) > 10:  # roll back committed rows, as the draft does
+            seq = seq[:-2]
+            cache.rewind_to(len(seq))
+    return worst
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def family_bundle(request, tmp_path_factory):
+    root = tmp_path_factory.mktemp(request.param)
+    target, draft = save_pair(root, request.param)
+    out = root / "bundle"
+    manifest = export_bundle(ExportConfig(str(target), str(draft), out, gamma=3, max_seq_len=96))
+    return request.param, target, draft, out, manifest
+
+
+def test_family_exports_exactly(family_bundle):
+    from transformers import AutoModelForCausalLM
+
+    family, target, draft, out, manifest = family_bundle
+    assert load_manifest(out) == manifest
+    assert manifest.k == 4 and manifest.graphs["target_verify"].tokens == 4
+    assert manifest.graphs["draft_step"].tokens == 1
+    assert manifest.graphs["target_verify"].outputs[0].shape == (1, 4, manifest.vocab_size)  # all K positions
+    for role in ("target", "draft"):
+        recorded = manifest.validation[role]
+        assert recorded["logits"] <= ATOL and recorded["top1_agreement"] == 1.0
+    rng = np.random.default_rng(0)
+    for role, src in (("target", target), ("draft", draft)):
+        model = AutoModelForCausalLM.from_pretrained(src).eval()
+        worst = check_decode(model, out, manifest, role, rng)
+        assert worst <= ATOL, f"{family} {role}: max |Δ logits| {worst:.2e} after rollbacks"
+
+
+def test_rollback_is_needed_for_exactness(llama_bundle):
+    """Negative control: skipping the rewind (reading stale rows) must break the match."""
+    from transformers import AutoModelForCausalLM
+
+    target, _, out = llama_bundle
+    manifest = load_manifest(out)
+    model = AutoModelForCausalLM.from_pretrained(target).eval()
+    cache, prefill, verify = decoders(out, manifest, "target")
+    seq = [5, 6, 7, 8, 9, 10]
+    prefill.run(seq)
+    cache.append(len(seq))
+    verify.run([11, 12, 13, 14, 15])
+    cache.append(5)  # wrongly commit all five, though the sequence keeps only 11
+    seq.append(11)
+    ours = verify.run([20, 21, 22, 23, 24])
+    ref = full_recompute(model, seq + [20, 21, 22, 23, 24])[-5:]
+    assert np.abs(ours - ref).max() > 1e-2
+
+
+def test_bundle_contents(llama_bundle):
+    _, _, out = llama_bundle
+    m = load_manifest(out)
+    assert (out / "tokenizer" / "tokenizer.json").is_file()
+    assert m.eos_token_ids == (1,) and m.bos_token_id == 0
+    assert set(m.graphs) == {"target_prefill", "target_verify", "draft_prefill", "draft_step"}
+    for g in m.graphs.values():
+        assert all((out / f).is_file() for f in (g.file, *g.data))
+        names = [t.name for t in g.inputs]
+        assert names[:4] == ["input_ids", "position_ids", "seqlens_k", "total_sequence_length"]
+    raw = json.loads((out / "manifest.json").read_text())
+    assert raw["validation"]["tolerance"]["max_abs"] == 1e-4
+    assert {"torch", "transformers", "onnxruntime"} <= set(raw["tools"])
+    assert not list(out.parent.glob(".bundle.partial-*"))
+
+
+def test_int8_bundle_records_quantization(llama_bundle, tmp_path):
+    target, draft, _ = llama_bundle
+    m = export_bundle(ExportConfig(str(target), str(draft), tmp_path / "q", gamma=2, max_seq_len=64, quantize="int8"))
+    assert m.quantization == "int8"
+    assert m.validation["tolerance"]["max_abs"] is None  # recorded, not bounded: int8 changes the model
+    assert m.validation["target"]["top1_agreement"] >= 0.5
+    fp32 = sum((tmp_path / "q" / f).stat().st_size for g in m.graphs.values() for f in g.data)
+    assert fp32 > 0
