@@ -54,7 +54,7 @@ _BY_TYPE = {t: f for f in FAMILIES for t in f.model_types}
 SUPPORTED = tuple(sorted(_BY_TYPE))
 
 
-def family_of(cfg: Any, source: str, max_seq_len: int) -> Family:
+def family_of(cfg: Any, source: str, max_seq_len: int | None) -> Family:
     """The family of a config, or a ModelError naming the supported architectures."""
     model_type = getattr(cfg, "model_type", None)
     fam = _BY_TYPE.get(model_type)
@@ -64,7 +64,7 @@ def family_of(cfg: Any, source: str, max_seq_len: int) -> Family:
         )
     bad = fam.unsupported(cfg)
     window = fam.window(cfg)
-    if window is not None and max_seq_len > window:
+    if window is not None and max_seq_len is not None and max_seq_len > window:
         bad.append(f"sliding_window={window} (need max-seq-len <= {window}; pass --max-seq-len {window})")
     if bad:
         raise ModelError(f"{source}: {fam.name} option(s) {', '.join(bad)} cannot be exported exactly yet")

@@ -19,6 +19,7 @@ from specdec.export.source import Source, check_pair, load_model, parameter_coun
 from specdec.manifest import GraphSpec, Manifest, ModelSpec, sha256_of
 
 DTYPES = ("float32", "float16")
+DEFAULT_MAX_SEQ = 2048
 QUANTIZATIONS = (None, "int8")
 MAX_GAMMA = 15
 
@@ -31,7 +32,7 @@ class ExportConfig:
     draft: str
     out: Path
     gamma: int = 4
-    max_seq_len: int = 2048
+    max_seq_len: int | None = None  # None: 2048, or less if a model has fewer positions
     dtype: str = "float32"
     quantize: str | None = None
     trt: bool = False
@@ -45,7 +46,7 @@ class ExportConfig:
         object.__setattr__(self, "out", Path(self.out))
         if not isinstance(self.gamma, int) or not 1 <= self.gamma <= MAX_GAMMA:
             raise ConfigError(f"--gamma {self.gamma}: expected an integer in 1..{MAX_GAMMA} (draft tokens per target call)")
-        if not isinstance(self.max_seq_len, int) or self.max_seq_len < self.gamma + 2:
+        if self.max_seq_len is not None and (not isinstance(self.max_seq_len, int) or self.max_seq_len < self.gamma + 2):
             raise ConfigError(f"--max-seq-len {self.max_seq_len}: expected an integer >= {self.gamma + 2} (gamma + 2)")
         if self.dtype not in DTYPES:
             raise ConfigError(f"--dtype {self.dtype}: expected one of {', '.join(DTYPES)}")
@@ -82,6 +83,15 @@ def _model_spec(src: Source, model) -> ModelSpec:
         max_position_embeddings=getattr(cfg, "max_position_embeddings", 0) or 0,
         parameters=parameter_count(model),
     )
+
+
+def default_max_seq(sources) -> int:
+    """2048 rows, or fewer when a model has fewer positions (or a smaller sliding window)."""
+    limits = [DEFAULT_MAX_SEQ]
+    for src in sources:
+        limits += [getattr(src.config, "max_position_embeddings", None) or DEFAULT_MAX_SEQ]
+        limits += [src.family.window(src.config) or DEFAULT_MAX_SEQ]
+    return min(limits)
 
 
 def _check_trt() -> None:
@@ -126,6 +136,7 @@ def export_bundle(cfg: ExportConfig, progress: Progress | None = None) -> Manife
         "draft": resolve(cfg.draft, cfg.max_seq_len, cfg.draft_revision, cfg.trust_remote_code),
     }
     check_pair(sources["target"], sources["draft"])
+    max_seq = cfg.max_seq_len or default_max_seq(sources.values())
 
     progress("load weights")
     models = {role: load_model(src) for role, src in sources.items()}
@@ -139,7 +150,7 @@ def export_bundle(cfg: ExportConfig, progress: Progress | None = None) -> Manife
             spec = specs[role]
             file = f"{name}.onnx"
             inputs, outputs = export_decoder(
-                models[role], tmp / file, tokens, cfg.max_seq_len, spec.num_kv_heads, spec.head_dim, cfg.dtype
+                models[role], tmp / file, tokens, max_seq, spec.num_kv_heads, spec.head_dim, cfg.dtype
             )
             if cfg.quantize == "int8":
                 progress(f"quantize {name}")
@@ -151,7 +162,7 @@ def export_bundle(cfg: ExportConfig, progress: Progress | None = None) -> Manife
         for role, prefill, decode in (("target", "target_prefill", "target_verify"), ("draft", "draft_prefill", "draft_step")):
             progress(f"validate {role}")
             s = specs[role]
-            kv = (s.num_layers, s.num_kv_heads, cfg.max_seq_len, s.head_dim, cfg.dtype)
+            kv = (s.num_layers, s.num_kv_heads, max_seq, s.head_dim, cfg.dtype)
             figures[role] = validate_model(
                 models[role], tmp, (prefill, graphs[prefill]), (decode, graphs[decode]), kv, seed=cfg.seed
             )
@@ -165,7 +176,7 @@ def export_bundle(cfg: ExportConfig, progress: Progress | None = None) -> Manife
         target_src = sources["target"]
         manifest = Manifest(
             gamma=cfg.gamma,
-            max_seq_len=cfg.max_seq_len,
+            max_seq_len=max_seq,
             vocab_size=target_src.config.vocab_size,
             dtype=cfg.dtype,
             quantization=cfg.quantize,

@@ -39,7 +39,7 @@ def _looks_local(src: str) -> bool:
     return src.startswith((".", "/", "~")) or Path(src).exists() or src.count("/") > 1
 
 
-def resolve(src: str, max_seq_len: int, revision: str | None = None, trust_remote_code: bool = False) -> Source:
+def resolve(src: str, max_seq_len: int | None, revision: str | None = None, trust_remote_code: bool = False) -> Source:
     """Config and tokenizer of ``src`` (a checkpoint folder or a hub id), checked for export."""
     from transformers import AutoConfig, AutoTokenizer
 
@@ -56,7 +56,7 @@ def resolve(src: str, max_seq_len: int, revision: str | None = None, trust_remot
         raise ModelError(f"cannot read the config of {src!r} ({first}); check the id/folder and your network") from None
     family = family_of(config, src, max_seq_len)
     positions = getattr(config, "max_position_embeddings", None)
-    if positions is not None and max_seq_len > positions:
+    if positions is not None and max_seq_len is not None and max_seq_len > positions:
         raise ModelError(
             f"--max-seq-len {max_seq_len} exceeds {src}'s max_position_embeddings={positions}; pass --max-seq-len {positions} or less"
         )

@@ -56,7 +56,7 @@ def plan_cmd(alpha: float, cost: float, cost_ops: float | None, gamma: int | Non
 @click.option("--draft", required=True, help="Draft model: a checkpoint folder or hub id sharing the target's tokenizer.")
 @click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path), help="Bundle folder to write.")
 @click.option("--gamma", default=4, show_default=True, type=int, help="Draft tokens per target call; K = gamma + 1.")
-@click.option("--max-seq-len", default=2048, show_default=True, type=int, help="KV cache rows: prompt + output + gamma.")
+@click.option("--max-seq-len", default=None, type=int, help="KV cache rows: prompt + output + gamma [default: 2048, or the models' positions if fewer].")
 @click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "float16"]))
 @click.option("--quantize", default=None, type=click.Choice(["int8"]), help="Dynamic int8 weights for CPU.")
 @click.option("--trt", is_flag=True, help="Also build TensorRT engines (needs tensorrt and a GPU).")

@@ -1,0 +1,192 @@
+"""Bad input to specdec-export exits 2 with one line; failures never leave a half-written bundle."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("torch")
+
+from models import config_for, make_tokenizer, peaked_model  # noqa: E402
+
+import specdec.export.validate as validate  # noqa: E402
+from specdec.errors import BundleError, SignatureError, ValidationError  # noqa: E402
+from specdec.export.pipeline import ExportConfig, export_bundle  # noqa: E402
+from specdec.manifest import load_manifest  # noqa: E402
+
+EXPORT = shutil.which("specdec-export")
+
+
+def export_cli(*args: str) -> subprocess.CompletedProcess:
+    cmd = [EXPORT, *args] if EXPORT else [sys.executable, "-c", "from specdec.cli import export_main; export_main()", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+
+
+def assert_one_line_error(out: subprocess.CompletedProcess, *words: str) -> None:
+    assert out.returncode == 2, (out.returncode, out.stderr[-2000:])
+    lines = [ln for ln in out.stderr.strip().splitlines() if ln.startswith("specdec-export: error:")]
+    assert len(lines) == 1, out.stderr[-2000:]
+    assert "Traceback" not in out.stderr
+    for w in words:
+        assert w in lines[0], lines[0]
+
+
+@pytest.fixture(scope="module")
+def odd_models(tmp_path_factory):
+    """An unsupported architecture and a draft with another vocabulary."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    root = tmp_path_factory.mktemp("odd")
+    cfg = AutoConfig.for_model("gptj", vocab_size=320, n_embd=32, n_layer=1, n_head=2, rotary_dim=8)
+    AutoModelForCausalLM.from_config(cfg).save_pretrained(root / "gptj")
+    small = config_for("llama", "draft")
+    small.vocab_size = 300
+    peaked_model(small, 3).save_pretrained(root / "vocab300")
+    make_tokenizer(root / "vocab300")
+    return root
+
+
+def test_missing_path(llama_bundle, tmp_path):
+    target, _, _ = llama_bundle
+    out = export_cli("--target", str(target), "--draft", str(tmp_path / "nope"), "--out", str(tmp_path / "b"))
+    assert_one_line_error(out, "does not exist", "nope")
+
+
+def test_unsupported_family(llama_bundle, odd_models, tmp_path):
+    target, _, _ = llama_bundle
+    out = export_cli("--target", str(odd_models / "gptj"), "--draft", str(target), "--out", str(tmp_path / "b"))
+    assert_one_line_error(out, "'gptj' is not supported", "llama", "gpt2", "opt", "gpt_neox")
+
+
+def test_vocab_mismatch(llama_bundle, odd_models, tmp_path):
+    target, _, _ = llama_bundle
+    out = export_cli("--target", str(target), "--draft", str(odd_models / "vocab300"), "--out", str(tmp_path / "b"))
+    assert_one_line_error(out, "vocab mismatch", "320", "300")
+
+
+def test_gamma_below_one(llama_bundle, tmp_path):
+    target, draft, _ = llama_bundle
+    out = export_cli("--target", str(target), "--draft", str(draft), "--out", str(tmp_path / "b"), "--gamma", "0")
+    assert_one_line_error(out, "--gamma 0")
+
+
+def test_max_seq_len_beyond_positions(llama_bundle, tmp_path):
+    target, draft, _ = llama_bundle
+    out = export_cli("--target", str(target), "--draft", str(draft), "--out", str(tmp_path / "b"), "--max-seq-len", "100000")
+    assert_one_line_error(out, "--max-seq-len 100000", "max_position_embeddings=512")
+
+
+def test_existing_out_needs_overwrite(llama_bundle):
+    target, draft, out = llama_bundle
+    res = export_cli("--target", str(target), "--draft", str(draft), "--out", str(out))
+    assert_one_line_error(res, "already exists", "--overwrite")
+
+
+def test_trt_without_tensorrt_is_clear(llama_bundle, tmp_path):
+    target, draft, _ = llama_bundle
+    res = export_cli("--target", str(target), "--draft", str(draft), "--out", str(tmp_path / "b"), "--trt")
+    assert_one_line_error(res, "--trt")
+    assert not (tmp_path / "b").exists()
+
+
+def test_failed_validation_leaves_no_bundle(llama_bundle, tmp_path, monkeypatch):
+    """A validation failure names each output's difference and leaves nothing that looks complete."""
+    target, draft, _ = llama_bundle
+    monkeypatch.setitem(validate.TOLERANCES, ("float32", None), validate.Tolerance(1e-12, 1.0))
+    out = tmp_path / "b"
+    with pytest.raises(ValidationError) as err:
+        export_bundle(ExportConfig(str(target), str(draft), out, gamma=2, max_seq_len=64))
+    msg = str(err.value)
+    assert "target logits" in msg and "draft logits" in msg and "\n" not in msg
+    assert not out.exists()
+    assert list(tmp_path.iterdir()) == []  # no staging folder left behind either
+
+
+def test_failed_overwrite_keeps_the_old_bundle(llama_bundle, tmp_path, monkeypatch):
+    target, draft, _ = llama_bundle
+    out = tmp_path / "b"
+    export_bundle(ExportConfig(str(target), str(draft), out, gamma=2, max_seq_len=64))
+    before = (out / "manifest.json").read_text()
+    monkeypatch.setitem(validate.TOLERANCES, ("float32", None), validate.Tolerance(1e-12, 1.0))
+    with pytest.raises(ValidationError):
+        export_bundle(ExportConfig(str(target), str(draft), out, gamma=3, max_seq_len=64, overwrite=True))
+    assert (out / "manifest.json").read_text() == before
+    assert load_manifest(out).gamma == 2
+
+
+# --- the loader refuses broken bundles ------------------------------------------------------
+
+
+@pytest.fixture
+def bundle_copy(llama_bundle, tmp_path):
+    _, _, out = llama_bundle
+    dst = tmp_path / "copy"
+    shutil.copytree(out, dst)
+    return dst
+
+
+def edit_manifest(bundle, fn) -> None:
+    raw = json.loads((bundle / "manifest.json").read_text())
+    fn(raw)
+    (bundle / "manifest.json").write_text(json.dumps(raw))
+
+
+def test_manifest_path_leaving_bundle_is_refused(bundle_copy):
+    edit_manifest(bundle_copy, lambda m: m["graphs"]["draft_step"].update(file="../../etc/passwd"))
+    with pytest.raises(BundleError, match="leaves the bundle"):
+        load_manifest(bundle_copy)
+    edit_manifest(bundle_copy, lambda m: m["graphs"]["draft_step"].update(file="/etc/passwd"))
+    with pytest.raises(BundleError, match="leaves the bundle"):
+        load_manifest(bundle_copy)
+
+
+def test_corrupt_graph_is_refused(bundle_copy):
+    with open(bundle_copy / "draft_step.onnx", "ab") as f:
+        f.write(b"\0")
+    with pytest.raises(BundleError, match="sha256"):
+        load_manifest(bundle_copy)
+
+
+@pytest.mark.parametrize("damage", ["missing_manifest", "bad_json", "missing_graph", "old_schema", "not_a_folder"])
+def test_damaged_bundle_is_refused(bundle_copy, damage):
+    path = bundle_copy
+    if damage == "missing_manifest":
+        (bundle_copy / "manifest.json").unlink()
+    elif damage == "bad_json":
+        (bundle_copy / "manifest.json").write_text("{not json")
+    elif damage == "missing_graph":
+        (bundle_copy / "target_verify.onnx.data").unlink()
+    elif damage == "old_schema":
+        edit_manifest(bundle_copy, lambda m: m.update(schema_version=0))
+    elif damage == "not_a_folder":
+        path = bundle_copy / "manifest.json"
+    with pytest.raises(BundleError) as err:
+        load_manifest(path)
+    assert "\n" not in str(err.value)
+
+
+def test_engine_refuses_a_graph_that_differs_from_the_manifest(bundle_copy):
+    """Swap in the draft's step graph under the target verify's name: names and shapes differ."""
+    from specdec.engines.kv import KVCache
+    from specdec.engines.ort import OrtDecoder
+
+    m = load_manifest(bundle_copy)
+    spec = m.graphs["target_verify"]
+    cache = KVCache(m.target.num_layers, m.target.num_kv_heads, m.max_seq_len, m.target.head_dim, m.dtype)
+    with pytest.raises(SignatureError) as err:
+        OrtDecoder(bundle_copy / m.graphs["draft_step"].file, "target_verify", spec, cache)
+    msg = str(err.value)
+    assert "lacks inputs" in msg and "past_key_2" in msg and "input_ids has shape [1, 1]" in msg
+
+
+def test_inspect_cli(llama_bundle):
+    _, _, out = llama_bundle
+    res = subprocess.run([shutil.which("specdec") or "specdec", "inspect", str(out)], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "K=5" in res.stdout and "target_verify" in res.stdout and "validated target" in res.stdout
+    bad = subprocess.run([shutil.which("specdec") or "specdec", "inspect", str(out / "nope")], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
