@@ -123,6 +123,7 @@ GRAPHS = (  # name, model, role, tokens per call (None: dynamic; "K": gamma + 1)
 def export_bundle(cfg: ExportConfig, progress: Progress | None = None) -> Manifest:
     """Export, validate and write the bundle at ``cfg.out``; returns its manifest."""
     from specdec.export.graphs import export_decoder
+    from specdec.export.optimize import optimize_for_cpu
     from specdec.export.quantize import external_files, quantize_int8
     from specdec.export.validate import TOLERANCES, check, validate_model
 
@@ -152,6 +153,8 @@ def export_bundle(cfg: ExportConfig, progress: Progress | None = None) -> Manife
             inputs, outputs = export_decoder(
                 models[role], tmp / file, tokens, max_seq, spec.num_kv_heads, spec.head_dim, cfg.dtype
             )
+            progress(f"optimize {name}")
+            optimize_for_cpu(tmp / file, max_seq)
             if cfg.quantize == "int8":
                 progress(f"quantize {name}")
                 quantize_int8(tmp / file)

@@ -71,7 +71,7 @@ def export_cmd(**options) -> None:
     from specdec.export.pipeline import ExportConfig, GRAPHS, Progress, bundle_size, export_bundle
 
     cfg = ExportConfig(**options)
-    steps = 4 + len(GRAPHS) * (2 if cfg.quantize else 1) + 2
+    steps = 4 + len(GRAPHS) * (3 if cfg.quantize else 2) + 2
     # disable=None: no bar when stderr is not a terminal (CI, pipes), so errors stay one line.
     with tqdm(total=steps, desc="specdec-export", unit="step", file=sys.stderr, leave=False, disable=None) as bar:
 

@@ -102,7 +102,7 @@ def graph_facts(model_onnx: Path) -> dict[str, Any]:
     }
 
 
-def _session(model_onnx: Path, threads: int) -> Any:
+def session(model_onnx: Path, threads: int) -> Any:
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -118,7 +118,7 @@ def _int_dtype(sess: Any, name: str) -> type:
     return np.int32 if kind == "tensor(int32)" else np.int64
 
 
-def _bind_call(sess: Any, facts: dict[str, Any], k: int, past: int, share: bool,
+def bind_call(sess: Any, facts: dict[str, Any], k: int, past: int, share: bool,
                rng: np.random.Generator) -> tuple[Any, dict[str, Any]]:
     """Preallocate every input/output of one (K, P) call; return (IOBinding, its OrtValues)."""
     import onnxruntime as ort
@@ -164,7 +164,7 @@ def time_calls(model_onnx: Path, ks: list[int], pasts: list[int], reps: int = 50
     """
     facts = graph_facts(model_onnx)
     share = facts["past_present_share_buffer"] if share_buffer is None else share_buffer
-    sess = _session(model_onnx, threads)
+    sess = session(model_onnx, threads)
     rng = np.random.default_rng(0)
     rows: list[dict] = []
     for past in pasts:
@@ -172,7 +172,7 @@ def time_calls(model_onnx: Path, ks: list[int], pasts: list[int], reps: int = 50
             row: dict[str, Any] = {"k": k, "past": past, "binding": "iobinding",
                                    "kv": "shared" if share else "separate"}
             try:
-                io, _alive = _bind_call(sess, facts, k, past, share, rng)  # keep OrtValues alive
+                io, _alive = bind_call(sess, facts, k, past, share, rng)  # keep OrtValues alive
                 for _ in range(WARMUP):
                     sess.run_with_iobinding(io)
                 times = []
@@ -196,7 +196,7 @@ def check_multi_token(model_onnx: Path, k: int = 4, past: int = 16, threads: int
     Separate (non-shared) buffers, plain ``run``; small means K>1 with a past is computed right.
     """
     facts = graph_facts(model_onnx)
-    sess = _session(model_onnx, threads)
+    sess = session(model_onnx, threads)
     rng = np.random.default_rng(1)
     hkv, hd = facts["kv_shape"]
     ids = rng.integers(3, facts["vocab"], (1, k))

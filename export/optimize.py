@@ -1,0 +1,194 @@
+"""Graph optimizations for ONNX Runtime on CPU, applied before validation.
+
+1. onnxscript's ORT fusions: RMSNorm, skip-RMSNorm, rotary embedding, cos/sin cache.
+2. A tied LM head (the embedding matrix W [V, H] reused as the output projection) exports as
+   MatMul(h, Wᵀ) on a transposed constant, which ORT runs as FusedMatMul(transB) and cannot
+   prepack; on a 30M model it was a third of a verify call. The head becomes a plain MatMul on
+   a stored Wᵀ [H, V]:
+
+       FusedMatMul(h, W, transB=1)    ->  MatMul(h, Wᵀ)
+
+   The embedding lookup keeps W when W is small (<= DUPLICATE_LIMIT elements: the copy costs
+   little memory, while ORT's column gather costs ~0.15 ms a call on this CPU, 2-3% of a
+   30M model's verify call). Above that, no weight is duplicated and the lookup gathers Wᵀ's
+   columns, which is negligible next to a large model's call:
+
+       Gather(W, ids)                 ->  Transpose(Gather(Wᵀ, ids, axis=1), perm=[1, .., r, 0])
+3. The fused rotary's cos/sin cache is rebuilt every call from ReduceMax(position_ids); it is
+   a constant, so we evaluate that subgraph once for positions 0..max_seq-1 and store it.
+4. Reshape -> Transpose -> RotaryEmbedding (4-D) -> Transpose -> Reshape around each rotary
+   becomes one RotaryEmbedding on the 3-D [1, S, H*D] tensor, which the op accepts as is.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+
+DUPLICATE_LIMIT = 64 * 2**20  # elements of W kept twice at most (256 MiB in float32)
+
+
+def _attrs(node: onnx.NodeProto) -> dict:
+    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+
+def _is_transposed_head(node: onnx.NodeProto, inits: dict) -> bool:
+    a = _attrs(node)
+    return (
+        node.op_type == "FusedMatMul"
+        and node.input[1] in inits
+        and a.get("transB", 0) == 1
+        and a.get("transA", 0) == 0
+        and a.get("alpha", 1.0) == 1.0
+        and len(inits[node.input[1]].dims) == 2
+    )
+
+
+def untranspose_tied_head(model: onnx.ModelProto) -> int:
+    """Rewrite transposed-B heads as plain MatMuls on Wᵀ (see the module docstring); returns how many."""
+    graph = model.graph
+    inits = {t.name: t for t in graph.initializer}
+    ranks = {i.name: len(i.type.tensor_type.shape.dim) for i in graph.input}
+    heads = [n for n in graph.node if _is_transposed_head(n, inits)]
+    done = 0
+    for head in heads:
+        w = head.input[1]
+        users = [n for n in graph.node if w in n.input and n is not head]
+        gathers = [n for n in users if n.op_type == "Gather" and n.input[0] == w and _attrs(n).get("axis", 0) == 0]
+        if len(gathers) != len(users) or any(n.input[1] not in ranks for n in gathers):
+            continue  # W has other uses we do not rewrite; leave this head alone
+        matrix = numpy_helper.to_array(inits[w])
+        wt = numpy_helper.from_array(np.ascontiguousarray(matrix.T), w + "_T")
+        graph.initializer.append(wt)
+        if matrix.size <= DUPLICATE_LIMIT:
+            gathers = []  # keep W for the lookups
+        else:
+            graph.initializer.remove(inits[w])
+        nodes = []
+        for n in graph.node:
+            if n is head:
+                nodes.append(helper.make_node("MatMul", [n.input[0], wt.name], list(n.output), name=n.name + "_untransposed"))
+            elif n in gathers:
+                rank = ranks[n.input[1]]
+                cols = n.output[0] + "_cols"
+                nodes.append(helper.make_node("Gather", [wt.name, n.input[1]], [cols], axis=1, name=n.name + "_cols"))
+                nodes.append(helper.make_node("Transpose", [cols], list(n.output), perm=[*range(1, rank + 1), 0], name=n.name + "_t"))
+            else:
+                nodes.append(n)
+        del graph.node[:]
+        graph.node.extend(nodes)
+        done += 1
+    return done
+
+
+def _consumers(graph: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]:
+    out: dict[str, list[onnx.NodeProto]] = {}
+    for n in graph.node:
+        for i in n.input:
+            out.setdefault(i, []).append(n)
+    return out
+
+
+def _prune(graph: onnx.GraphProto) -> None:
+    """Drop nodes whose outputs nobody reads (repeat until stable)."""
+    while True:
+        used = {i for n in graph.node for i in n.input} | {o.name for o in graph.output}
+        keep = [n for n in graph.node if any(o in used for o in n.output)]
+        if len(keep) == len(graph.node):
+            return
+        del graph.node[:]
+        graph.node.extend(keep)
+
+
+def constant_rotary_cache(model: onnx.ModelProto, max_seq: int) -> int:
+    """Replace the per-call cos/sin computation feeding RotaryEmbedding with constants; returns 1 if done."""
+    import onnxruntime as ort
+
+    graph = model.graph
+    rotaries = [n for n in graph.node if n.op_type == "RotaryEmbedding"]
+    caches = {(n.input[2], n.input[3]) for n in rotaries}
+    inits = {t.name for t in graph.initializer}
+    if len(caches) != 1 or set(next(iter(caches))) <= inits:
+        return 0
+    cos, sin = next(iter(caches))
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    del probe.graph.output[:]
+    probe.graph.output.extend([helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None) for name in (cos, sin)])
+    _prune(probe.graph)
+    needed = {i for n in probe.graph.node for i in n.input}
+    kept = [t for t in probe.graph.initializer if t.name in needed]
+    del probe.graph.initializer[:]
+    probe.graph.initializer.extend(kept)
+    if needed & ({i.name for i in graph.input} - {"position_ids"}):
+        return 0  # the cache depends on more than positions: leave it
+    del probe.graph.input[:]
+    probe.graph.input.extend([i for i in graph.input if i.name == "position_ids"])
+    sess = ort.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
+    pos = next(i for i in graph.input if i.name == "position_ids")
+    width = pos.type.tensor_type.shape.dim[1].dim_value or 1  # static S, or 1 for a dynamic graph
+    cos_v, sin_v = sess.run([cos, sin], {"position_ids": np.full((1, width), max_seq - 1, dtype=np.int64)})
+    assert cos_v.shape[0] == max_seq, cos_v.shape
+    graph.initializer.extend([numpy_helper.from_array(cos_v, cos), numpy_helper.from_array(sin_v, sin)])
+    for n in [n for n in graph.node if cos in n.output or sin in n.output]:
+        graph.node.remove(n)
+    _prune(graph)
+    return 1
+
+
+def rotary_on_3d(model: onnx.ModelProto) -> int:
+    """Fold the layout changes around each 4-D RotaryEmbedding into a 3-D one; returns how many."""
+    graph = model.graph
+    prod = {o: n for n in graph.node for o in n.output}
+    cons = _consumers(graph)
+    done = 0
+    for rot in [n for n in graph.node if n.op_type == "RotaryEmbedding"]:
+        t_in = prod.get(rot.input[0])
+        r_in = prod.get(t_in.input[0]) if t_in is not None else None
+        t_out = cons.get(rot.output[0], [None])
+        r_out = cons.get(t_out[0].output[0], [None]) if len(t_out) == 1 and t_out[0] is not None else [None]
+        chain = (t_in, r_in, t_out[0], r_out[0]) if len(t_out) == 1 and len(r_out) == 1 else None
+        if not chain or any(n is None for n in chain):
+            continue
+        t_in, r_in, t_out, r_out = chain
+        perm = [0, 2, 1, 3]
+        if (t_in.op_type, r_in.op_type, t_out.op_type, r_out.op_type) != ("Transpose", "Reshape", "Transpose", "Reshape"):
+            continue
+        if _attrs(t_in).get("perm") != perm or _attrs(t_out).get("perm") != perm or "rotary_embedding_dim" in _attrs(rot):
+            continue
+        if any(len(cons.get(n.output[0], [])) != 1 for n in (r_in, t_in)):
+            continue
+        new = helper.make_node(
+            "RotaryEmbedding", [r_in.input[0], *rot.input[1:]], [r_out.output[0]], domain="com.microsoft",
+            name=rot.name + "_3d", **_attrs(rot),
+        )
+        graph.node.insert(list(graph.node).index(rot), new)
+        for n in (r_in, t_in, rot, t_out, r_out):
+            graph.node.remove(n)
+        done += 1
+    return done
+
+
+def optimize_for_cpu(path: Path, max_seq: int) -> dict[str, int]:
+    """Apply the fusions and the head rewrite to the graph at ``path`` in place; returns counts."""
+    import onnx_ir as ir
+    from onnxscript.rewriter.ort_fusions import optimize_for_ort
+
+    with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
+        fused_path = Path(tmp) / "fused.onnx"
+        model, counts = optimize_for_ort(ir.load(str(path)))
+        ir.save(model, str(fused_path), external_data="fused.onnx.data")
+        del model
+        proto = onnx.load(str(fused_path))
+    counts = {k: v for k, v in counts.items() if v}
+    counts["untransposed_head"] = untranspose_tied_head(proto)
+    counts["constant_rotary_cache"] = constant_rotary_cache(proto, max_seq)
+    counts["rotary_3d"] = rotary_on_3d(proto)
+    path.with_name(path.name + ".data").unlink(missing_ok=True)
+    onnx.save(proto, str(path), save_as_external_data=True, location=path.name + ".data", size_threshold=1024)
+    return counts
