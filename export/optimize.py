@@ -18,6 +18,10 @@
    a constant, so we evaluate that subgraph once for positions 0..max_seq-1 and store it.
 4. Reshape -> Transpose -> RotaryEmbedding (4-D) -> Transpose -> Reshape around each rotary
    becomes one RotaryEmbedding on the 3-D [1, S, H*D] tensor, which the op accepts as is.
+5. RotaryEmbedding on GroupQueryAttention's query and key moves into the attention op itself
+   (do_rotary=1 with the same cos/sin cache; its positions are past + 0..S-1, as ours).
+6. Sibling MatMuls (one input, constant weights: q/k/v, gate/up) become one MatMul on the
+   concatenated weights and a Split, as hand-built graphs do: fewer, larger kernels.
 """
 
 from __future__ import annotations
@@ -174,6 +178,62 @@ def rotary_on_3d(model: onnx.ModelProto) -> int:
     return done
 
 
+def rotary_into_attention(model: onnx.ModelProto) -> int:
+    """GQA(Rot(q), Rot(k), ...) -> GQA(q, k, ..., cos, sin, do_rotary=1); returns how many."""
+    graph = model.graph
+    prod = {o: n for n in graph.node for o in n.output}
+    cons = _consumers(graph)
+    done = 0
+    for gqa in [n for n in graph.node if n.op_type == "GroupQueryAttention" and len(n.input) == 7]:
+        rq, rk = prod.get(gqa.input[0]), prod.get(gqa.input[1])
+        if not (rq and rk and rq.op_type == rk.op_type == "RotaryEmbedding"):
+            continue
+        aq, ak = _attrs(rq), _attrs(rk)
+        if rq.input[2:] != rk.input[2:] or "rotary_embedding_dim" in aq or "rotary_embedding_dim" in ak:
+            continue
+        if aq.get("interleaved", 0) != ak.get("interleaved", 0) or any(len(cons[r.output[0]]) != 1 for r in (rq, rk)):
+            continue
+        gqa.input[0], gqa.input[1] = rq.input[0], rk.input[0]
+        gqa.input.extend(rq.input[2:4])  # cos_cache, sin_cache
+        gqa.attribute.extend([helper.make_attribute("do_rotary", 1), helper.make_attribute("rotary_interleaved", aq.get("interleaved", 0))])
+        graph.node.remove(rq)
+        graph.node.remove(rk)
+        done += 1
+    return done
+
+
+def pack_sibling_matmuls(model: onnx.ModelProto) -> int:
+    """MatMul(x, W1), MatMul(x, W2), ... -> Split(MatMul(x, [W1 | W2 | ...])); returns groups packed."""
+    graph = model.graph
+    inits = {t.name: t for t in graph.initializer}
+    uses: dict[str, int] = {}
+    for n in graph.node:
+        for i in n.input:
+            uses[i] = uses.get(i, 0) + 1
+    groups: dict[str, list[onnx.NodeProto]] = {}
+    for n in graph.node:
+        w = inits.get(n.input[1]) if n.op_type == "MatMul" else None
+        if w is not None and len(w.dims) == 2 and uses[w.name] == 1 and w.data_type == onnx.TensorProto.FLOAT:
+            groups.setdefault(n.input[0], []).append(n)
+    packed = 0
+    for x, nodes in groups.items():
+        if len(nodes) < 2 or len({inits[n.input[1]].dims[0] for n in nodes}) != 1:
+            continue
+        weights = [numpy_helper.to_array(inits[n.input[1]]) for n in nodes]
+        name = nodes[0].name + "_packed"
+        graph.initializer.append(numpy_helper.from_array(np.concatenate(weights, axis=1), name + "_W"))
+        sizes = numpy_helper.from_array(np.array([w.shape[1] for w in weights], dtype=np.int64), name + "_sizes")
+        graph.initializer.append(sizes)
+        first = list(graph.node).index(nodes[0])
+        graph.node.insert(first, helper.make_node("Split", [name + "_out", sizes.name], [n.output[0] for n in nodes], axis=-1, name=name + "_split"))
+        graph.node.insert(first, helper.make_node("MatMul", [x, name + "_W"], [name + "_out"], name=name))
+        for n in nodes:
+            graph.initializer.remove(inits[n.input[1]])
+            graph.node.remove(n)
+        packed += 1
+    return packed
+
+
 def optimize_for_cpu(path: Path, max_seq: int) -> dict[str, int]:
     """Apply the fusions and the head rewrite to the graph at ``path`` in place; returns counts."""
     import onnx_ir as ir
@@ -189,6 +249,8 @@ def optimize_for_cpu(path: Path, max_seq: int) -> dict[str, int]:
     counts["untransposed_head"] = untranspose_tied_head(proto)
     counts["constant_rotary_cache"] = constant_rotary_cache(proto, max_seq)
     counts["rotary_3d"] = rotary_on_3d(proto)
+    counts["rotary_in_attention"] = rotary_into_attention(proto)
+    counts["packed_matmuls"] = pack_sibling_matmuls(proto)
     path.with_name(path.name + ".data").unlink(missing_ok=True)
     onnx.save(proto, str(path), save_as_external_data=True, location=path.name + ".data", size_threshold=1024)
     return counts

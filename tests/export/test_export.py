@@ -132,3 +132,22 @@ def test_int8_bundle_records_quantization(llama_bundle, tmp_path):
     assert m.validation["target"]["top1_agreement"] >= 0.5
     fp32 = sum((tmp_path / "q" / f).stat().st_size for g in m.graphs.values() for f in g.data)
     assert fp32 > 0
+
+
+def test_cpu_optimizations_fired(family_bundle):
+    """The shipped graphs carry the fusions: no transposed-B head, no per-call cos/sin for rotary."""
+    import onnx
+
+    family, _, _, out, manifest = family_bundle
+    for name in ("target_verify", "draft_step"):
+        nodes = onnx.load(str(out / manifest.graphs[name].file), load_external_data=False).graph.node
+        ops = {n.op_type for n in nodes}
+        assert "GroupQueryAttention" in ops
+        assert "FusedMatMul" not in ops, f"{family} {name}: the tied head was not untransposed"
+        if family in ("llama", "qwen2", "mistral"):
+            # rotary runs inside attention from a constant cache; norms fused; q/k/v packed
+            assert not {"RotaryEmbedding", "Cos", "Sin", "Transpose"} & ops, ops
+            gqa = [n for n in nodes if n.op_type == "GroupQueryAttention"]
+            assert all(onnx.helper.get_attribute_value(a) == 1 for n in gqa for a in n.attribute if a.name == "do_rotary")
+            assert all(len(n.input) == 9 for n in gqa)
+            assert {"SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization", "Split"} <= ops
