@@ -64,13 +64,16 @@ def untranspose_tied_head(model: onnx.ModelProto) -> int:
         w = head.input[1]
         users = [n for n in graph.node if w in n.input and n is not head]
         gathers = [n for n in users if n.op_type == "Gather" and n.input[0] == w and _attrs(n).get("axis", 0) == 0]
-        if len(gathers) != len(users) or any(n.input[1] not in ranks for n in gathers):
+        if len(gathers) != len(users):
             continue  # W has other uses we do not rewrite; leave this head alone
+        keep_w = int(np.prod(inits[w].dims)) <= DUPLICATE_LIMIT
+        if not keep_w and any(n.input[1] not in ranks for n in gathers):
+            continue  # the column gather needs the indices' rank: known for graph inputs only
         matrix = numpy_helper.to_array(inits[w])
         wt = numpy_helper.from_array(np.ascontiguousarray(matrix.T), w + "_T")
         graph.initializer.append(wt)
-        if matrix.size <= DUPLICATE_LIMIT:
-            gathers = []  # keep W for the lookups
+        if keep_w:
+            gathers = []  # lookups keep reading W
         else:
             graph.initializer.remove(inits[w])
         nodes = []
