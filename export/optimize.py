@@ -126,7 +126,8 @@ def constant_rotary_cache(model: onnx.ModelProto, max_seq: int) -> int:
     probe = onnx.ModelProto()
     probe.CopyFrom(model)
     del probe.graph.output[:]
-    probe.graph.output.extend([helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None) for name in (cos, sin)])
+    elem = next(i.type.tensor_type.elem_type for i in graph.input if i.name == "past_key_0")  # the model's dtype
+    probe.graph.output.extend([helper.make_tensor_value_info(name, elem, None) for name in (cos, sin)])
     _prune(probe.graph)
     needed = {i for n in probe.graph.node for i in n.input}
     kept = [t for t in probe.graph.initializer if t.name in needed]
@@ -216,7 +217,7 @@ def pack_sibling_matmuls(model: onnx.ModelProto) -> int:
     groups: dict[str, list[onnx.NodeProto]] = {}
     for n in graph.node:
         w = inits.get(n.input[1]) if n.op_type == "MatMul" else None
-        if w is not None and len(w.dims) == 2 and uses[w.name] == 1 and w.data_type == onnx.TensorProto.FLOAT:
+        if w is not None and len(w.dims) == 2 and uses[w.name] == 1 and w.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16):
             groups.setdefault(n.input[0], []).append(n)
     packed = 0
     for x, nodes in groups.items():

@@ -7,6 +7,7 @@ appears at ``out`` only after validation passed.
 
 from __future__ import annotations
 
+import copy
 import importlib.metadata as md
 import math
 from dataclasses import dataclass, field
@@ -122,7 +123,7 @@ GRAPHS = (  # name, model, role, tokens per call (None: dynamic; "K": gamma + 1)
 
 def export_bundle(cfg: ExportConfig, progress: Progress | None = None) -> Manifest:
     """Export, validate and write the bundle at ``cfg.out``; returns its manifest."""
-    from specdec.export.graphs import export_decoder
+    from specdec.export.graphs import TORCH_DTYPES, export_decoder
     from specdec.export.optimize import optimize_for_cpu
     from specdec.export.quantize import external_files, quantize_int8
     from specdec.export.validate import TOLERANCES, check, validate_model
@@ -143,6 +144,9 @@ def export_bundle(cfg: ExportConfig, progress: Progress | None = None) -> Manife
     models = {role: load_model(src) for role, src in sources.items()}
     specs = {role: _model_spec(sources[role], models[role]) for role in models}
 
+    # Graphs are traced from a copy in the bundle's dtype; validation compares them with the
+    # float32 source, so the recorded figures are the deviation from the model the user gave.
+    exported = {role: m if cfg.dtype == "float32" else copy.deepcopy(m).to(TORCH_DTYPES[cfg.dtype]) for role, m in models.items()}
     with staging(cfg.out) as tmp:
         graphs: dict[str, GraphSpec] = {}
         for name, role, kind, tokens in GRAPHS:
@@ -151,7 +155,7 @@ def export_bundle(cfg: ExportConfig, progress: Progress | None = None) -> Manife
             spec = specs[role]
             file = f"{name}.onnx"
             inputs, outputs = export_decoder(
-                models[role], tmp / file, tokens, max_seq, spec.num_kv_heads, spec.head_dim, cfg.dtype
+                exported[role], tmp / file, tokens, max_seq, spec.num_kv_heads, spec.head_dim, cfg.dtype
             )
             progress(f"optimize {name}")
             optimize_for_cpu(tmp / file, max_seq)

@@ -151,3 +151,19 @@ def test_cpu_optimizations_fired(family_bundle):
             assert all(onnx.helper.get_attribute_value(a) == 1 for n in gqa for a in n.attribute if a.name == "do_rotary")
             assert all(len(n.input) == 9 for n in gqa)
             assert {"SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization", "Split"} <= ops
+
+
+def test_float16_bundle_has_half_weights(llama_bundle, tmp_path):
+    """--dtype float16 stores float16 weights and KV; its deviation from the float32 source is recorded."""
+    import onnx
+
+    target, draft, fp32 = llama_bundle
+    m = export_bundle(ExportConfig(str(target), str(draft), tmp_path / "h", gamma=4, max_seq_len=128, dtype="float16"))
+    g = onnx.load(str(tmp_path / "h" / m.graphs["target_verify"].file), load_external_data=False).graph
+    big = [t for t in g.initializer if np.prod(t.dims) >= 1024]
+    assert big and all(t.data_type == onnx.TensorProto.FLOAT16 for t in big)
+    assert m.graphs["target_verify"].inputs[4].dtype == "float16"
+    half = sum((tmp_path / "h" / f).stat().st_size for f in m.graphs["target_verify"].data)
+    full = sum((fp32 / f).stat().st_size for f in load_manifest(fp32).graphs["target_verify"].data)
+    assert half < 0.6 * full
+    assert 0 < m.validation["target"]["logits"] < 0.5 and m.validation["target"]["top1_agreement"] >= 0.9
