@@ -101,6 +101,10 @@ def _consumers(graph: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]:
     return out
 
 
+def _producers(graph: onnx.GraphProto) -> dict[str, onnx.NodeProto]:
+    return {o: n for n in graph.node for o in n.output}
+
+
 def _prune(graph: onnx.GraphProto) -> None:
     """Drop nodes whose outputs nobody reads (repeat until stable)."""
     while True:
@@ -152,7 +156,7 @@ def constant_rotary_cache(model: onnx.ModelProto, max_seq: int) -> int:
 def rotary_on_3d(model: onnx.ModelProto) -> int:
     """Fold the layout changes around each 4-D RotaryEmbedding into a 3-D one; returns how many."""
     graph = model.graph
-    prod = {o: n for n in graph.node for o in n.output}
+    prod = _producers(graph)
     cons = _consumers(graph)
     done = 0
     for rot in [n for n in graph.node if n.op_type == "RotaryEmbedding"]:
@@ -185,7 +189,7 @@ def rotary_on_3d(model: onnx.ModelProto) -> int:
 def rotary_into_attention(model: onnx.ModelProto) -> int:
     """GQA(Rot(q), Rot(k), ...) -> GQA(q, k, ..., cos, sin, do_rotary=1); returns how many."""
     graph = model.graph
-    prod = {o: n for n in graph.node for o in n.output}
+    prod = _producers(graph)
     cons = _consumers(graph)
     done = 0
     for gqa in [n for n in graph.node if n.op_type == "GroupQueryAttention" and len(n.input) == 7]:
@@ -239,7 +243,7 @@ def pack_sibling_matmuls(model: onnx.ModelProto) -> int:
 
 
 def optimize_for_cpu(path: Path, max_seq: int) -> dict[str, int]:
-    """Apply the fusions and the head rewrite to the graph at ``path`` in place; returns counts."""
+    """Apply passes 1-6 of the module docstring to the graph at ``path`` in place; returns counts."""
     import onnx_ir as ir
     from onnxscript.rewriter.ort_fusions import optimize_for_ort
 

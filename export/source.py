@@ -27,12 +27,22 @@ class Source:
     tokenizer: Any | None  # a transformers tokenizer, or None when the source has none
 
     @property
+    def location(self) -> str:
+        return _location(self.name)
+
+    @property
     def commit(self) -> str | None:
         return getattr(self.config, "_commit_hash", None) or self.revision
 
     def eos_ids(self) -> tuple[int, ...]:
         eos = self.config.eos_token_id
         return () if eos is None else tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)
+
+
+def _location(src: str) -> str:
+    """What transformers loads from: the folder when it exists, else the hub id."""
+    path = Path(src).expanduser()
+    return str(path) if path.is_dir() else src
 
 
 def _looks_local(src: str) -> bool:
@@ -48,7 +58,7 @@ def resolve(src: str, max_seq_len: int | None, revision: str | None = None, trus
         raise ModelError(f"model path {src!r} does not exist; pass a Hugging Face checkpoint folder or a hub id")
     if path.is_dir() and not (path / "config.json").is_file():
         raise ModelError(f"{src!r} has no config.json; pass a Hugging Face checkpoint folder (save_pretrained output)")
-    where = str(path) if path.is_dir() else src
+    where = _location(src)
     try:
         config = AutoConfig.from_pretrained(where, revision=revision, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as e:
@@ -75,12 +85,11 @@ def check_pair(target: Source, draft: Source) -> None:
             f"vocab mismatch: target {target.name} has vocab_size={t.vocab_size}, draft {draft.name} has {d.vocab_size}; "
             "the draft must share the target's tokenizer"
         )
-    for attr in ("bos_token_id",):
-        if getattr(t, attr, None) != getattr(d, attr, None):
-            raise ModelError(
-                f"special-token mismatch: target {attr}={getattr(t, attr, None)}, draft {attr}={getattr(d, attr, None)}; "
-                "the draft must share the target's tokenizer"
-            )
+    if getattr(t, "bos_token_id", None) != getattr(d, "bos_token_id", None):
+        raise ModelError(
+            f"special-token mismatch: target bos_token_id={t.bos_token_id}, draft bos_token_id={d.bos_token_id}; "
+            "the draft must share the target's tokenizer"
+        )
     if set(target.eos_ids()) != set(draft.eos_ids()):
         raise ModelError(
             f"special-token mismatch: target eos_token_id={list(target.eos_ids())}, draft eos_token_id={list(draft.eos_ids())}; "
@@ -99,11 +108,9 @@ def load_model(src: Source) -> Any:
     import torch
     from transformers import AutoModelForCausalLM
 
-    path = Path(src.name).expanduser()
-    where = str(path) if path.is_dir() else src.name
     try:
         model = AutoModelForCausalLM.from_pretrained(
-            where,
+            src.location,
             revision=src.revision,
             trust_remote_code=src.trust_remote_code,
             use_safetensors=True,
