@@ -92,15 +92,31 @@ class OrtDecoder:
         self.logits = np.zeros((1, self.capacity, vocab), dtype=np.float32)  # [1, S, V]
         self._arange = np.arange(self.capacity, dtype=np.int64)
         self.io = self.session.io_binding()
-        kv_dtype = NP_DTYPES[specs["past_key_0"].dtype]
+        self.kv_dtype = NP_DTYPES[specs["past_key_0"].dtype]
         for i, (k, v) in enumerate(zip(cache.keys, cache.values)):
             for tag, buf in (("key", k), ("value", v)):
-                self.io.bind_input(f"past_{tag}_{i}", "cpu", 0, kv_dtype, list(buf.shape), buf.ctypes.data)
-                self.io.bind_output(f"present_{tag}_{i}", "cpu", 0, kv_dtype, list(buf.shape), buf.ctypes.data)
-        self.io.bind_input("seqlens_k", "cpu", 0, np.int32, [1], self.seqlens.ctypes.data)
-        self.io.bind_input("total_sequence_length", "cpu", 0, np.int32, [], self.total.ctypes.data)
+                self.io.bind_input(f"past_{tag}_{i}", "cpu", 0, self.kv_dtype, list(buf.shape), buf.ctypes.data)
+        self._bind_kv_outputs()
+        self._bind_scalars()
         self._bound = 0
         self._bind_tokens(self.capacity if self.static else 1)
+
+    def _bind_kv_outputs(self) -> None:
+        """Present rows go straight into the cache: past and present are the same buffer."""
+        for i, (k, v) in enumerate(zip(self.cache.keys, self.cache.values)):
+            for tag, buf in (("key", k), ("value", v)):
+                self.io.bind_output(f"present_{tag}_{i}", "cpu", 0, self.kv_dtype, list(buf.shape), buf.ctypes.data)
+
+    def _bind_scalars(self) -> None:
+        self.io.bind_input("seqlens_k", "cpu", 0, np.int32, [1], self.seqlens.ctypes.data)
+        self.io.bind_input("total_sequence_length", "cpu", 0, np.int32, [], self.total.ctypes.data)
+
+    def _set_scalars(self, start: int, s: int) -> None:
+        self.seqlens[0] = start + s - 1
+        self.total[()] = start + s
+
+    def _store_new_rows(self, start: int, s: int) -> None:
+        """Nothing to do: ORT wrote the rows in place."""
 
     def _bind_tokens(self, s: int) -> None:
         """(Re)bind the token-sized buffers for S = s; a static graph does this once."""
@@ -122,9 +138,46 @@ class OrtDecoder:
         if n < s:
             self.ids[0, n:s] = self.ids[0, n - 1]  # padding: later rows, never read, never kept
         np.add(self._arange[:s], start, out=self.pos[0, :s])
-        self.seqlens[0] = start + s - 1
-        self.total[()] = start + s
+        self._set_scalars(start, s)
         if s != self._bound:
             self._bind_tokens(s)
         self.session.run_with_iobinding(self.io)
+        self._store_new_rows(start, s)
         return self.logits[0, :n]
+
+
+class PortableDecoder(OrtDecoder):
+    """A portable-flavour graph (standard ops, static shapes): it reads the whole buffer, masked
+    beyond ``past_length``, and returns only the new rows, which are copied into the cache."""
+
+    def _bind_kv_outputs(self) -> None:
+        c = self.cache
+        heads, dim = c.keys[0].shape[1], c.keys[0].shape[3]
+        # [1, kvH, S, D] per layer and tag, allocated once
+        self.new_rows = [np.zeros((1, heads, self.capacity, dim), dtype=self.kv_dtype) for _ in range(2 * len(c.keys))]
+        for i in range(len(c.keys)):
+            for j, tag in enumerate(("key", "value")):
+                buf = self.new_rows[2 * i + j]
+                self.io.bind_output(f"new_{tag}_{i}", "cpu", 0, self.kv_dtype, list(buf.shape), buf.ctypes.data)
+
+    def _bind_scalars(self) -> None:
+        self.past_length = np.zeros((), dtype=np.int64)  # []
+        self.io.bind_input("past_length", "cpu", 0, np.int64, [], self.past_length.ctypes.data)
+
+    def _set_scalars(self, start: int, s: int) -> None:
+        self.past_length[()] = start
+
+    def _store_new_rows(self, start: int, s: int) -> None:
+        for i, (k, v) in enumerate(zip(self.cache.keys, self.cache.values)):
+            k[:, :, start : start + s] = self.new_rows[2 * i]
+            v[:, :, start : start + s] = self.new_rows[2 * i + 1]
+
+
+DECODERS = {"ort": OrtDecoder, "portable": PortableDecoder}
+
+
+def decoder_for(bundle: Path, name: str, spec: GraphSpec, cache: KVCache, provider: str = "cpu", threads: int | None = None) -> OrtDecoder:
+    """The engine class for a graph's flavour, loaded from ``bundle``."""
+    if spec.flavour not in DECODERS:
+        raise EngineError(f"graph {name} has flavour {spec.flavour!r}; ONNX Runtime runs {sorted(DECODERS)}")
+    return DECODERS[spec.flavour](bundle / spec.file, name, spec, cache, provider, threads)

@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import math
 from dataclasses import dataclass, field
-from typing import Iterator
 
 import onnx
 import onnxscript
@@ -137,11 +136,12 @@ class _CallState:
     present_v: dict[int, torch.Tensor] = field(default_factory=dict)
 
 
-_active: list[_CallState] = []  # set only inside `call_state`, i.e. while one wrapper forward traces
+_active: list = []  # the state of the forward being traced; set only inside `call_state`
 
 
 @contextlib.contextmanager
-def call_state(state: _CallState) -> Iterator[_CallState]:
+def call_state(state):
+    """Make ``state`` visible to the attention functions during one wrapper forward."""
     _active.append(state)
     try:
         yield state

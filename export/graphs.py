@@ -1,102 +1,141 @@
 """Export one decoder graph: S new tokens per call over preallocated KV buffers.
 
-Signature (batch 1; L layers; kvH KV heads; D head dim; MAX = max-seq-len):
-    inputs   input_ids             int64   [1, S]
-             position_ids          int64   [1, S]      past + 0..S-1
-             seqlens_k             int32   [1]         past + S - 1
-             total_sequence_length int32   []          past + S
-             past_key_i/past_value_i  float [1, kvH, MAX, D]   i = 0..L-1
-    outputs  logits                float32 [1, S, V]   every position, never last-only
-             present_key_i/present_value_i  float [1, kvH, MAX, D]  (bind to the past buffer)
+Both flavours take (batch 1; L layers; kvH KV heads; D head dim; MAX = max-seq-len)
+    input_ids    int64 [1, S]
+    position_ids int64 [1, S]                    past + 0..S-1
+    past_key_i / past_value_i  [1, kvH, MAX, D]  the preallocated buffers, i = 0..L-1
+and return logits float32 [1, S, V] for every position (never last-only). They differ in:
+
+    flavour   scalar inputs                                   KV outputs
+    ort       seqlens_k int32 [1], total_sequence_length []   present_key_i/value_i [1, kvH, MAX, D]:
+              (GroupQueryAttention, contrib ops)              bound to the past buffer, written in place
+    portable  past_length int64 []                            new_key_i/value_i [1, kvH, S, D]:
+              (standard ops, static shapes: TensorRT)         the engine copies them into the buffer
 
 S is static for the target's verify graph (K = γ + 1) and the draft's step graph (1), and
-dynamic ("S") for the prefill graphs.
+dynamic ("S") for the prefill graphs (ORT flavour only).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 
-from specdec.export.attention import ATTN_NAME, CUSTOM_TRANSLATION, PassThroughCache, _CallState, call_state
+from specdec.export import attention, portable
 from specdec.manifest import TensorSpec
 
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16}
 
 
-class DecoderWrapper(torch.nn.Module):
-    """Runs an HF causal LM on S new tokens, reading and writing KV through GroupQueryAttention."""
+class _Wrapper(torch.nn.Module):
+    """Runs an HF causal LM on S new tokens with the flavour's attention reading the buffers."""
 
-    def __init__(self, model: torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, flavour: Flavour):
         super().__init__()
         self.model = model
-        self.layers = model.config.num_hidden_layers
+        self.flavour = flavour
 
-    def forward(self, input_ids, position_ids, seqlens_k, total_sequence_length, past: list[torch.Tensor]):
-        state = _CallState(list(past[0::2]), list(past[1::2]), seqlens_k, total_sequence_length)
-        with call_state(state):
-            out = self.model(
-                input_ids=input_ids,
-                position_ids=position_ids,
-                past_key_values=PassThroughCache(),
-                use_cache=True,
-            )
-        presents = []
-        for i in range(self.layers):
-            presents += [state.present_k[i], state.present_v[i]]
-        return (out.logits.float(), *presents)
+    def forward(self, input_ids, position_ids, scalars: list[torch.Tensor], past: list[torch.Tensor]):
+        state = self.flavour.state(list(past[0::2]), list(past[1::2]), *scalars)
+        with attention.call_state(state):
+            out = self.model(input_ids=input_ids, position_ids=position_ids, past_key_values=attention.PassThroughCache(), use_cache=True)
+        kv = []
+        for i in range(self.model.config.num_hidden_layers):
+            kv += self.flavour.kv_out(state, i)
+        return (out.logits.float(), *kv)
 
 
-def signature(layers: int, kv_heads: int, head_dim: int, vocab: int, max_seq: int, tokens: int | None, dtype: str):
+@dataclass(frozen=True)
+class Flavour:
+    attn: str
+    scalars: tuple[tuple[str, str, tuple], ...]  # (name, dtype, shape) after input_ids, position_ids
+    example: Callable[[int], list[torch.Tensor]]  # scalar values for tracing S = s new tokens after 2 rows
+    state: Callable
+    kv_out: Callable  # (state, layer) -> [key, value] outputs
+    out_names: tuple[str, str]
+    out_rows: Callable[[int, int | str], int | str]  # (MAX, S) -> rows of each KV output
+
+
+FLAVOURS = {
+    "ort": Flavour(
+        attn=attention.ATTN_NAME,
+        scalars=(("seqlens_k", "int32", (1,)), ("total_sequence_length", "int32", ())),
+        example=lambda s: [torch.tensor([s + 1], dtype=torch.int32), torch.tensor(s + 2, dtype=torch.int32)],
+        state=attention._CallState,
+        kv_out=lambda st, i: [st.present_k[i], st.present_v[i]],
+        out_names=("present_key", "present_value"),
+        out_rows=lambda max_seq, s: max_seq,
+    ),
+    "portable": Flavour(
+        attn=portable.ATTN_NAME,
+        scalars=(("past_length", "int64", ()),),
+        example=lambda s: [torch.tensor(2, dtype=torch.int64)],
+        state=portable.PortableState,
+        kv_out=lambda st, i: [st.new_k[i], st.new_v[i]],
+        out_names=("new_key", "new_value"),
+        out_rows=lambda max_seq, s: s,
+    ),
+}
+
+
+def signature(
+    layers: int, kv_heads: int, head_dim: int, vocab: int, max_seq: int, tokens: int | None, dtype: str, flavour: str = "ort"
+):
     """The graph's inputs and outputs as manifest TensorSpecs."""
+    fl = FLAVOURS[flavour]
     s = tokens if tokens is not None else "S"
-    kv = (1, kv_heads, max_seq, head_dim)
-    inputs = [
-        TensorSpec("input_ids", "int64", (1, s)),
-        TensorSpec("position_ids", "int64", (1, s)),
-        TensorSpec("seqlens_k", "int32", (1,)),
-        TensorSpec("total_sequence_length", "int32", ()),
-    ]
+    kv_in = (1, kv_heads, max_seq, head_dim)
+    kv_out = (1, kv_heads, fl.out_rows(max_seq, s), head_dim)
+    inputs = [TensorSpec("input_ids", "int64", (1, s)), TensorSpec("position_ids", "int64", (1, s))]
+    inputs += [TensorSpec(*spec) for spec in fl.scalars]
     outputs = [TensorSpec("logits", "float32", (1, s, vocab))]
     for i in range(layers):
-        inputs += [TensorSpec(f"past_key_{i}", dtype, kv), TensorSpec(f"past_value_{i}", dtype, kv)]
-        outputs += [TensorSpec(f"present_key_{i}", dtype, kv), TensorSpec(f"present_value_{i}", dtype, kv)]
+        inputs += [TensorSpec(f"past_key_{i}", dtype, kv_in), TensorSpec(f"past_value_{i}", dtype, kv_in)]
+        outputs += [TensorSpec(f"{fl.out_names[0]}_{i}", dtype, kv_out), TensorSpec(f"{fl.out_names[1]}_{i}", dtype, kv_out)]
     return inputs, outputs
 
 
 def export_decoder(
-    model: torch.nn.Module, path: Path, tokens: int | None, max_seq: int, kv_heads: int, head_dim: int, dtype: str
+    model: torch.nn.Module,
+    path: Path,
+    tokens: int | None,
+    max_seq: int,
+    kv_heads: int,
+    head_dim: int,
+    dtype: str,
+    flavour: str = "ort",
 ) -> tuple[list[TensorSpec], list[TensorSpec]]:
     """Export ``model`` to ``path`` (+ ``path.data``) with S = ``tokens`` new tokens per call (None: dynamic)."""
+    fl = FLAVOURS[flavour]
     cfg = model.config
     layers = cfg.num_hidden_layers
-    inputs, outputs = signature(layers, kv_heads, head_dim, cfg.vocab_size, max_seq, tokens, dtype)
-    example = 3 if tokens is None else tokens  # trace with a non-empty past
-    torch_dtype = TORCH_DTYPES[dtype]
+    inputs, outputs = signature(layers, kv_heads, head_dim, cfg.vocab_size, max_seq, tokens, dtype, flavour)
+    example = 3 if tokens is None else tokens  # trace after 2 committed rows
     args = (
         torch.zeros(1, example, dtype=torch.long),
         torch.arange(example).view(1, example) + 2,
-        torch.tensor([example + 1], dtype=torch.int32),
-        torch.tensor(example + 2, dtype=torch.int32),
-        [torch.zeros(1, kv_heads, max_seq, head_dim, dtype=torch_dtype) for _ in range(2 * layers)],
+        fl.example(example),
+        [torch.zeros(1, kv_heads, max_seq, head_dim, dtype=TORCH_DTYPES[dtype]) for _ in range(2 * layers)],
     )
     dynamic = None
     if tokens is None:
         s = torch.export.Dim("S", min=1, max=max_seq)
-        dynamic = ({1: s}, {1: s}, None, None, [None] * (2 * layers))
+        dynamic = ({1: s}, {1: s}, [None] * len(fl.scalars), [None] * (2 * layers))
     previous = cfg._attn_implementation
-    cfg._attn_implementation = ATTN_NAME
+    cfg._attn_implementation = fl.attn
     try:
         with torch.no_grad():
             program = torch.onnx.export(
-                DecoderWrapper(model).eval(),
+                _Wrapper(model, fl).eval(),
                 args,
                 dynamo=True,
                 input_names=[t.name for t in inputs],
                 output_names=[t.name for t in outputs],
                 dynamic_shapes=dynamic,
-                custom_translation_table=CUSTOM_TRANSLATION,
+                custom_translation_table=attention.CUSTOM_TRANSLATION,
                 optimize=True,
                 verbose=False,
             )

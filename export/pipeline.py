@@ -12,7 +12,7 @@ import importlib.metadata as md
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from specdec.errors import ConfigError, EngineError
 from specdec.export.bundle import check_destination, commit, staging
@@ -36,6 +36,7 @@ class ExportConfig:
     max_seq_len: int | None = None  # None: 2048, or less if a model has fewer positions
     dtype: str = "float32"
     quantize: str | None = None
+    portable: bool = False
     trt: bool = False
     overwrite: bool = False
     target_revision: str | None = None
@@ -100,7 +101,10 @@ def _check_trt() -> None:
         import tensorrt  # noqa: F401
     except ImportError:
         raise EngineError("--trt needs TensorRT: pip install 'specdec[trt]' on a machine with an NVIDIA GPU, or drop --trt") from None
-    raise EngineError("--trt: building TensorRT engines is not implemented in this release yet; drop --trt (CPU and CUDA use ONNX Runtime)")
+    import torch
+
+    if not torch.cuda.is_available():
+        raise EngineError("--trt needs an NVIDIA GPU and none is visible here; drop --trt, or pass --portable to write the graphs TensorRT builds from")
 
 
 def _tools() -> dict[str, str]:
@@ -113,20 +117,36 @@ def _tools() -> dict[str, str]:
     return out
 
 
-GRAPHS = (  # name, model, role, tokens per call (None: dynamic; "K": gamma + 1)
-    ("target_prefill", "target", "prefill", None),
-    ("target_verify", "target", "verify", "K"),
-    ("draft_prefill", "draft", "prefill", None),
-    ("draft_step", "draft", "step", 1),
+class GraphPlan(NamedTuple):
+    name: str
+    model: str  # "target" or "draft"
+    role: str  # "prefill", "verify" or "step"
+    tokens: int | str | None  # per call; None: dynamic; "K": gamma + 1
+    flavour: str = "ort"
+
+
+GRAPHS = (
+    GraphPlan("target_prefill", "target", "prefill", None),
+    GraphPlan("target_verify", "target", "verify", "K"),
+    GraphPlan("draft_prefill", "draft", "prefill", None),
+    GraphPlan("draft_step", "draft", "step", 1),
 )
+# Standard ops, static shapes: what TensorRT builds from. Prefill uses the ORT prefill graph
+# (both flavours share one cache layout), so there is no portable prefill graph.
+PORTABLE_GRAPHS = (
+    GraphPlan("target_verify_portable", "target", "verify", "K", "portable"),
+    GraphPlan("draft_step_portable", "draft", "step", 1, "portable"),
+)
+
+
+def planned_graphs(cfg: ExportConfig) -> tuple[GraphPlan, ...]:
+    return GRAPHS + (PORTABLE_GRAPHS if cfg.portable or cfg.trt else ())
 
 
 def export_bundle(cfg: ExportConfig, progress: Progress | None = None) -> Manifest:
     """Export, validate and write the bundle at ``cfg.out``; returns its manifest."""
-    from specdec.export.graphs import TORCH_DTYPES, export_decoder
-    from specdec.export.optimize import optimize_for_cpu
-    from specdec.export.quantize import external_files, quantize_int8
-    from specdec.export.validate import TOLERANCES, check, validate_model
+    from specdec.export.graphs import TORCH_DTYPES
+    from specdec.export.validate import TOLERANCES, check
 
     progress = progress or Progress()
     check_destination(cfg.out, cfg.overwrite)
@@ -148,33 +168,15 @@ def export_bundle(cfg: ExportConfig, progress: Progress | None = None) -> Manife
     # float32 source, so the recorded figures are the deviation from the model the user gave.
     exported = {role: m if cfg.dtype == "float32" else copy.deepcopy(m).to(TORCH_DTYPES[cfg.dtype]) for role, m in models.items()}
     with staging(cfg.out) as tmp:
-        graphs: dict[str, GraphSpec] = {}
-        for name, role, kind, tokens in GRAPHS:
-            progress(f"export {name}")
-            tokens = cfg.gamma + 1 if tokens == "K" else tokens
-            spec = specs[role]
-            file = f"{name}.onnx"
-            inputs, outputs = export_decoder(
-                exported[role], tmp / file, tokens, max_seq, spec.num_kv_heads, spec.head_dim, cfg.dtype
-            )
-            progress(f"optimize {name}")
-            optimize_for_cpu(tmp / file, max_seq)
-            if cfg.quantize == "int8":
-                progress(f"quantize {name}")
-                quantize_int8(tmp / file)
-            data = external_files(tmp / file)
-            graphs[name] = GraphSpec(file, sha256_of(tmp / file), role, kind, tokens, inputs, outputs, data)
-
-        figures = {}
-        for role, prefill, decode in (("target", "target_prefill", "target_verify"), ("draft", "draft_prefill", "draft_step")):
-            progress(f"validate {role}")
-            s = specs[role]
-            kv = (s.num_layers, s.num_kv_heads, max_seq, s.head_dim, cfg.dtype)
-            figures[role] = validate_model(
-                models[role], tmp, (prefill, graphs[prefill]), (decode, graphs[decode]), kv, seed=cfg.seed
-            )
+        graphs = {plan.name: _export_graph(plan, cfg, exported[plan.model], specs[plan.model], max_seq, tmp, progress) for plan in planned_graphs(cfg)}
+        figures = _validate(cfg, models, specs, graphs, max_seq, tmp, progress)
         tol = TOLERANCES[(cfg.dtype, cfg.quantize)]
-        check(figures, tol)
+        check({k: v for k, v in figures.items() if not k.endswith("_portable")}, tol)
+        check({k: v for k, v in figures.items() if k.endswith("_portable")}, TOLERANCES[(cfg.dtype, None)])
+        if cfg.trt:
+            from specdec.export.trt import build_engines
+
+            graphs.update(build_engines(tmp, {n: g for n, g in graphs.items() if g.flavour == "portable"}, progress))
 
         tokenizer = None
         if sources["target"].tokenizer is not None:
@@ -200,6 +202,42 @@ def export_bundle(cfg: ExportConfig, progress: Progress | None = None) -> Manife
         progress("write bundle")
         commit(tmp, cfg.out, manifest)
     return manifest
+
+
+def _export_graph(plan: GraphPlan, cfg: ExportConfig, model, spec: ModelSpec, max_seq: int, tmp: Path, progress: Progress) -> GraphSpec:
+    """Export, optimize (ORT flavour) and quantize (ORT flavour, --quantize) one graph."""
+    from specdec.export.graphs import export_decoder
+    from specdec.export.optimize import optimize_for_cpu
+    from specdec.export.quantize import external_files, quantize_int8
+
+    progress(f"export {plan.name}")
+    tokens = cfg.gamma + 1 if plan.tokens == "K" else plan.tokens
+    file = f"{plan.name}.onnx"
+    inputs, outputs = export_decoder(model, tmp / file, tokens, max_seq, spec.num_kv_heads, spec.head_dim, cfg.dtype, plan.flavour)
+    if plan.flavour == "ort":  # the portable flavour stays standard-op and float for TensorRT
+        progress(f"optimize {plan.name}")
+        optimize_for_cpu(tmp / file, max_seq)
+        if cfg.quantize == "int8":
+            progress(f"quantize {plan.name}")
+            quantize_int8(tmp / file)
+    return GraphSpec(file, sha256_of(tmp / file), plan.model, plan.role, tokens, inputs, outputs, external_files(tmp / file), plan.flavour)
+
+
+def _validate(cfg: ExportConfig, models, specs, graphs: dict[str, GraphSpec], max_seq: int, tmp: Path, progress: Progress) -> dict:
+    """Figures per model (and per portable graph): each decode graph after the model's ORT prefill."""
+    from specdec.export.validate import validate_model
+
+    figures = {}
+    for name, g in graphs.items():
+        if g.role == "prefill":
+            continue
+        key = g.model + ("_portable" if g.flavour == "portable" else "")
+        progress(f"validate {name}")
+        s = specs[g.model]
+        kv = (s.num_layers, s.num_kv_heads, max_seq, s.head_dim, cfg.dtype)
+        prefill = f"{g.model}_prefill"
+        figures[key] = validate_model(models[g.model], tmp, (prefill, graphs[prefill]), (name, g), kv, seed=cfg.seed)
+    return figures
 
 
 def bundle_size(out: Path) -> int:

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from specdec.engines.kv import KVCache
-from specdec.engines.ort import OrtDecoder
+from specdec.engines.ort import decoder_for
 from specdec.errors import ValidationError
 from specdec.manifest import GraphSpec
 
@@ -62,9 +62,7 @@ def validate_model(
     rng = np.random.default_rng(seed)
     vocab = model.config.vocab_size
     cache = KVCache(*kv)
-    engines = {
-        role: OrtDecoder(bundle / spec.file, name, spec, cache) for role, (name, spec) in (("prefill", prefill), ("decode", decode))
-    }
+    engines = {role: decoder_for(bundle, name, spec, cache) for role, (name, spec) in (("prefill", prefill), ("decode", decode))}
     ref_cache = DynamicCache()
     diffs = {"logits": 0.0, "present_key": 0.0, "present_value": 0.0}
     agree, total = 0, 0

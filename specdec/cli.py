@@ -59,7 +59,8 @@ def plan_cmd(alpha: float, cost: float, cost_ops: float | None, gamma: int | Non
 @click.option("--max-seq-len", default=None, type=int, help="KV cache rows: prompt + output + gamma [default: 2048, or the models' positions if fewer].")
 @click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "float16"]))
 @click.option("--quantize", default=None, type=click.Choice(["int8"]), help="Dynamic int8 weights for CPU.")
-@click.option("--trt", is_flag=True, help="Also build TensorRT engines (needs tensorrt and a GPU).")
+@click.option("--portable", is_flag=True, help="Also write standard-op, static-shape graphs (what TensorRT builds from).")
+@click.option("--trt", is_flag=True, help="Also build FP16 TensorRT engines from the portable graphs (needs tensorrt and a GPU).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing bundle at --out.")
 @click.option("--target-revision", default=None, help="Hub revision of the target.")
 @click.option("--draft-revision", default=None, help="Hub revision of the draft.")
@@ -68,10 +69,10 @@ def export_cmd(**options) -> None:
     """Export a target and draft to a validated ONNX bundle for the specdec runtime."""
     from tqdm import tqdm
 
-    from specdec.export.pipeline import ExportConfig, GRAPHS, Progress, bundle_size, export_bundle
+    from specdec.export.pipeline import ExportConfig, Progress, bundle_size, export_bundle, planned_graphs
 
     cfg = ExportConfig(**options)
-    steps = 4 + len(GRAPHS) * (3 if cfg.quantize else 2) + 2
+    steps = 4 + 4 * len(planned_graphs(cfg))  # configs, weights, write + export/optimize/quantize/validate per graph
     # disable=None: no bar when stderr is not a terminal (CI, pipes), so errors stay one line.
     with tqdm(total=steps, desc="specdec-export", unit="step", file=sys.stderr, leave=False, disable=None) as bar:
 
@@ -98,13 +99,13 @@ def summary(out: Path, m, size: int) -> str:
     for name, g in m.graphs.items():
         tokens = "dynamic" if g.tokens is None else g.tokens
         files = sum((out / f).stat().st_size for f in (g.file, *g.data))
-        lines.append(f"  graph {name:15} {g.role:8} tokens/call {tokens!s:8} {files / 2**20:7.1f} MiB  {g.file}")
+        lines.append(f"  graph {name:22} {g.role:8} tokens/call {tokens!s:8} {files / 2**20:7.1f} MiB  {g.file}")
     v = m.validation
-    for role in ("target", "draft"):
+    for role in ("target", "draft", "target_portable", "draft_portable"):
         if role in v:
             f = v[role]
             lines.append(
-                f"  validated {role:6} max|Δ logits| {f['logits']:.2e}  max|Δ kv| {max(f['present_key'], f['present_value']):.2e}  "
+                f"  validated {role:15} max|Δ logits| {f['logits']:.2e}  max|Δ kv| {max(f['present_key'], f['present_value']):.2e}  "
                 f"top-1 agreement {f['top1_agreement']:.3f} over {f['positions']} positions"
             )
     return "\n".join(lines)

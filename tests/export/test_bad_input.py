@@ -86,11 +86,22 @@ def test_existing_out_needs_overwrite(llama_bundle):
     assert_one_line_error(res, "already exists", "--overwrite")
 
 
-def test_trt_without_tensorrt_is_clear(llama_bundle, tmp_path):
+def test_trt_without_tensorrt_or_gpu_is_clear(llama_bundle, tmp_path):
     target, draft, _ = llama_bundle
     res = export_cli("--target", str(target), "--draft", str(draft), "--out", str(tmp_path / "b"), "--trt")
-    assert_one_line_error(res, "--trt")
+    assert_one_line_error(res, "--trt needs")
     assert not (tmp_path / "b").exists()
+
+
+@pytest.mark.gpu
+def test_trt_builds_engines(llama_bundle, tmp_path):
+    """On a machine with TensorRT and a GPU: FP16 engines from the portable graphs, in the manifest."""
+    pytest.importorskip("tensorrt")
+    target, draft, _ = llama_bundle
+    m = export_bundle(ExportConfig(str(target), str(draft), tmp_path / "b", gamma=3, max_seq_len=64, trt=True))
+    for name in ("target_verify_trt", "draft_step_trt"):
+        assert m.graphs[name].flavour == "tensorrt" and (tmp_path / "b" / m.graphs[name].file).stat().st_size > 0
+    assert load_manifest(tmp_path / "b").graphs["target_verify_trt"].inputs == m.graphs["target_verify_portable"].inputs
 
 
 def test_failed_validation_leaves_no_bundle(llama_bundle, tmp_path, monkeypatch):

@@ -18,7 +18,7 @@ torch = pytest.importorskip("torch")
 from models import save_pair  # noqa: E402
 
 from specdec.engines.kv import KVCache  # noqa: E402
-from specdec.engines.ort import OrtDecoder  # noqa: E402
+from specdec.engines.ort import PortableDecoder, decoder_for  # noqa: E402
 from specdec.export.pipeline import ExportConfig, export_bundle  # noqa: E402
 from specdec.manifest import load_manifest  # noqa: E402
 
@@ -26,12 +26,13 @@ FAMILIES = ["llama", "qwen2", "mistral", "gpt2", "opt", "gpt_neox"]
 ATOL = 1e-4  # the issue's float32 bound; measured figures are ~1e-5 (fp32 rounding of these models)
 
 
-def decoders(bundle, manifest, role: str):
+def decoders(bundle, manifest, role: str, suffix: str = ""):
+    """The model's cache, its prefill engine and its decode engine (``suffix`` picks a flavour)."""
     spec = getattr(manifest, role)
     cache = KVCache(spec.num_layers, spec.num_kv_heads, manifest.max_seq_len, spec.head_dim, manifest.dtype)
-    decode = "target_verify" if role == "target" else "draft_step"
-    prefill = OrtDecoder(bundle / manifest.graphs[f"{role}_prefill"].file, f"{role}_prefill", manifest.graphs[f"{role}_prefill"], cache)
-    step = OrtDecoder(bundle / manifest.graphs[decode].file, decode, manifest.graphs[decode], cache)
+    decode = ("target_verify" if role == "target" else "draft_step") + suffix
+    prefill = decoder_for(bundle, f"{role}_prefill", manifest.graphs[f"{role}_prefill"], cache)
+    step = decoder_for(bundle, decode, manifest.graphs[decode], cache)
     return cache, prefill, step
 
 
@@ -40,9 +41,9 @@ def full_recompute(model, seq: list[int]) -> np.ndarray:
         return model(torch.tensor([seq])).logits[0].numpy()
 
 
-def check_decode(model, bundle, manifest, role: str, rng) -> float:
+def check_decode(model, bundle, manifest, role: str, rng, suffix: str = "") -> float:
     """Prefill, then calls with partial acceptance and rollback; returns the max |Δ logits|."""
-    cache, prefill, step = decoders(bundle, manifest, role)
+    cache, prefill, step = decoders(bundle, manifest, role, suffix)
     vocab = manifest.vocab_size
     seq = rng.integers(0, vocab, size=9).tolist()
     worst = float(np.abs(prefill.run(seq) - full_recompute(model, seq)).max())
@@ -167,3 +168,28 @@ def test_float16_bundle_has_half_weights(llama_bundle, tmp_path):
     full = sum((fp32 / f).stat().st_size for f in load_manifest(fp32).graphs["target_verify"].data)
     assert half < 0.6 * full
     assert 0 < m.validation["target"]["logits"] < 0.5 and m.validation["target"]["top1_agreement"] >= 0.9
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_portable_flavour_is_standard_ops_and_exact(family, tmp_path):
+    """--portable adds static-shape, standard-op graphs (TensorRT's input), exact like the ORT ones."""
+    import onnx
+    from transformers import AutoModelForCausalLM
+
+    target, draft = save_pair(tmp_path, family)
+    out = tmp_path / "bundle"
+    m = export_bundle(ExportConfig(str(target), str(draft), out, gamma=3, max_seq_len=64, portable=True))
+    for name in ("target_verify_portable", "draft_step_portable"):
+        g = m.graphs[name]
+        assert g.flavour == "portable"
+        proto = onnx.load(str(out / g.file), load_external_data=False)
+        assert {n.domain for n in proto.graph.node} <= {"", "ai.onnx"}, "contrib ops in the portable graph"
+        dims = [d for t in (*proto.graph.input, *proto.graph.output) for d in t.type.tensor_type.shape.dim]
+        assert all(d.HasField("dim_value") for d in dims), "a dynamic dimension in the portable graph"
+        assert m.validation[g.model + "_portable"]["logits"] <= ATOL
+    rng = np.random.default_rng(1)
+    for role, src in (("target", target), ("draft", draft)):
+        model = AutoModelForCausalLM.from_pretrained(src).eval()
+        _, _, step = decoders(out, m, role, "_portable")
+        assert isinstance(step, PortableDecoder)
+        assert check_decode(model, out, m, role, rng, "_portable") <= ATOL
