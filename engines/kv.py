@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from specdec.errors import InputError
+from specdec.errors import EngineError, InputError
 
 NP_DTYPES = {"float32": np.float32, "float16": np.float16, "int64": np.int64, "int32": np.int32, "bool": np.bool_}
+DEVICES = ("cpu", "cuda")
 
 
 class KVCache:
@@ -15,14 +16,33 @@ class KVCache:
     Graphs write the rows of a call at [length, length + S) in place; the caller then keeps
     some of them with ``append`` and forgets the rest. Rows past ``length`` are never read
     (attention reads [0, total) of the call that wrote them), so a rollback is a length change.
+
+    On ``device="cuda"`` the buffers are device OrtValues (``keys``/``values`` are then
+    OrtValues, not arrays); engines bind them by pointer either way (``pointers``).
     """
 
-    def __init__(self, layers: int, kv_heads: int, max_seq: int, head_dim: int, dtype: str):
-        shape = (1, kv_heads, max_seq, head_dim)
-        self.keys = [np.zeros(shape, dtype=NP_DTYPES[dtype]) for _ in range(layers)]
-        self.values = [np.zeros(shape, dtype=NP_DTYPES[dtype]) for _ in range(layers)]
+    def __init__(self, layers: int, kv_heads: int, max_seq: int, head_dim: int, dtype: str, device: str = "cpu"):
+        if device not in DEVICES:
+            raise EngineError(f"KV cache device {device!r}: expected one of {DEVICES}")
+        self.shape = (1, kv_heads, max_seq, head_dim)
+        self.dtype = NP_DTYPES[dtype]
+        self.device = device
+        self.keys = [self._buffer() for _ in range(layers)]
+        self.values = [self._buffer() for _ in range(layers)]
         self.max_seq = max_seq
         self.length = 0
+
+    def _buffer(self):
+        if self.device == "cpu":
+            return np.zeros(self.shape, dtype=self.dtype)  # [1, kvH, MAX, D]
+        import onnxruntime as ort
+
+        return ort.OrtValue.ortvalue_from_shape_and_type(list(self.shape), self.dtype, "cuda", 0)
+
+    def pointers(self) -> list[tuple[int, int]]:
+        """(key, value) data pointers per layer, for I/O binding."""
+        ptr = (lambda b: b.ctypes.data) if self.device == "cpu" else (lambda b: b.data_ptr())
+        return [(ptr(k), ptr(v)) for k, v in zip(self.keys, self.values)]
 
     def append(self, n: int) -> None:
         """Commit the next ``n`` rows that the last call wrote."""

@@ -20,7 +20,12 @@ from specdec.errors import EngineError, InputError, SignatureError
 from specdec.manifest import GraphSpec, TensorSpec
 
 ORT_TYPES = {"float32": "tensor(float)", "float16": "tensor(float16)", "int64": "tensor(int64)", "int32": "tensor(int32)", "bool": "tensor(bool)"}
-PROVIDERS = {"cpu": ["CPUExecutionProvider"], "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"]}
+PROVIDERS = {
+    "cpu": ["CPUExecutionProvider"],
+    "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"],
+    "tensorrt": ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"],
+}
+DEVICE = {"cpu": "cpu", "cuda": "cuda", "tensorrt": "cuda"}  # where a provider's KV buffers live
 
 
 def session_options(threads: int | None = None) -> ort.SessionOptions:
@@ -70,21 +75,14 @@ class OrtDecoder:
     committed length is left to the caller (``cache.append`` / ``cache.rewind_to``).
     """
 
-    def __init__(
-        self, path: Path, name: str, spec: GraphSpec, cache: KVCache, provider: str = "cpu", threads: int | None = None
-    ):
-        if provider not in PROVIDERS:
-            raise EngineError(f"provider {provider!r} is not supported by this engine; use one of {sorted(PROVIDERS)}")
-        if PROVIDERS[provider][0] not in ort.get_available_providers():
-            raise EngineError(f"ONNX Runtime here lacks {PROVIDERS[provider][0]}; install onnxruntime-gpu (pip install 'specdec[gpu]') or use provider='cpu'")
-        self.name, self.spec, self.cache = name, spec, cache
-        self.session = ort.InferenceSession(str(path), session_options(threads), providers=PROVIDERS[provider])
-        check_signature(name, self.session, spec)
+    def __init__(self, session: ort.InferenceSession, name: str, spec: GraphSpec, cache: KVCache):
+        self.name, self.spec, self.cache, self.session = name, spec, cache, session
         specs = {t.name: t for t in (*spec.inputs, *spec.outputs)}
         self.static = spec.tokens is not None
         self.capacity = spec.tokens if self.static else cache.max_seq  # max tokens per call
         vocab = specs["logits"].shape[-1]
-        # Buffers, allocated once. ids/pos/logits hold `capacity` tokens; a call uses a prefix.
+        # Host buffers, allocated once. ids/pos/logits hold `capacity` tokens; a call uses a
+        # prefix. Logits stay on the host even on CUDA: they are what acceptance reads.
         self.ids = np.zeros((1, self.capacity), dtype=np.int64)  # [1, S]
         self.pos = np.zeros((1, self.capacity), dtype=np.int64)  # [1, S]
         self.seqlens = np.zeros((1,), dtype=np.int32)  # [1]: total - 1
@@ -93,9 +91,11 @@ class OrtDecoder:
         self._arange = np.arange(self.capacity, dtype=np.int64)
         self.io = self.session.io_binding()
         self.kv_dtype = NP_DTYPES[specs["past_key_0"].dtype]
-        for i, (k, v) in enumerate(zip(cache.keys, cache.values)):
-            for tag, buf in (("key", k), ("value", v)):
-                self.io.bind_input(f"past_{tag}_{i}", "cpu", 0, self.kv_dtype, list(buf.shape), buf.ctypes.data)
+        if self.kv_dtype != cache.dtype:
+            raise SignatureError(f"graph {name} takes {specs['past_key_0'].dtype} KV, the cache holds {np.dtype(cache.dtype).name}; rebuild the decoder from the manifest")
+        for i, ptrs in enumerate(cache.pointers()):
+            for tag, ptr in zip(("key", "value"), ptrs):
+                self.io.bind_input(f"past_{tag}_{i}", cache.device, 0, self.kv_dtype, list(cache.shape), ptr)
         self._bind_kv_outputs()
         self._bind_scalars()
         self._bound = 0
@@ -103,9 +103,10 @@ class OrtDecoder:
 
     def _bind_kv_outputs(self) -> None:
         """Present rows go straight into the cache: past and present are the same buffer."""
-        for i, (k, v) in enumerate(zip(self.cache.keys, self.cache.values)):
-            for tag, buf in (("key", k), ("value", v)):
-                self.io.bind_output(f"present_{tag}_{i}", "cpu", 0, self.kv_dtype, list(buf.shape), buf.ctypes.data)
+        c = self.cache
+        for i, ptrs in enumerate(c.pointers()):
+            for tag, ptr in zip(("key", "value"), ptrs):
+                self.io.bind_output(f"present_{tag}_{i}", c.device, 0, self.kv_dtype, list(c.shape), ptr)
 
     def _bind_scalars(self) -> None:
         self.io.bind_input("seqlens_k", "cpu", 0, np.int32, [1], self.seqlens.ctypes.data)
@@ -126,7 +127,10 @@ class OrtDecoder:
         self._bound = s
 
     def run(self, tokens: Sequence[int] | np.ndarray) -> np.ndarray:
-        """Logits [n, V] for ``tokens`` (n <= capacity), their KV written at [cache.length, ...)."""
+        """Logits [n, V] for ``tokens`` (n <= capacity), their KV written at [cache.length, ...).
+
+        Pass an int64 array (a view of a token buffer) to keep the call allocation-free.
+        """
         n = len(tokens)
         s = self.capacity if self.static else n
         start = self.cache.length
@@ -176,8 +180,38 @@ class PortableDecoder(OrtDecoder):
 DECODERS = {"ort": OrtDecoder, "portable": PortableDecoder}
 
 
-def decoder_for(bundle: Path, name: str, spec: GraphSpec, cache: KVCache, provider: str = "cpu", threads: int | None = None) -> OrtDecoder:
-    """The engine class for a graph's flavour, loaded from ``bundle``."""
+def open_session(bundle: Path, name: str, spec: GraphSpec, provider: str = "cpu", threads: int | None = None) -> ort.InferenceSession:
+    """An ONNX Runtime session for one bundle graph, its signature checked against the manifest.
+
+    Sessions are thread-safe and hold the weights; decoders (buffers and bindings) are not,
+    so several decoders may share one session.
+    """
+    if provider not in PROVIDERS:
+        raise EngineError(f"provider {provider!r} is not supported; use one of {sorted(PROVIDERS)}")
+    if PROVIDERS[provider][0] not in ort.get_available_providers():
+        raise EngineError(
+            f"provider {provider!r} needs {PROVIDERS[provider][0]}, which this onnxruntime lacks; "
+            "install onnxruntime-gpu (pip install 'specdec[gpu]') or use provider='cpu'"
+        )
     if spec.flavour not in DECODERS:
         raise EngineError(f"graph {name} has flavour {spec.flavour!r}; ONNX Runtime runs {sorted(DECODERS)}")
-    return DECODERS[spec.flavour](bundle / spec.file, name, spec, cache, provider, threads)
+    if spec.flavour == "portable" and DEVICE[provider] != "cpu":
+        raise EngineError(f"graph {name} is a portable graph, which this engine runs on the CPU only; use provider='cpu' or the ort graphs")
+    session = ort.InferenceSession(str(bundle / spec.file), session_options(threads), providers=PROVIDERS[provider])
+    check_signature(name, session, spec)
+    return session
+
+
+def decoder_for(
+    bundle: Path,
+    name: str,
+    spec: GraphSpec,
+    cache: KVCache,
+    provider: str = "cpu",
+    threads: int | None = None,
+    session: ort.InferenceSession | None = None,
+) -> OrtDecoder:
+    """The engine for a graph's flavour over ``cache``; opens a session unless one is given."""
+    if session is None:
+        session = open_session(bundle, name, spec, provider, threads)
+    return DECODERS[spec.flavour](session, name, spec, cache)

@@ -1,4 +1,8 @@
-"""specdec runtime: speculative decoding with NumPy and ONNX Runtime only (no torch)."""
+"""specdec runtime: speculative decoding with NumPy and ONNX Runtime only (no torch).
+
+``SpeculativeDecoder`` (and the ONNX Runtime import it brings) loads on first use, so the
+pure-NumPy math here stays importable without onnxruntime.
+"""
 
 from specdec.runtime.analysis import (
     Plan,
@@ -16,6 +20,11 @@ from specdec.runtime.speculative import Verdict, verify, verify_batch, verify_gr
 
 __all__ = [
     "GREEDY",
+    "GenerationResult",
+    "Piece",
+    "SpeculativeDecoder",
+    "Stats",
+    "Stream",
     "Plan",
     "SamplingConfig",
     "Verdict",
@@ -35,3 +44,15 @@ __all__ = [
     "verify_greedy_batch",
     "walltime_improvement",
 ]
+
+
+def __getattr__(name: str):
+    if name in ("SpeculativeDecoder", "GenerationResult", "Piece", "Stream"):
+        from specdec.runtime import decoder
+
+        return getattr(decoder, name)
+    if name == "Stats":
+        from specdec.runtime.stats import Stats
+
+        return Stats
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

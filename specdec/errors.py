@@ -46,3 +46,7 @@ class ValidationError(ExportError):
 
 class EngineError(SpecDecError, RuntimeError):
     """A backend cannot run here (no GPU, TensorRT missing, provider unavailable, ...)."""
+
+
+class BusyError(SpecDecError, RuntimeError):
+    """A decoder is asked for a second request while its first is still running in the same thread."""

@@ -90,12 +90,33 @@ def top1_mass(model, seed: int = 0) -> float:
     return float(probs.max(-1).values.mean())
 
 
-def save_pair(root: Path, family: str, seed: int = 0) -> tuple[Path, Path]:
-    """Write target and draft checkpoints (safetensors + tokenizer) of ``family`` under ``root``."""
+def near_copy(model, noise: float, seed: int):
+    """A draft that agrees with ``model`` often but not always: its weights plus Gaussian noise
+    of ``noise`` x each matrix's std (0.1 gives argmax agreement ~0.5-0.7 on random contexts),
+    so decoding crosses both rejections and fully accepted calls."""
+    import copy
+
+    import torch
+
+    draft = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in draft.parameters():
+            if p.dim() == 2:
+                p.add_(torch.randn(p.shape, generator=g) * p.std() * noise)
+    return draft
+
+
+def save_pair(root: Path, family: str, seed: int = 0, near: float | None = None) -> tuple[Path, Path]:
+    """Write target and draft checkpoints (safetensors + tokenizer) of ``family`` under ``root``.
+
+    The draft is a smaller random model, or with ``near`` a noisy copy of the target.
+    """
+    target = peaked_model(config_for(family, "target"), seed)
+    draft = peaked_model(config_for(family, "draft"), seed + 1) if near is None else near_copy(target, near, seed + 1)
     out = []
-    for size, s in (("target", seed), ("draft", seed + 1)):
+    for size, model in (("target", target), ("draft", draft)):
         folder = root / f"{family}-{size}"
-        model = peaked_model(config_for(family, size), s)
         assert top1_mass(model) > 0.35, f"{family} {size} is not peaked: top-1 mass {top1_mass(model):.2f}"
         model.save_pretrained(folder, safe_serialization=True)
         make_tokenizer(folder)

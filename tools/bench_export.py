@@ -76,7 +76,7 @@ def our_runner(path: Path, k: int, past: int, threads: int):
     import onnx
 
     from specdec.engines.kv import KVCache
-    from specdec.engines.ort import OrtDecoder
+    from specdec.engines.ort import decoder_for
     from specdec.export.graphs import signature
     from specdec.manifest import GraphSpec
 
@@ -91,7 +91,7 @@ def our_runner(path: Path, k: int, past: int, threads: int):
     for buf in (*cache.keys, *cache.values):
         buf[...] = rng.standard_normal(buf.shape, dtype=np.float32) * 0.5
     cache.length = past
-    dec = OrtDecoder(path, path.stem, spec, cache, threads=threads)
+    dec = decoder_for(path.parent, path.stem, spec, cache, threads=threads)
     ids = rng.integers(3, vocab, size=k)
     return lambda: dec.run(ids)
 

@@ -1,0 +1,330 @@
+"""SpeculativeDecoder: a bundle's target and draft on ONNX Runtime, with exact speculative sampling.
+
+One request (``generate`` / ``stream``) runs this loop over buffers allocated at load:
+
+    prefill both models with prompt[:-1]; the last committed token is "pending"
+    repeat:
+        draft:  feed the draft its pending tokens (1, or 2 after a fully accepted call),
+                then propose x_1..x_g, each drawn from its standardized q_i (q_i recorded)
+        target: one verify call on [last, x_1..x_g] (padded to K), giving p_1..p_{g+1}
+        accept: n draft tokens and a next token t (Algorithm 1, ``speculative.verify``)
+        commit: target keeps n+1 rows; the draft rewinds to what it saw of the accepted prefix
+
+Invariant between iterations, with L committed tokens ``seq[:L]``: the target cache holds rows
+for seq[:L-1] (seq[L-1] is fed by the next call); the draft cache holds rows for
+seq[:draft_len] and is fed seq[draft_len:L] next. Rows written past a cache's length (rejected
+drafts, padding) are never read: every call overwrites from the committed length.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, NamedTuple, Sequence
+
+import numpy as np
+
+from specdec.engines.kv import KVCache
+from specdec.engines.ort import DEVICE, OrtDecoder, decoder_for, open_session
+from specdec.errors import BusyError, ConfigError, InputError
+from specdec.manifest import Manifest, load_manifest
+from specdec.runtime.sampling import SamplingConfig, sample, standardize
+from specdec.runtime.speculative import verify, verify_greedy
+from specdec.runtime.stats import Stats
+from specdec.runtime.text import Detokenizer, TextCodec
+
+GRAPHS = {"target": ("target_prefill", "target_verify"), "draft": ("draft_prefill", "draft_step")}
+
+
+class Model(NamedTuple):
+    """One model's cache and its two engines over it: dynamic-length prefill and static decode."""
+
+    cache: KVCache
+    prefill: OrtDecoder  # any length; also the 1-token target step when gamma is 0
+    decode: OrtDecoder  # target: K tokens (verify), draft: 1 token (step)
+
+
+@dataclass(frozen=True)
+class Request:
+    """A checked request: everything ``_decode`` needs, validated before any work."""
+
+    prompt: np.ndarray  # [P] int64
+    max_new_tokens: int
+    sampling: SamplingConfig
+    gamma: int
+    seed: int | None
+    stop: frozenset[int]
+
+
+class Piece(NamedTuple):
+    """Tokens accepted by one iteration, and the text they complete (None without a tokenizer)."""
+
+    tokens: list[int]
+    text: str | None
+
+
+class GenerationResult(NamedTuple):
+    tokens: list[int]  # generated tokens only (an EOS that stopped decoding is included)
+    text: str | None  # decoded text when the bundle has a tokenizer
+    stats: Stats
+
+
+class SpeculativeDecoder:
+    """Loads a bundle once; serves one request at a time (see ``fork`` for parallel requests).
+
+    Thread safety: ONNX Runtime sessions are shared and thread-safe, but a decoder's caches and
+    bindings are per decoder. Requests on one decoder from several threads are serialized by
+    an internal lock; for parallel requests give each thread ``decoder.fork()``, which shares
+    the sessions (weights are loaded once) and owns its buffers.
+    """
+
+    def __init__(self, bundle: Path, manifest: Manifest, sessions: dict, codec: TextCodec | None, provider: str):
+        self.bundle, self.manifest, self.codec, self.provider = bundle, manifest, codec, provider
+        self._sessions = sessions
+        m = manifest
+        self.models = {}
+        for role, (prefill, decode) in GRAPHS.items():
+            spec = getattr(m, role)
+            cache = KVCache(spec.num_layers, spec.num_kv_heads, m.max_seq_len, spec.head_dim, m.dtype, DEVICE[provider])
+            engines = [decoder_for(bundle, g, m.graphs[g], cache, session=sessions[g]) for g in (prefill, decode)]
+            self.models[role] = Model(cache, *engines)
+        self.seq = np.zeros((m.max_seq_len,), dtype=np.int64)  # [MAX] committed + proposed tokens
+        self.q = np.zeros((m.gamma, m.vocab_size), dtype=np.float64)  # [γ, V] draft rows as sampled
+        self._lock = threading.Lock()
+        self._owner: int | None = None
+
+    @classmethod
+    def load(cls, bundle: str | Path, provider: str = "cpu", threads: int | None = None) -> SpeculativeDecoder:
+        """Check the bundle (manifest, paths, hashes, graph signatures) and load its graphs."""
+        bundle = Path(bundle)
+        manifest = load_manifest(bundle)
+        sessions = {
+            g: open_session(bundle, g, manifest.graphs[g], provider, threads) for pair in GRAPHS.values() for g in pair
+        }
+        return cls(bundle, manifest, sessions, TextCodec.from_bundle(bundle, manifest), provider)
+
+    def fork(self) -> SpeculativeDecoder:
+        """Another decoder over the same sessions, with its own buffers: one per thread."""
+        return SpeculativeDecoder(self.bundle, self.manifest, self._sessions, self.codec, self.provider)
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def request(
+        self,
+        prompt: str | Sequence[int],
+        max_new_tokens: int = 128,
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+        gamma: int | None = None,
+        ignore_eos: bool = False,
+    ) -> Request:
+        """Check every argument; raises a ``ValueError`` subclass naming the bad one."""
+        m = self.manifest
+        sampling = SamplingConfig(temperature, top_k, top_p)
+        if gamma is None:
+            gamma = m.gamma
+        if isinstance(gamma, bool) or not isinstance(gamma, (int, np.integer)) or not 0 <= gamma <= m.gamma:
+            raise ConfigError(
+                f"gamma={gamma!r}: this bundle's verify graph takes K={m.k} tokens, so gamma must be 0..{m.gamma}; "
+                f"re-export with a larger --gamma for more"
+            )
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
+            raise InputError(f"max_new_tokens={max_new_tokens!r}: expected an integer >= 1")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0):
+            raise InputError(f"seed={seed!r}: expected an integer >= 0 or None")
+        ids = self._prompt_ids(prompt)
+        need = len(ids) + max_new_tokens + m.gamma
+        if need > m.max_seq_len:
+            raise InputError(
+                f"prompt ({len(ids)} tokens) + max_new_tokens ({max_new_tokens}) + the bundle's gamma ({m.gamma}) = {need} "
+                f"exceeds max-seq-len {m.max_seq_len}; shorten the request or re-export with a larger --max-seq-len"
+            )
+        stop = frozenset() if ignore_eos else frozenset(m.eos_token_ids)
+        return Request(ids, int(max_new_tokens), sampling, int(gamma), seed, stop)
+
+    def _prompt_ids(self, prompt: str | Sequence[int]) -> np.ndarray:
+        if isinstance(prompt, str):
+            if self.codec is None:
+                raise InputError(f"prompt is text but bundle {self.bundle} has no tokenizer; pass token ids instead")
+            ids = self.codec.encode(prompt)
+        else:
+            ids = prompt
+        try:
+            arr = np.asarray(ids)
+        except (TypeError, ValueError):
+            arr = np.asarray([], dtype=object)
+        if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
+            raise InputError(f"prompt {str(prompt)[:60]!r}: expected a string or a flat list of integer token ids")
+        if arr.size == 0:
+            raise InputError("prompt is empty: it needs at least one token")
+        vocab = self.manifest.vocab_size
+        bad = arr[(arr < 0) | (arr >= vocab)]
+        if bad.size:
+            raise InputError(f"prompt token id {int(bad[0])} is outside the vocabulary [0, {vocab}); pass ids from the bundle's tokenizer")
+        return arr.astype(np.int64)
+
+    def generate(self, prompt: str | Sequence[int], **kwargs) -> GenerationResult:
+        """Decode a whole request; arguments as ``request``."""
+        stream = self.stream(prompt, **kwargs)
+        for _ in stream:
+            pass
+        return stream.result
+
+    def stream(self, prompt: str | Sequence[int], **kwargs) -> Stream:
+        """An iterator of ``Piece`` as tokens are accepted; arguments as ``request``.
+
+        The request is checked here, before any work. The decoder is held from the first
+        ``next`` until the stream is exhausted or closed.
+        """
+        return Stream(self, self.request(prompt, **kwargs))
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    def _acquire(self) -> None:
+        if self._owner == threading.get_ident():
+            raise BusyError(
+                "this decoder is already running a request in this thread (an unfinished stream); "
+                "exhaust or close() it first, or use decoder.fork() for a second request"
+            )
+        self._lock.acquire()
+        self._owner = threading.get_ident()
+
+    def _release(self) -> None:
+        self._owner = None
+        self._lock.release()
+
+    def _decode(self, req: Request, stats: Stats) -> Iterator[list[int]]:
+        """Yield the tokens each iteration emits; fills ``stats``. Caller holds the lock."""
+        target, draft = self.models["target"], self.models["draft"]
+        seq, q, cfg = self.seq, self.q, req.sampling
+        rng = np.random.default_rng(req.seed)
+        clock = time.perf_counter
+
+        target.cache.reset()
+        draft.cache.reset()
+        L = len(req.prompt)  # committed tokens
+        seq[:L] = req.prompt
+        if L > 1:
+            t0 = clock()
+            for model in (target, draft):
+                model.prefill.run(seq[: L - 1])
+                model.cache.append(L - 1)
+            stats.prefill_seconds += clock() - t0
+        produced = 0
+        while produced < req.max_new_tokens:
+            g = min(req.gamma, req.max_new_tokens - produced - 1)  # never draft past the budget
+            if g == 0:  # plain autoregressive step through the target
+                t0 = clock()
+                logits = target.prefill.run(seq[L - 1 : L])  # [1, V]
+                target.cache.append(1)
+                t1 = clock()
+                n, token = 0, self._pick(logits[0], cfg, rng)
+                stats.target_seconds += t1 - t0
+                stats.accept_seconds += clock() - t1
+                stats.target_calls += 1
+            else:
+                t0 = clock()
+                feed = seq[draft.cache.length : L]  # 1 pending token, or 2 after a full acceptance
+                engine = draft.decode if len(feed) == 1 else draft.prefill
+                row = engine.run(feed)[-1]  # [V]
+                draft.cache.append(len(feed))
+                for i in range(g):
+                    seq[L + i] = self._propose(row, i, cfg, rng)
+                    if i < g - 1:
+                        row = draft.decode.run(seq[L + i : L + i + 1])[0]
+                        draft.cache.append(1)
+                t1 = clock()
+                logits = target.decode.run(seq[L - 1 : L + g])  # [g + 1, V]
+                t2 = clock()
+                if cfg.greedy:
+                    n, token = verify_greedy(seq[L : L + g], logits)
+                else:
+                    n, token = verify(seq[L : L + g], q[:g], standardize(logits, cfg), rng)
+                target.cache.append(n + 1)
+                draft.cache.rewind_to(L + min(n, g - 1))  # it never saw x_g
+                t3 = clock()
+                stats.draft_seconds += t1 - t0
+                stats.target_seconds += t2 - t1
+                stats.accept_seconds += t3 - t2
+                stats.draft_calls += g
+                stats.target_calls += 1
+                stats.verify_calls += 1
+                stats.drafted += g
+                stats.accepted += n
+                for i in range(g):
+                    stats.drafted_at[i] += 1
+                    stats.accepted_at[i] += i < n
+            seq[L + n] = token
+            emitted = seq[L : L + n + 1].tolist()
+            L += n + 1
+            emitted = emitted[: req.max_new_tokens - produced]
+            for j, tok in enumerate(emitted):
+                if tok in req.stop:
+                    emitted = emitted[: j + 1]
+                    stats.finish_reason = "eos"
+                    break
+            produced += len(emitted)
+            yield emitted
+            if stats.finish_reason == "eos":
+                return
+        stats.finish_reason = "length"
+
+    def _propose(self, row: np.ndarray, i: int, cfg: SamplingConfig, rng: np.random.Generator) -> int:
+        """Draft token i from the draft's logits row [V]; records its q row when sampling."""
+        if cfg.greedy:
+            return int(row.argmax())
+        self.q[i] = standardize(row, cfg)
+        return int(sample(self.q[i], rng))
+
+    @staticmethod
+    def _pick(row: np.ndarray, cfg: SamplingConfig, rng: np.random.Generator) -> int:
+        """The target's own next token from its logits row [V]."""
+        return int(row.argmax()) if cfg.greedy else int(sample(standardize(row, cfg), rng))
+
+
+class Stream:
+    """Iterator of ``Piece``; ``result`` holds tokens, text and stats so far (complete once exhausted)."""
+
+    def __init__(self, decoder: SpeculativeDecoder, req: Request):
+        self.decoder, self.request = decoder, req
+        self.tokens: list[int] = []
+        self.stats = Stats(gamma=req.gamma, prompt_tokens=len(req.prompt))
+        self._detok = Detokenizer(decoder.codec) if decoder.codec else None
+        self._gen = self._pieces()
+
+    def _pieces(self) -> Iterator[Piece]:
+        dec = self.decoder
+        dec._acquire()
+        start = time.perf_counter()
+        try:
+            for toks in dec._decode(self.request, self.stats):
+                self.tokens += toks
+                self.stats.new_tokens = len(self.tokens)
+                self.stats.total_seconds = time.perf_counter() - start
+                yield Piece(toks, self._detok.push(toks) if self._detok else None)
+            if self._detok:
+                tail = self._detok.flush()
+                if tail:
+                    yield Piece([], tail)
+        finally:
+            self.stats.total_seconds = time.perf_counter() - start
+            dec._release()
+
+    def __iter__(self) -> Stream:
+        return self
+
+    def __next__(self) -> Piece:
+        return next(self._gen)
+
+    def close(self) -> None:
+        """Stop early and free the decoder for its next request."""
+        self._gen.close()
+
+    @property
+    def result(self) -> GenerationResult:
+        codec = self.decoder.codec
+        return GenerationResult(list(self.tokens), codec.decode(self.tokens) if codec else None, self.stats)

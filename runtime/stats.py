@@ -1,0 +1,83 @@
+"""Counters of one generation request, and the figures derived from them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Stats:
+    """What one request did and where its time went.
+
+    ``target_calls`` and ``draft_calls`` count decode calls (prefill is counted apart);
+    ``drafted_at[i]`` / ``accepted_at[i]`` count draft tokens at position i+1 of a verify call.
+    """
+
+    gamma: int
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    target_calls: int = 0
+    draft_calls: int = 0
+    verify_calls: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    prefill_seconds: float = 0.0
+    target_seconds: float = 0.0
+    draft_seconds: float = 0.0
+    accept_seconds: float = 0.0
+    total_seconds: float = 0.0
+    finish_reason: str | None = None  # "eos" or "length"
+    drafted_at: list[int] = field(default_factory=list)
+    accepted_at: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.drafted_at = [0] * self.gamma
+        self.accepted_at = [0] * self.gamma
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """Accepted / drafted tokens (an empirical lower view of the paper's α)."""
+        return self.accepted / self.drafted if self.drafted else None
+
+    @property
+    def mean_accepted(self) -> float | None:
+        """Draft tokens accepted per verify call; tokens per target call is this + 1."""
+        return self.accepted / self.verify_calls if self.verify_calls else None
+
+    @property
+    def per_position_acceptance(self) -> list[float | None]:
+        """P(draft token i accepted | it was verified), i = 1..γ."""
+        return [a / d if d else None for a, d in zip(self.accepted_at, self.drafted_at)]
+
+    @property
+    def cost_coefficient(self) -> float | None:
+        """Measured c: mean draft call time / mean target call time."""
+        if not (self.draft_calls and self.target_calls and self.target_seconds > 0):
+            return None
+        return (self.draft_seconds / self.draft_calls) / (self.target_seconds / self.target_calls)
+
+    @property
+    def tokens_per_second(self) -> float | None:
+        """New tokens per second of decoding (prefill excluded)."""
+        decode = self.total_seconds - self.prefill_seconds
+        return self.new_tokens / decode if decode > 0 else None
+
+    def as_dict(self) -> dict:
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        for k in ("acceptance_rate", "mean_accepted", "per_position_acceptance", "cost_coefficient", "tokens_per_second"):
+            d[k] = getattr(self, k)
+        return d
+
+    def line(self) -> str:
+        """One human line for stderr."""
+
+        def f(x, fmt):
+            return "-" if x is None else format(x, fmt)
+
+        return (
+            f"{self.new_tokens} tokens in {self.total_seconds:.3f}s ({f(self.tokens_per_second, '.1f')} tok/s, "
+            f"prefill {self.prefill_seconds:.3f}s); gamma={self.gamma}, target calls {self.target_calls}, "
+            f"draft calls {self.draft_calls}, accepted {self.accepted}/{self.drafted} "
+            f"(rate {f(self.acceptance_rate, '.3f')}, mean {f(self.mean_accepted, '.2f')}/call), "
+            f"c={f(self.cost_coefficient, '.3f')}, stop={self.finish_reason}"
+        )

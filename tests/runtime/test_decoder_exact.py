@@ -1,0 +1,142 @@
+"""The product's promise, end to end: SpeculativeDecoder's output is the target's.
+
+Greedy: token for token against a plain PyTorch argmax loop, for every family, several γ and
+prompts, over generations long enough to cross many rejections and fully accepted calls.
+Sampling: the first two tokens' marginals over thousands of seeded runs against the exact
+target distribution (chi-square), for plain, temperature + top-k and top-p sampling.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+scipy_stats = pytest.importorskip("scipy.stats")
+
+from specdec.runtime import SamplingConfig, SpeculativeDecoder, standardize  # noqa: E402
+
+PROMPTS = [[5, 17, 42, 99, 7, 3], [200], [31, 31, 31, 64, 128, 250, 12, 9]]
+NEW = 120  # tokens per greedy generation
+P_MIN = 1e-4  # chi-square p-value floor; runs use seeds 0..N-1, so each test is deterministic
+
+
+def torch_greedy(model, prompt: list[int], n: int) -> list[int]:
+    """The target's own greedy decode: a plain argmax loop over HF's KV cache."""
+    from transformers import DynamicCache
+
+    cache, out, ids = DynamicCache(), [], torch.tensor([prompt])
+    with torch.no_grad():
+        for _ in range(n):
+            logits = model(ids, past_key_values=cache, use_cache=True).logits[0, -1]
+            tok = int(logits.argmax())
+            out.append(tok)
+            ids = torch.tensor([[tok]])
+    return out
+
+
+def load_model(src):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(src).eval()
+
+
+def test_greedy_matches_target_for_every_family(family_bundle):
+    family, target, _, out, manifest = family_bundle
+    model = load_model(target)
+    dec = SpeculativeDecoder.load(out)
+    full, rejected, calls = 0, 0, 0
+    for prompt in PROMPTS:
+        ref = torch_greedy(model, prompt, NEW)
+        for gamma in (0, 1, 2, 4):
+            res = dec.generate(prompt, max_new_tokens=NEW, gamma=gamma, ignore_eos=True)
+            assert res.tokens == ref, f"{family} gamma={gamma} prompt={prompt}: first difference at {first_diff(res.tokens, ref)}"
+            s = res.stats
+            assert s.new_tokens == NEW and s.finish_reason == "length"
+            if gamma:
+                full += s.accepted_at[gamma - 1]  # calls that accepted every draft token
+                rejected += s.verify_calls - s.accepted_at[gamma - 1]
+                calls += s.verify_calls
+    # The run must have crossed both rollback paths many times, or it proved little.
+    assert rejected >= 20 and full >= 20, f"{family}: {rejected} rejecting and {full} fully accepted calls of {calls}"
+
+
+def test_greedy_with_a_smaller_draft(llama_bundle):
+    """A draft of a different shape (fewer layers and heads) that rarely agrees: many rejections."""
+    target, _, out = llama_bundle
+    model = load_model(target)
+    dec = SpeculativeDecoder.load(out)
+    for prompt in PROMPTS:
+        ref = torch_greedy(model, prompt, 80)
+        for gamma in (1, 3, 4):
+            assert dec.generate(prompt, max_new_tokens=80, gamma=gamma, ignore_eos=True).tokens == ref
+
+
+def first_diff(a: list[int], b: list[int]) -> int | None:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None if len(a) == len(b) else min(len(a), len(b)))
+
+
+# -- sampling ----------------------------------------------------------------------------------
+
+
+def exact_first_two(model, prompt: list[int], cfg: SamplingConfig) -> tuple[np.ndarray, np.ndarray]:
+    """P(t1) and P(t2) = Σ_t1 P(t1) P(t2 | t1) of the target itself under ``cfg``."""
+    with torch.no_grad():
+        p1 = standardize(model(torch.tensor([prompt])).logits[0, -1].double().numpy(), cfg)  # [V]
+        support = np.flatnonzero(p1)
+        batch = torch.tensor([prompt + [int(t)] for t in support])
+        p2 = standardize(model(batch).logits[:, -1].double().numpy(), cfg)  # [|support|, V]
+    return p1, p1[support] @ p2
+
+
+def chi_square_p(counts: np.ndarray, probs: np.ndarray) -> float:
+    """Pearson's test; bins with expected count < 5 are pooled (the usual validity rule)."""
+    n = counts.sum()
+    expected = probs * n
+    big = expected >= 5
+    obs = np.append(counts[big], counts[~big].sum())
+    exp = np.append(expected[big], expected[~big].sum())
+    if len(obs) < 3:
+        return 1.0  # a single real bin: nothing to test (the power check below then fails)
+    if exp[-1] < 5:  # the pooled bin is itself too small: fold it into the largest
+        obs, exp = obs[:-1].copy(), exp[:-1].copy()
+        obs[exp.argmax()] += counts[~big].sum()
+        exp[exp.argmax()] += expected[~big].sum()
+    return float(scipy_stats.chisquare(obs, exp * (n / exp.sum())).pvalue)
+
+
+SAMPLING = {
+    "plain": dict(temperature=1.0),
+    "temperature+top_k": dict(temperature=0.7, top_k=20),
+    "top_p": dict(temperature=1.0, top_p=0.9),
+}
+
+
+@pytest.mark.parametrize("mode", list(SAMPLING))
+def test_first_two_tokens_follow_the_target(family_bundle, mode):
+    family, target, draft, out, manifest = family_bundle
+    if family != "llama":
+        pytest.skip("one family is enough for the statistics; greedy covers every family")
+    runs = 4000
+    kw = SAMPLING[mode]
+    cfg = SamplingConfig(kw["temperature"], kw.get("top_k"), kw.get("top_p"))
+    prompt = PROMPTS[2]  # its next-token distributions are the least peaked: most bins
+    p1, p2 = exact_first_two(load_model(target), prompt, cfg)
+    q1, q2 = exact_first_two(load_model(draft), prompt, cfg)
+    dec = SpeculativeDecoder.load(out)
+    counts = np.zeros((2, manifest.vocab_size), dtype=np.int64)
+    accepted, drafted = 0, 0
+    for seed in range(runs):
+        # 4 new tokens: the first call drafts 3, so tokens 1-2 come from accepted drafts,
+        # residual draws at a rejection, or (after one acceptance and a rejection) both.
+        res = dec.generate(prompt, max_new_tokens=4, seed=seed, ignore_eos=True, **kw)
+        counts[0, res.tokens[0]] += 1
+        counts[1, res.tokens[1]] += 1
+        accepted += res.stats.accepted_at[0] + res.stats.accepted_at[1]
+        drafted += res.stats.drafted_at[0] + res.stats.drafted_at[1]
+    assert 0.1 < accepted / drafted < 0.9, f"acceptance {accepted}/{drafted} does not exercise both paths"
+    for i, (p, q) in enumerate(((p1, q1), (p2, q2))):
+        assert counts[i][p == 0].sum() == 0, f"token {i + 1}: emitted a token the target cannot produce"
+        assert chi_square_p(counts[i], p) > P_MIN, f"{mode} token {i + 1}: differs from the target"
+        # Power: the same counts are clearly not the draft's distribution.
+        assert chi_square_p(counts[i], np.where(q > 0, q, 0) + 1e-12) < 1e-6, f"{mode} token {i + 1}: test has no power"
