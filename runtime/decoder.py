@@ -287,32 +287,19 @@ class SpeculativeDecoder:
 
 
 class Stream:
-    """Iterator of ``Piece``; ``result`` holds tokens, text and stats so far (complete once exhausted)."""
+    """Iterator of ``Piece``; ``result`` holds tokens, text and stats so far (complete once exhausted).
+
+    Dropping an unfinished stream frees its decoder at once (CPython closes the generator when
+    the last reference goes), and ``close()`` does it explicitly.
+    """
 
     def __init__(self, decoder: SpeculativeDecoder, req: Request):
         self.decoder, self.request = decoder, req
         self.tokens: list[int] = []
         self.stats = Stats(gamma=req.gamma, prompt_tokens=len(req.prompt))
-        self._detok = Detokenizer(decoder.codec) if decoder.codec else None
-        self._gen = self._pieces()
-
-    def _pieces(self) -> Iterator[Piece]:
-        dec = self.decoder
-        dec._acquire()
-        start = time.perf_counter()
-        try:
-            for toks in dec._decode(self.request, self.stats):
-                self.tokens += toks
-                self.stats.new_tokens = len(self.tokens)
-                self.stats.total_seconds = time.perf_counter() - start
-                yield Piece(toks, self._detok.push(toks) if self._detok else None)
-            if self._detok:
-                tail = self._detok.flush()
-                if tail:
-                    yield Piece([], tail)
-        finally:
-            self.stats.total_seconds = time.perf_counter() - start
-            dec._release()
+        # The generator must not reference this object, or the two would form a cycle that
+        # only the garbage collector frees, holding the decoder's lock until then.
+        self._gen = _pieces(decoder, req, self.tokens, self.stats)
 
     def __iter__(self) -> Stream:
         return self
@@ -328,3 +315,23 @@ class Stream:
     def result(self) -> GenerationResult:
         codec = self.decoder.codec
         return GenerationResult(list(self.tokens), codec.decode(self.tokens) if codec else None, self.stats)
+
+
+def _pieces(dec: SpeculativeDecoder, req: Request, tokens: list[int], stats: Stats) -> Iterator[Piece]:
+    """Run ``req`` on ``dec`` under its lock, appending to ``tokens`` and filling ``stats``."""
+    detok = Detokenizer(dec.codec) if dec.codec else None
+    dec._acquire()
+    start = time.perf_counter()
+    try:
+        for toks in dec._decode(req, stats):
+            tokens += toks
+            stats.new_tokens = len(tokens)
+            stats.total_seconds = time.perf_counter() - start
+            yield Piece(toks, detok.push(toks) if detok else None)
+        if detok:
+            tail = detok.flush()
+            if tail:
+                yield Piece([], tail)
+    finally:
+        stats.total_seconds = time.perf_counter() - start
+        dec._release()

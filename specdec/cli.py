@@ -129,6 +129,48 @@ def inspect_cmd(bundle: Path, as_json: bool) -> None:
     click.echo(summary(bundle, m, size))
 
 
+@cli.command("generate")
+@click.argument("bundle", type=click.Path(path_type=Path))
+@click.option("--prompt", default=None, help="Prompt text (needs the bundle's tokenizer).")
+@click.option("--prompt-ids", default=None, help="Prompt token ids, comma-separated: 1,2,3.")
+@click.option("--max-new-tokens", default=128, show_default=True, type=int)
+@click.option("--temperature", default=0.0, show_default=True, type=float, help="0 = greedy.")
+@click.option("--top-k", default=None, type=int, help="Keep the k most likely tokens (0 or unset = off).")
+@click.option("--top-p", default=None, type=float, help="Nucleus mass in (0, 1] (unset = off).")
+@click.option("--seed", default=None, type=int, help="Makes sampling reproducible.")
+@click.option("--gamma", default=None, type=int, help="Draft tokens per target call, 0..bundle gamma [default: the bundle's]; 0 = no draft.")
+@click.option("--ignore-eos", is_flag=True, help="Keep going past end-of-sequence tokens.")
+@click.option("--provider", default="cpu", show_default=True, type=click.Choice(["cpu", "cuda", "tensorrt"]))
+@click.option("--threads", default=None, type=int, help="ONNX Runtime intra-op threads [default: ORT's].")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object with tokens, text and stats.")
+def generate_cmd(bundle: Path, prompt: str | None, prompt_ids: str | None, provider: str, threads: int | None, as_json: bool, **kw) -> None:
+    """Decode with a bundle: text (or token ids) to stdout as accepted, a stats line to stderr."""
+    from specdec.errors import InputError
+    from specdec.runtime.decoder import SpeculativeDecoder
+
+    if (prompt is None) == (prompt_ids is None):
+        raise InputError("give exactly one of --prompt TEXT and --prompt-ids 1,2,3")
+    if prompt_ids is not None:
+        try:
+            prompt = [int(x) for x in prompt_ids.split(",") if x.strip()]
+        except ValueError:
+            raise InputError(f"--prompt-ids {prompt_ids!r}: expected comma-separated integers such as 1,2,3") from None
+    if threads is not None and threads < 1:
+        raise InputError(f"--threads {threads}: expected an integer >= 1")
+    dec = SpeculativeDecoder.load(bundle, provider=provider, threads=threads)
+    stream = dec.stream(prompt, **kw)
+    for piece in stream:
+        if not as_json:
+            out = piece.text if piece.text is not None else "".join(f"{t} " for t in piece.tokens)
+            click.echo(out, nl=False)
+    res = stream.result
+    if as_json:
+        click.echo(json.dumps({"tokens": res.tokens, "text": res.text, "stats": res.stats.as_dict()}))
+    else:
+        click.echo("")
+        click.echo(res.stats.line(), err=True)
+
+
 def run(command: click.Command, argv: list[str] | None, prog_name: str) -> None:
     """Run a click command; user errors become one line on stderr and exit status 2."""
     try:

@@ -1,0 +1,298 @@
+"""SpeculativeDecoder as a service uses it: API, stops, seeds, bad input, threads, allocation."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+import tracemalloc
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+
+from specdec.errors import BundleError, BusyError, ConfigError, InputError, SamplingError  # noqa: E402
+from specdec.runtime import SpeculativeDecoder  # noqa: E402
+
+PROMPT = [5, 17, 42, 99, 7, 3]
+
+
+@pytest.fixture(scope="module")
+def twin_bundle(tmp_path_factory):
+    """Draft == target (same weights): every greedy draft token must be accepted, which holds
+    only if the draft's cache bookkeeping (rewinds, the 2-token catch-up) is exactly right."""
+    from models import save_pair
+
+    from specdec.export.pipeline import ExportConfig, export_bundle
+
+    root = tmp_path_factory.mktemp("twin")
+    target, draft = save_pair(root, "llama", near=0.0)
+    out = root / "bundle"
+    export_bundle(ExportConfig(str(target), str(draft), out, gamma=4, max_seq_len=160))
+    return out
+
+
+@pytest.fixture(scope="module")
+def dec(llama_bundle):
+    return SpeculativeDecoder.load(llama_bundle[2])
+
+
+@pytest.fixture(scope="module")
+def twin(twin_bundle):
+    return SpeculativeDecoder.load(twin_bundle)
+
+
+def test_identical_draft_is_always_accepted(twin):
+    for gamma in (1, 2, 4):
+        s = twin.generate(PROMPT, max_new_tokens=100, gamma=gamma, ignore_eos=True).stats
+        assert s.acceptance_rate == 1.0 and s.per_position_acceptance == [1.0] * gamma, (gamma, s.line())
+        assert s.target_calls == -(-100 // (gamma + 1))  # ceil: γ+1 tokens per target call
+        assert s.mean_accepted == pytest.approx(s.accepted / s.verify_calls)
+
+
+def test_budget_is_honoured_inside_an_accepted_run(twin):
+    ref = twin.generate(PROMPT, max_new_tokens=60, ignore_eos=True).tokens
+    for n in (1, 2, 5, 6, 7, 13):
+        res = twin.generate(PROMPT, max_new_tokens=n, ignore_eos=True)
+        assert res.tokens == ref[:n] and res.stats.finish_reason == "length"
+        assert res.stats.drafted == res.stats.accepted  # it never drafted past the budget
+
+
+def with_eos(bundle, tmp_path, eos: int):
+    """A copy of ``bundle`` whose manifest names ``eos`` as end-of-sequence (graphs unchanged)."""
+    out = tmp_path / f"eos{eos}"
+    shutil.copytree(bundle, out)
+    raw = json.loads((out / "manifest.json").read_text())
+    raw["eos_token_ids"] = [eos]
+    (out / "manifest.json").write_text(json.dumps(raw))
+    return SpeculativeDecoder.load(out)
+
+
+def test_stops_at_eos_inside_an_accepted_run(twin, twin_bundle, tmp_path):
+    ref = twin.generate(PROMPT, max_new_tokens=60, ignore_eos=True).tokens
+    # Each distinct token, as EOS, at its first occurrence: positions inside runs of γ+1 = 5.
+    firsts = {}
+    for i, t in enumerate(ref):
+        firsts.setdefault(t, i)
+    assert len({i % 5 for i in firsts.values()}) >= 3, firsts  # several offsets within a run
+    for tok, i in list(firsts.items())[:6]:
+        d = with_eos(twin_bundle, tmp_path, tok)
+        res = d.generate(PROMPT, max_new_tokens=60)
+        assert res.tokens == ref[: i + 1] and res.stats.finish_reason == "eos", (tok, i)
+        assert d.generate(PROMPT, max_new_tokens=60, ignore_eos=True).tokens == ref
+        pieces = [p.tokens for p in d.stream(PROMPT, max_new_tokens=60)]
+        assert sum(pieces, []) == ref[: i + 1]
+
+
+def test_text_prompt_and_stream(dec, llama_bundle):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(llama_bundle[0])
+    text = "def add(a, b):\n    return"
+    res = dec.generate(text, max_new_tokens=30, ignore_eos=True)
+    assert res.stats.prompt_tokens == len(tok(text)["input_ids"])
+    assert res.tokens == dec.generate(tok(text)["input_ids"], max_new_tokens=30, ignore_eos=True).tokens
+    assert res.text == tok.decode(res.tokens, skip_special_tokens=True)
+    pieces = list(dec.stream(text, max_new_tokens=30, ignore_eos=True))
+    assert sum((p.tokens for p in pieces), []) == res.tokens
+    assert "".join(p.text for p in pieces) == res.text
+
+
+def test_ids_prompt_without_tokenizer_text_is_none(dec, llama_bundle, tmp_path):
+    out = tmp_path / "notok"
+    shutil.copytree(llama_bundle[2], out)
+    raw = json.loads((out / "manifest.json").read_text())
+    raw["tokenizer"] = None
+    (out / "manifest.json").write_text(json.dumps(raw))
+    d = SpeculativeDecoder.load(out)
+    res = d.generate(PROMPT, max_new_tokens=10)
+    assert res.text is None and res.tokens == dec.generate(PROMPT, max_new_tokens=10).tokens
+    with pytest.raises(InputError, match="no tokenizer"):
+        d.generate("hello", max_new_tokens=5)
+
+
+def test_seeds(dec):
+    kw = dict(max_new_tokens=40, temperature=1.0, ignore_eos=True)
+    a = dec.generate(PROMPT, seed=7, **kw).tokens
+    assert dec.generate(PROMPT, seed=7, **kw).tokens == a
+    runs = {tuple(dec.generate(PROMPT, seed=s, **kw).tokens) for s in range(6)}
+    assert len(runs) >= 5, "different seeds should give different samples"
+
+
+def test_stats_are_consistent(dec):
+    s = dec.generate(PROMPT, max_new_tokens=50, gamma=3, ignore_eos=True).stats
+    assert s.new_tokens == 50 and s.prompt_tokens == len(PROMPT)
+    assert s.target_calls - s.verify_calls in (0, 1)  # one plain step when the budget leaves no room to draft
+    assert s.drafted == sum(s.drafted_at) and s.accepted == sum(s.accepted_at)
+    assert s.new_tokens == s.accepted + s.target_calls  # each target call adds n accepted + 1
+    assert s.drafted_at[0] == s.verify_calls and s.draft_calls >= s.drafted
+    assert 0 < s.cost_coefficient and s.target_seconds > 0 and s.draft_seconds > 0
+    assert s.total_seconds >= s.prefill_seconds + s.target_seconds
+    d = s.as_dict()
+    json.dumps(d)
+    assert d["acceptance_rate"] == s.acceptance_rate
+
+
+def test_gamma_zero_is_plain_decoding(dec):
+    res = dec.generate(PROMPT, max_new_tokens=30, gamma=0, ignore_eos=True)
+    assert res.stats.draft_calls == 0 and res.stats.target_calls == 30 and res.stats.verify_calls == 0
+    assert res.tokens == dec.generate(PROMPT, max_new_tokens=30, ignore_eos=True).tokens
+
+
+BAD = [
+    (dict(prompt=[]), InputError, "empty"),
+    (dict(prompt=[5, 320]), InputError, "320 is outside the vocabulary"),
+    (dict(prompt=[-1]), InputError, "-1 is outside"),
+    (dict(prompt=[1.5, 2]), InputError, "integer token ids"),
+    (dict(prompt=[[1, 2]]), InputError, "flat list"),
+    (dict(max_new_tokens=0), InputError, "max_new_tokens=0"),
+    (dict(max_new_tokens=120), InputError, "exceeds max-seq-len 128"),
+    (dict(temperature=-0.1), SamplingError, "temperature=-0.1"),
+    (dict(top_p=0.0), SamplingError, "top_p=0.0"),
+    (dict(top_p=1.5), SamplingError, "top_p=1.5"),
+    (dict(top_k=-1), SamplingError, "top_k=-1"),
+    (dict(gamma=5), ConfigError, "gamma must be 0..4"),
+    (dict(gamma=-1), ConfigError, "gamma=-1"),
+    (dict(seed=-3), InputError, "seed=-3"),
+]
+
+
+@pytest.mark.parametrize("kw,err,msg", BAD, ids=[str(b[0]) for b in BAD])
+def test_bad_requests_fail_first_and_leave_the_decoder_working(dec, kw, err, msg):
+    ref = dec.generate(PROMPT, max_new_tokens=20, ignore_eos=True).tokens
+    kw = {"max_new_tokens": 10, **kw}
+    prompt = kw.pop("prompt", PROMPT)
+    with pytest.raises(err, match=msg) as e:
+        dec.generate(prompt, **kw)
+    assert isinstance(e.value, ValueError) and "\n" not in str(e.value)
+    with pytest.raises(err):
+        dec.stream(prompt, **kw)  # checked when the stream is made, before any work
+    assert dec.generate(PROMPT, max_new_tokens=20, ignore_eos=True).tokens == ref
+
+
+def test_bad_bundles(llama_bundle, tmp_path):
+    with pytest.raises(BundleError, match="not a folder"):
+        SpeculativeDecoder.load(tmp_path / "missing")
+    out = tmp_path / "b"
+    shutil.copytree(llama_bundle[2], out)
+    graph = json.loads((out / "manifest.json").read_text())["graphs"]["target_verify"]["file"]
+    with open(out / graph, "r+b") as f:  # flip one byte
+        f.seek(100)
+        b = f.read(1)
+        f.seek(100)
+        f.write(bytes([b[0] ^ 1]))
+    with pytest.raises(BundleError, match="corrupt"):
+        SpeculativeDecoder.load(out)
+    shutil.rmtree(out)
+    shutil.copytree(llama_bundle[2], out)
+    raw = json.loads((out / "manifest.json").read_text())
+    raw["graphs"]["draft_step"]["file"] = "../../etc/passwd"
+    (out / "manifest.json").write_text(json.dumps(raw))
+    with pytest.raises(BundleError, match="leaves the bundle"):
+        SpeculativeDecoder.load(out)
+    (out / "manifest.json").write_text("{not json")
+    with pytest.raises(BundleError, match="not valid JSON"):
+        SpeculativeDecoder.load(out)
+
+
+def test_early_close_frees_the_decoder(dec):
+    ref = dec.generate(PROMPT, max_new_tokens=20, ignore_eos=True).tokens
+    s = dec.stream(PROMPT, max_new_tokens=20, ignore_eos=True)
+    next(s)
+    with pytest.raises(BusyError, match="fork"):
+        dec.generate(PROMPT, max_new_tokens=5)  # same thread, unfinished stream: refused, not a deadlock
+    s.close()
+    assert dec.generate(PROMPT, max_new_tokens=20, ignore_eos=True).tokens == ref
+    for _ in dec.stream(PROMPT, max_new_tokens=20, ignore_eos=True):
+        break  # abandoned mid-way: the generator is closed when it is dropped
+    assert dec.generate(PROMPT, max_new_tokens=20, ignore_eos=True).tokens == ref
+
+
+def test_threads_share_one_decoder_or_fork(dec):
+    """One decoder from many threads is serialized by its lock; forks run in parallel over the
+    same sessions. Both give every request exactly its serial result."""
+    prompts = [[5 + i, 17, 42 + i] for i in range(6)]
+    kw = dict(max_new_tokens=25, temperature=0.8, ignore_eos=True)
+    serial = [dec.generate(p, seed=i, **kw).tokens for i, p in enumerate(prompts)]
+    forks = [dec.fork() for _ in prompts]
+    assert forks[0]._sessions is dec._sessions and forks[0].seq is not dec.seq
+    for pool in ([dec] * len(prompts), forks):
+        got = [None] * len(prompts)
+
+        def work(i, d=None, pool=pool):
+            got[i] = pool[i].generate(prompts[i], seed=i, **kw).tokens
+
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(len(prompts))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert got == serial
+
+
+def test_engine_steps_allocate_nothing(dec):
+    """Steady-state engine calls (target verify, draft step, 1-token target step) write into
+    buffers allocated at load: traced memory may not rise by even one logits row."""
+    t, d = dec.models["target"], dec.models["draft"]
+    dec.generate(PROMPT, max_new_tokens=5)
+    seq = dec.seq
+    pointers = [t.decode.logits.ctypes.data, *[p for pair in t.cache.pointers() for p in pair]]
+    row = t.decode.logits.shape[-1] * 4  # bytes in one float32 logits row
+
+    def steps(n, extra=None):
+        for _ in range(n):
+            t.cache.rewind_to(3)
+            d.cache.rewind_to(3)
+            out = t.decode.run(seq[2:7])
+            t.cache.append(5)
+            d.decode.run(seq[3:4])
+            d.cache.append(1)
+            t.prefill.run(seq[7:8])
+            t.cache.append(1)
+            if extra:
+                extra(out)
+
+    def peak(fn) -> int:
+        tracemalloc.reset_peak()
+        base = tracemalloc.get_traced_memory()[0]
+        fn()
+        return tracemalloc.get_traced_memory()[1] - base
+
+    tracemalloc.start()
+    try:
+        steps(20)  # warm up under tracing (lazily built caches)
+        quiet = peak(lambda: steps(100))
+        control = peak(lambda: steps(1, extra=lambda out: out.copy()))
+    finally:
+        tracemalloc.stop()
+    assert quiet < row, f"engine steps allocated {quiet} bytes"
+    assert control > row, "the measurement cannot see a copied logits buffer"
+    assert [t.decode.logits.ctypes.data, *[p for pair in t.cache.pointers() for p in pair]] == pointers
+    assert np.shares_memory(t.decode.run(seq[2:4]), t.decode.logits)
+
+
+def test_greedy_step_memory_does_not_grow(dec):
+    """A whole greedy iteration (draft, verify, acceptance) allocates only O(K) index arrays:
+    the same small amount at step 5 as at step 60, under one logits buffer."""
+    from specdec.runtime.stats import Stats
+
+    req = dec.request(PROMPT, max_new_tokens=100, ignore_eos=True)
+    dec._acquire()
+    gen = dec._decode(req, Stats(gamma=req.gamma))
+    peaks = []
+    tracemalloc.start()
+    try:
+        for _ in range(60):
+            tracemalloc.reset_peak()
+            base = tracemalloc.get_traced_memory()[0]
+            next(gen)
+            peaks.append(tracemalloc.get_traced_memory()[1] - base)
+    finally:
+        tracemalloc.stop()
+        gen.close()
+        dec._release()
+    k, v = dec.models["target"].decode.logits.shape[1:]
+    steady = peaks[5:]
+    assert max(steady) < k * v * 4, steady
+    assert max(steady) - min(steady) < 512, steady
