@@ -70,11 +70,16 @@ def resolve(src: str, max_seq_len: int | None, revision: str | None = None, trus
         raise ModelError(
             f"--max-seq-len {max_seq_len} exceeds {src}'s max_position_embeddings={positions}; pass --max-seq-len {positions} or less"
         )
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(where, revision=revision, trust_remote_code=trust_remote_code)
-    except (OSError, ValueError, TypeError):
-        tokenizer = None  # a checkpoint without tokenizer files: token ids only
+    tokenizer = None  # a checkpoint without tokenizer files: the bundle then takes token ids only
+    if not path.is_dir() or any((path / f).is_file() for f in TOKENIZER_FILES):
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(where, revision=revision, trust_remote_code=trust_remote_code)
+        except (OSError, ValueError, TypeError, AttributeError):  # transformers fails in all of these ways
+            tokenizer = None
     return Source(src, revision, trust_remote_code, config, family, tokenizer)
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "spiece.model")
 
 
 def check_pair(target: Source, draft: Source) -> None:

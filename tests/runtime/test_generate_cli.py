@@ -1,0 +1,59 @@
+"""``specdec generate`` run as a user would: text to stdout, stats to stderr, JSON, exit 2 on bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("torch")
+
+from test_cli import run  # noqa: E402
+
+from specdec.runtime import SpeculativeDecoder  # noqa: E402
+
+
+def test_generate_json_matches_the_api(llama_bundle):
+    out = llama_bundle[2]
+    res = run("generate", str(out), "--prompt-ids", "5,17,42", "--max-new-tokens", "12", "--ignore-eos", "--json")
+    assert res.returncode == 0, res.stderr
+    got = json.loads(res.stdout)
+    ref = SpeculativeDecoder.load(out).generate([5, 17, 42], max_new_tokens=12, ignore_eos=True)
+    assert got["tokens"] == ref.tokens and got["text"] == ref.text
+    assert got["stats"]["new_tokens"] == 12 and got["stats"]["gamma"] == 4
+
+
+def test_generate_text_streams_to_stdout_and_stats_to_stderr(llama_bundle):
+    out = llama_bundle[2]
+    kw = ["--max-new-tokens", "16", "--temperature", "0.8", "--top-k", "40", "--seed", "3", "--gamma", "2", "--ignore-eos"]
+    res = run("generate", str(out), "--prompt", "def add(a, b):", *kw)
+    assert res.returncode == 0, res.stderr
+    ref = SpeculativeDecoder.load(out).generate("def add(a, b):", max_new_tokens=16, temperature=0.8, top_k=40, seed=3, gamma=2, ignore_eos=True)
+    assert res.stdout == ref.text + "\n"
+    assert "16 tokens" in res.stderr and "gamma=2" in res.stderr and "Traceback" not in res.stderr
+
+
+@pytest.mark.parametrize(
+    "args,msg",
+    [
+        (["--prompt-ids", "1,2,x"], "expected comma-separated integers"),
+        (["--prompt-ids", "999"], "999 is outside the vocabulary"),
+        (["--prompt-ids", "1", "--temperature", "-1"], "temperature=-1"),
+        (["--prompt-ids", "1", "--top-p", "0"], "top_p=0"),
+        (["--prompt-ids", "1", "--top-k", "-2"], "top_k=-2"),
+        (["--prompt-ids", "1", "--gamma", "7"], "gamma must be 0..4"),
+        (["--prompt-ids", "1", "--max-new-tokens", "500"], "exceeds max-seq-len"),
+        (["--prompt", "a", "--prompt-ids", "1"], "exactly one of"),
+        ([], "exactly one of"),
+        (["--prompt-ids", "1", "--provider", "cuda"], "onnxruntime lacks"),
+    ],
+)
+def test_generate_bad_input_exits_2_with_one_line(llama_bundle, args, msg):
+    res = run("generate", str(llama_bundle[2]), *args)
+    assert res.returncode == 2 and res.stdout == ""
+    assert msg in res.stderr and res.stderr.count("\n") == 1 and "Traceback" not in res.stderr
+
+
+def test_generate_missing_bundle(tmp_path):
+    res = run("generate", str(tmp_path / "nope"), "--prompt-ids", "1")
+    assert res.returncode == 2 and "is not a folder" in res.stderr
