@@ -296,3 +296,12 @@ def test_greedy_step_memory_does_not_grow(dec):
     steady = peaks[5:]
     assert max(steady) < k * v * 4, steady
     assert max(steady) - min(steady) < 512, steady
+
+
+@pytest.mark.gpu
+def test_cuda_greedy_matches_cpu(llama_bundle):
+    """On a GPU the caches are device OrtValues; greedy output must equal the CPU run's."""
+    out = llama_bundle[2]
+    cpu = SpeculativeDecoder.load(out).generate(PROMPT, max_new_tokens=60, ignore_eos=True)
+    cuda = SpeculativeDecoder.load(out, provider="cuda").generate(PROMPT, max_new_tokens=60, ignore_eos=True)
+    assert cuda.tokens == cpu.tokens
