@@ -103,13 +103,12 @@ def graph_facts(model_onnx: Path) -> dict[str, Any]:
 
 
 def session(model_onnx: Path, threads: int) -> Any:
+    """Their graph in a session with exactly the options specdec's engines use."""
     import onnxruntime as ort
 
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
-    return ort.InferenceSession(str(model_onnx), so, providers=["CPUExecutionProvider"])
+    from specdec.engines.ort import session_options
+
+    return ort.InferenceSession(str(model_onnx), session_options(threads), providers=["CPUExecutionProvider"])
 
 
 def _int_dtype(sess: Any, name: str) -> type:

@@ -305,3 +305,27 @@ def test_cuda_greedy_matches_cpu(llama_bundle):
     cpu = SpeculativeDecoder.load(out).generate(PROMPT, max_new_tokens=60, ignore_eos=True)
     cuda = SpeculativeDecoder.load(out, provider="cuda").generate(PROMPT, max_new_tokens=60, ignore_eos=True)
     assert cuda.tokens == cpu.tokens
+
+
+def test_decoding_needs_no_torch(llama_bundle):
+    """A service process with torch, transformers, onnx and optimum unimportable loads a bundle,
+    decodes text and streams: the runtime needs NumPy, ONNX Runtime and tokenizers only."""
+    import subprocess
+    import sys
+
+    code = f"""
+import sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("torch", "transformers", "onnx", "optimum", "onnxscript"):
+            raise ImportError("blocked: " + name)
+sys.meta_path.insert(0, Block())
+from specdec.runtime import SpeculativeDecoder
+dec = SpeculativeDecoder.load({str(llama_bundle[2])!r})
+res = dec.generate("def add(a, b):", max_new_tokens=8, temperature=0.7, seed=1)
+assert len(res.tokens) >= 1 and isinstance(res.text, str)
+assert sum((p.tokens for p in dec.stream([5, 6], max_new_tokens=8)), [])
+print("ok")
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
