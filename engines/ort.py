@@ -17,7 +17,7 @@ import onnxruntime as ort
 
 from specdec.engines.kv import NP_DTYPES, KVCache
 from specdec.errors import EngineError, InputError, SignatureError
-from specdec.manifest import GraphSpec, TensorSpec
+from specdec.manifest import GraphSpec
 
 ORT_TYPES = {"float32": "tensor(float)", "float16": "tensor(float16)", "int64": "tensor(int64)", "int32": "tensor(int32)", "bool": "tensor(bool)"}
 PROVIDERS = {

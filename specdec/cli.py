@@ -171,6 +171,67 @@ def generate_cmd(bundle: Path, prompt: str | None, prompt_ids: str | None, provi
         click.echo(res.stats.line(), err=True)
 
 
+@cli.command("bench")
+@click.argument("bundle", type=click.Path(path_type=Path))
+@click.option("--gammas", default=None, help="Comma-separated γ to run [default: 0..the bundle's γ]; 0 is always added.")
+@click.option("--temperatures", default="0,1", show_default=True, help="Comma-separated sampling temperatures.")
+@click.option("--prompts", "n_prompts", default=4, show_default=True, type=int, help="Prompts, from held-out stdlib files.")
+@click.option("--prompt-tokens", default=64, show_default=True, type=int)
+@click.option("--tokens", default=128, show_default=True, type=int, help="New tokens per request.")
+@click.option("--rounds", default=2, show_default=True, type=int)
+@click.option("--threads", default=None, type=int, help="ONNX Runtime intra-op threads [default: ORT's].")
+@click.option("--out", default=None, type=click.Path(file_okay=False, path_type=Path), help="Write results.md, results.json and bench.png here.")
+def bench_cmd(bundle: Path, gammas: str | None, temperatures: str, n_prompts: int, prompt_tokens: int, tokens: int, rounds: int, threads: int | None, out: Path | None) -> None:
+    """Speculative decoding at several γ against γ = 0, side by side, with Theorem 3.8's prediction."""
+    from specdec.errors import InputError
+    from specdec.runtime import bench
+    from specdec.runtime.decoder import SpeculativeDecoder
+
+    for name, value in (("--prompts", n_prompts), ("--prompt-tokens", prompt_tokens), ("--tokens", tokens), ("--rounds", rounds)):
+        if value < 1:
+            raise InputError(f"{name} {value}: expected an integer >= 1")
+    dec = SpeculativeDecoder.load(bundle, threads=threads)
+    if dec.codec is None:
+        raise InputError(f"bundle {bundle} has no tokenizer; specdec bench draws its prompts from text")
+    gs = list(range(dec.manifest.gamma + 1)) if gammas is None else sorted({0, *_ints("--gammas", gammas)})
+    temps = [float(t) for t in _ints("--temperatures", temperatures, float)]
+    prompts = bench.held_out_prompts(dec.codec.encode, n_prompts, prompt_tokens)
+    if not prompts:
+        raise InputError("found no held-out stdlib file long enough for a prompt; lower --prompt-tokens")
+    dec.request(prompts[0], max_new_tokens=tokens, gamma=max(gs))  # check the sizes before any work
+    results, text = {}, []
+    for t in temps:
+        rows = bench.summarize(bench.run(dec, prompts, gs, tokens, rounds, t))
+        title = f"T={t:g}"
+        results[title] = rows
+        plan = bench.planned_gamma(rows, dec.manifest.gamma) if len(gs) > 1 else None
+        text.append(bench.markdown(title, rows) + (f"\nplanner's γ from the measured α, c, v: {plan}\n" if plan is not None else ""))
+    m = dec.manifest
+    header = (
+        f"bundle {bundle}: target {m.target.parameters / 1e6:.1f}M, draft {m.draft.parameters / 1e6:.2f}M params, {m.dtype}; "
+        f"{len(prompts)} held-out prompts of {prompt_tokens} tokens x {rounds} rounds x {tokens} new tokens per γ, interleaved\n"
+    )
+    md = header + "\n" + "\n".join(text)
+    click.echo(md)
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "results.md").write_text(md)
+        (out / "results.json").write_text(json.dumps({k: bench.as_dict(v) for k, v in results.items()}, indent=1))
+        try:
+            bench.plot(results, out / "bench.png")
+        except ImportError:
+            click.echo("plots need matplotlib: pip install 'specdec[bench]'", err=True)
+
+
+def _ints(option: str, text: str, kind=int) -> list:
+    from specdec.errors import InputError
+
+    try:
+        return [kind(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise InputError(f"{option} {text!r}: expected comma-separated numbers such as 0,1,2") from None
+
+
 def run(command: click.Command, argv: list[str] | None, prog_name: str) -> None:
     """Run a click command; user errors become one line on stderr and exit status 2."""
     try:

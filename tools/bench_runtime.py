@@ -9,8 +9,9 @@ The numbers to read are the *relation* between measured speedup and the paper's 
 
     python tools/bench_runtime.py [--tokens 200] [--rounds 3] [--residual 0.05] [--threads 2]
 
-Every γ runs the same prompts in interleaved rounds (so machine noise hits all alike); greedy
-and sampled (T = 1) decoding are both measured. Writes .bench/runtime/results.{json,md}.
+Every γ runs the same prompts in interleaved rounds (so machine noise hits all alike; the
+measurement is ``specdec.runtime.bench``, as in ``specdec bench``); greedy and sampled (T = 1)
+decoding are both measured. Writes .bench/runtime/results.{json,md}.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 WORK = ROOT / ".bench" / "runtime"
@@ -56,75 +56,6 @@ def build_pair(folder: Path, residual: float) -> tuple[Path, Path]:
     return target_dir, draft_dir
 
 
-def alpha_from_mean(mean_accepted: float, gamma: int) -> float:
-    """Solve E[accepted per call] = α(1 - α^γ)/(1 - α) for α (i.i.d. assumption of §3.1)."""
-    lo, hi = 0.0, 1.0
-    for _ in range(60):
-        a = (lo + hi) / 2
-        value = sum(a**i for i in range(1, gamma + 1))
-        lo, hi = (a, hi) if value < mean_accepted else (lo, a)
-    return (lo + hi) / 2
-
-
-def run(dec, gammas: list[int], tokens: int, rounds: int, sampling: dict) -> dict[int, dict]:
-    """Interleaved rounds: every γ decodes every prompt once per round."""
-    agg = {g: dict(seconds=0.0, tokens=0, target_s=0.0, target_calls=0, draft_s=0.0, draft_calls=0, accepted=0, verify=0, accept_s=0.0) for g in gammas}
-    for g in gammas:  # warm-up
-        dec.generate(PROMPTS[0], max_new_tokens=16, gamma=g, ignore_eos=True, **sampling)
-    for r in range(rounds):
-        for i, prompt in enumerate(PROMPTS):
-            for g in gammas:
-                s = dec.generate(prompt, max_new_tokens=tokens, gamma=g, ignore_eos=True, seed=r * 100 + i, **sampling).stats
-                a = agg[g]
-                a["seconds"] += s.total_seconds - s.prefill_seconds
-                a["tokens"] += s.new_tokens
-                a["target_s"] += s.target_seconds
-                a["target_calls"] += s.target_calls
-                a["draft_s"] += s.draft_seconds
-                a["draft_calls"] += s.draft_calls
-                a["accepted"] += s.accepted
-                a["verify"] += s.verify_calls
-                a["accept_s"] += s.accept_seconds
-    return agg
-
-
-def table(agg: dict[int, dict]) -> list[dict]:
-    from specdec.runtime.analysis import expected_tokens
-
-    base = agg[0]
-    step = base["target_s"] / base["target_calls"]  # one autoregressive target call
-    base_tps = base["tokens"] / base["seconds"]
-    rows = []
-    for g, a in agg.items():
-        tps = a["tokens"] / a["seconds"]
-        row = dict(gamma=g, tokens_per_s=tps, speedup=tps / base_tps, engine_share=(a["target_s"] + a["draft_s"]) / a["seconds"])
-        if g:
-            mean = a["accepted"] / a["verify"]
-            alpha = alpha_from_mean(mean, g)
-            c = (a["draft_s"] / a["draft_calls"]) / step
-            v = (a["target_s"] / a["target_calls"]) / step
-            row.update(mean_accepted=mean, alpha=alpha, c=c, v=v, predicted=expected_tokens(alpha, g) / (g * c + v))
-        rows.append(row)
-    return rows
-
-
-def markdown(results: dict, header: str) -> str:
-    lines = [header, ""]
-    for mode, rows in results.items():
-        lines += [f"**{mode}**", "", "| γ | tok/s | speedup vs γ=0 | predicted (Thm 3.8, measured α, c, v) | α | c | v | time in engines |",
-                  "|---:|---:|---:|---:|---:|---:|---:|---:|"]
-        for r in rows:
-            if r["gamma"] == 0:
-                lines.append(f"| 0 | {r['tokens_per_s']:.0f} | 1.00 | – | – | – | – | {r['engine_share']:.0%} |")
-            else:
-                lines.append(
-                    f"| {r['gamma']} | {r['tokens_per_s']:.0f} | {r['speedup']:.2f} | {r['predicted']:.2f} | {r['alpha']:.3f} | "
-                    f"{r['c']:.3f} | {r['v']:.2f} | {r['engine_share']:.0%} |"
-                )
-        lines.append("")
-    return "\n".join(lines)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=200)
@@ -137,7 +68,7 @@ def main() -> None:
     import onnxruntime
 
     from specdec.export.pipeline import ExportConfig, export_bundle
-    from specdec.runtime import SpeculativeDecoder
+    from specdec.runtime import SpeculativeDecoder, bench
 
     WORK.mkdir(parents=True, exist_ok=True)
     target, draft = build_pair(WORK / f"pair-r{args.residual}", args.residual)
@@ -148,17 +79,18 @@ def main() -> None:
         print(f"exported in {time.perf_counter() - t0:.0f}s", file=sys.stderr)
     dec = SpeculativeDecoder.load(bundle, threads=args.threads)
     gammas = [int(g) for g in args.gammas.split(",")]
-    results = {}
-    for mode, sampling in (("greedy", dict(temperature=0.0)), ("sampled, T=1", dict(temperature=1.0))):
-        results[mode] = table(run(dec, gammas, args.tokens, args.rounds, sampling))
+    results = {
+        mode: bench.summarize(bench.run(dec, PROMPTS, gammas, args.tokens, args.rounds, t))
+        for mode, t in (("greedy", 0.0), ("sampled, T=1", 1.0))
+    }
     m = dec.manifest
     header = (
         f"Target: Llama {m.target.parameters / 1e6:.1f}M params ({m.target.num_layers} layers, vocab {m.vocab_size}), "
         f"draft: its first layer + head ({m.draft.parameters / 1e6:.1f}M), float32, ONNX Runtime {onnxruntime.__version__}, "
         f"CPU, {args.threads} threads; {len(PROMPTS)} prompts x {args.rounds} rounds x {args.tokens} new tokens per γ, interleaved."
     )
-    md = markdown(results, header)
-    (WORK / "results.json").write_text(json.dumps(dict(args=vars(args), results=results), indent=2))
+    md = header + "\n\n" + "\n".join(bench.markdown(mode, rows) for mode, rows in results.items())
+    (WORK / "results.json").write_text(json.dumps(dict(args=vars(args), results={k: bench.as_dict(v) for k, v in results.items()}), indent=2))
     (WORK / "results.md").write_text(md)
     print(md)
 

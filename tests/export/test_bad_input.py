@@ -183,12 +183,10 @@ def test_damaged_bundle_is_refused(bundle_copy, damage):
 
 def test_engine_refuses_a_graph_that_differs_from_the_manifest(bundle_copy):
     """Swap in the draft's step graph under the target verify's name: names and shapes differ."""
-    from specdec.engines.kv import KVCache
     from specdec.engines.ort import open_session
 
     m = load_manifest(bundle_copy)
     spec = m.graphs["target_verify"]
-    cache = KVCache(m.target.num_layers, m.target.num_kv_heads, m.max_seq_len, m.target.head_dim, m.dtype)
     with pytest.raises(SignatureError) as err:
         open_session(bundle_copy, "target_verify", replace(spec, file=m.graphs["draft_step"].file))
     msg = str(err.value)

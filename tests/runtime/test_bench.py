@@ -1,0 +1,51 @@
+"""``specdec bench`` and the measurement under it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specdec.runtime import bench
+from specdec.runtime.analysis import expected_tokens
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.1, 0.5, 0.8, 0.97])
+@pytest.mark.parametrize("gamma", [1, 3, 8])
+def test_alpha_from_mean_inverts_expected_acceptances(alpha, gamma):
+    mean = expected_tokens(alpha, gamma) - 1  # accepted drafts per call = E[tokens] - 1
+    assert bench.alpha_from_mean(mean, gamma) == pytest.approx(alpha, abs=1e-9)
+
+
+def test_stdlib_split_is_disjoint_and_stable():
+    train, held = bench.stdlib_files(held_out=False), bench.stdlib_files(held_out=True)
+    assert held and len(train) > 10 * len(held)
+    assert not set(train) & set(held)
+    assert bench.stdlib_files(held_out=True) == held
+    assert not any("site-packages" in f.parts or "test" in f.parts for f in train + held)
+
+
+def test_bench_cli_writes_table_json_and_plot(llama_bundle, tmp_path):
+    pytest.importorskip("matplotlib")
+    from test_cli import run
+
+    out = tmp_path / "b"
+    res = run("bench", str(llama_bundle[2]), "--gammas", "2,4", "--temperatures", "0,1", "--prompts", "2",
+              "--prompt-tokens", "12", "--tokens", "16", "--rounds", "1", "--out", str(out))
+    assert res.returncode == 0, res.stderr
+    rows = json.loads((out / "results.json").read_text())
+    assert set(rows) == {"T=0", "T=1"}
+    for r in rows.values():
+        assert [x["gamma"] for x in r] == [0, 2, 4]
+        assert r[0]["speedup"] == 1.0 and all(x["tokens_per_s"] > 0 for x in r)
+        assert all(0 <= x["alpha"] <= 1 and x["c"] > 0 and x["v"] > 0 and len(x["per_position"]) == x["gamma"] for x in r[1:])
+    assert (out / "bench.png").stat().st_size > 10_000
+    assert "| γ | tok/s |" in (out / "results.md").read_text() and "planner's γ" in res.stdout
+
+
+@pytest.mark.parametrize("args,msg", [(["--tokens", "0"], "--tokens 0"), (["--gammas", "1,x"], "--gammas"), (["--gammas", "9"], "gamma must be 0..4")])
+def test_bench_cli_bad_input(llama_bundle, args, msg):
+    from test_cli import run
+
+    res = run("bench", str(llama_bundle[2]), *args)
+    assert res.returncode == 2 and msg in res.stderr and res.stderr.count("\n") == 1
