@@ -67,20 +67,11 @@ def plan_cmd(alpha: float, cost: float, cost_ops: float | None, gamma: int | Non
 @click.option("--trust-remote-code", is_flag=True, help="Allow models that run their own code (off by default).")
 def export_cmd(**options) -> None:
     """Export a target and draft to a validated ONNX bundle for the specdec runtime."""
-    from tqdm import tqdm
-
     from specdec.export.pipeline import ExportConfig, Progress, bundle_size, export_bundle, planned_graphs
 
     cfg = ExportConfig(**options)
     steps = 4 + 4 * len(planned_graphs(cfg))  # configs, weights, write + export/optimize/quantize/validate per graph
-    # disable=None: no bar when stderr is not a terminal (CI, pipes), so errors stay one line.
-    with tqdm(total=steps, desc="specdec-export", unit="step", file=sys.stderr, leave=False, disable=None) as bar:
-
-        def report(step: str) -> None:
-            bar.set_postfix_str(step)
-            bar.update(1)
-
-        manifest = export_bundle(cfg, Progress(report))
+    manifest = _with_progress("specdec-export", lambda report: export_bundle(cfg, Progress(report)), steps)
     click.echo(summary(cfg.out, manifest, bundle_size(cfg.out)))
 
 
@@ -230,6 +221,56 @@ def _ints(option: str, text: str, kind=int) -> list:
         return [kind(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise InputError(f"{option} {text!r}: expected comma-separated numbers such as 0,1,2") from None
+
+
+@cli.command("demo")
+@click.option("--models", default=None, type=click.Path(file_okay=False, path_type=Path), help="Folder with target/ and draft/ [default: the checkout's models/demo].")
+@click.option("--prompt", default=None, help="Code to complete [default: a small Python prompt].")
+@click.option("--max-new-tokens", default=96, show_default=True, type=int)
+@click.option("--temperature", default=0.0, show_default=True, type=float, help="0 = greedy.")
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--threads", default=None, type=int, help="ONNX Runtime intra-op threads [default: ORT's].")
+def demo_cmd(models: Path | None, prompt: str | None, max_new_tokens: int, temperature: float, seed: int, threads: int | None) -> None:
+    """Complete code with the embedded demo pair; compare with autoregressive decoding in the same run."""
+    from specdec import demo
+    from specdec.runtime.decoder import SpeculativeDecoder
+
+    models = models or demo.default_models()
+    demo.check_models(models)
+    bundle, made = _with_progress("exporting the demo pair (first run only)", lambda report: demo.bundle_for(models, report))
+    if made:
+        click.echo(f"exported the demo bundle to {bundle}", err=True)
+    dec = SpeculativeDecoder.load(bundle, threads=threads)
+    prompt = demo.PROMPT if prompt is None else prompt
+    kw = dict(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
+    dec.request(prompt, **kw)  # check before any work
+    for g in (0, dec.manifest.gamma):  # warm-up: first calls pay for lazy initialisation
+        dec.generate(prompt, max_new_tokens=8, gamma=g, temperature=temperature, seed=seed)
+    base = dec.generate(prompt, gamma=0, **kw)
+    spec = dec.generate(prompt, **kw)
+    click.echo(prompt + spec.text)
+    s = spec.stats
+    speedup = (s.tokens_per_second or 0) / (base.stats.tokens_per_second or float("inf"))
+    same = " (identical output)" if spec.tokens == base.tokens else ""
+    click.echo(
+        f"speculative: {s.line()}\nautoregressive: {base.stats.tokens_per_second or 0:.1f} tok/s; "
+        f"speedup {speedup:.2f}x measured in this run{same if temperature == 0 else ''}",
+        err=True,
+    )
+
+
+def _with_progress(desc: str, work, total: int | None = None):
+    """Run ``work(report)`` with ``report(step)`` drawing a step bar on stderr. disable=None: no
+    bar when stderr is not a terminal (CI, pipes), so errors stay one line."""
+    from tqdm import tqdm
+
+    with tqdm(total=total, desc=desc, unit="step", file=sys.stderr, leave=False, disable=None) as bar:
+
+        def report(step: str) -> None:
+            bar.set_postfix_str(step)
+            bar.update(1)
+
+        return work(report)
 
 
 def run(command: click.Command, argv: list[str] | None, prog_name: str) -> None:

@@ -1,0 +1,66 @@
+"""The embedded demo pair: where it lives, and its bundle, exported once and cached.
+
+The checkpoints ship in the repository under ``models/demo/{target,draft}``. The bundle is
+derived data: it is exported on first use into a cache folder named by the checkpoints'
+content hash, so changed models never reuse a stale bundle.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import Callable
+
+from specdec.errors import ModelError
+
+DEMO_GAMMA = 4
+PROMPT = "import os\n\n\ndef walk_python_files(root):\n    "
+
+
+def default_models() -> Path:
+    """``models/demo`` of the checkout this package runs from."""
+    return Path(__file__).resolve().parents[1] / "models" / "demo"
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("SPECDEC_CACHE", Path.home() / ".cache" / "specdec"))
+
+
+def fingerprint(models: Path) -> str:
+    """sha256 over the target's and draft's files (names and bytes), 12 hex digits."""
+    h = hashlib.sha256()
+    for role in ("target", "draft"):
+        for f in sorted((models / role).iterdir()):
+            if f.is_file():
+                h.update(f"{role}/{f.name}".encode())
+                h.update(f.read_bytes())
+    return h.hexdigest()[:12]
+
+
+def check_models(models: Path) -> None:
+    for role in ("target", "draft"):
+        if not (models / role / "config.json").is_file():
+            raise ModelError(
+                f"demo {role} not found at {models / role}; run from a specdec checkout (models/demo) or pass --models DIR"
+            )
+
+
+def bundle_for(models: Path, report: Callable[[str], None] | None = None) -> tuple[Path, bool]:
+    """The cached bundle of ``models`` (exporting it first, reporting steps to ``report``) and
+    whether it was made now. A cached bundle needs only the runtime."""
+    check_models(models)
+    out = cache_root() / f"demo-{fingerprint(models)}"
+    if (out / "manifest.json").is_file():
+        return out, False
+    try:
+        from specdec.export.pipeline import ExportConfig, Progress, export_bundle
+    except ImportError as e:
+        raise ModelError(
+            f"the first run exports the demo pair, which needs the export extra ({e.name} is missing): "
+            "pip install torch==2.13.0 -e '.[export]'"
+        ) from None
+    export_bundle(
+        ExportConfig(str(models / "target"), str(models / "draft"), out, gamma=DEMO_GAMMA), Progress(report)
+    )
+    return out, True

@@ -1,0 +1,44 @@
+"""``specdec demo``: exports a pair once into the cache, then decodes from the cache."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("torch")
+
+from test_cli import SPECDEC  # noqa: E402
+
+from specdec import demo  # noqa: E402
+
+
+def run_demo(env_cache, *args):
+    cmd = [SPECDEC, "demo", *args] if SPECDEC else [sys.executable, "-m", "specdec", "demo", *args]
+    env = {**os.environ, "SPECDEC_CACHE": str(env_cache)}
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+
+
+def test_demo_exports_once_then_reuses_the_cache(llama_bundle, tmp_path):
+    target, draft, _ = llama_bundle
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "target").symlink_to(target)
+    (models / "draft").symlink_to(draft)
+    first = run_demo(tmp_path / "cache", "--models", str(models), "--max-new-tokens", "24")
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert "exported the demo bundle" in first.stderr
+    assert first.stdout.startswith(demo.PROMPT)
+    assert "speedup" in first.stderr and "identical output" in first.stderr  # greedy: same tokens as autoregressive
+    bundles = list((tmp_path / "cache").iterdir())
+    assert [b.name for b in bundles] == [f"demo-{demo.fingerprint(models)}"]
+    second = run_demo(tmp_path / "cache", "--models", str(models), "--max-new-tokens", "24")
+    assert second.returncode == 0 and "exported" not in second.stderr
+    assert second.stdout == first.stdout
+
+
+def test_demo_without_models_exits_2(tmp_path):
+    res = run_demo(tmp_path / "cache", "--models", str(tmp_path / "none"))
+    assert res.returncode == 2 and "demo target not found" in res.stderr and res.stderr.count("\n") == 1
