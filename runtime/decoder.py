@@ -6,7 +6,8 @@ One request (``generate`` / ``stream``) runs this loop over buffers allocated at
     repeat:
         draft:  feed the draft its pending tokens (1, or 2 after a fully accepted call),
                 then propose x_1..x_g, each drawn from its standardized q_i (q_i recorded)
-        target: one verify call on [last, x_1..x_g] (padded to K), giving p_1..p_{g+1}
+        target: one verify call on [last, x_1..x_g], giving p_1..p_{g+1} (the static K graph
+                when g + 1 = K, else the dynamic-length graph: no padding)
         accept: n draft tokens and a next token t (Algorithm 1, ``speculative.verify``)
         commit: target keeps n+1 rows; the draft rewinds to what it saw of the accepted prefix
 
@@ -42,7 +43,7 @@ class Model(NamedTuple):
     """One model's cache and its two engines over it: dynamic-length prefill and static decode."""
 
     cache: KVCache
-    prefill: OrtDecoder  # any length; also the 1-token target step when gamma is 0
+    prefill: OrtDecoder  # any length: prompts, 1-token target steps, verify calls shorter than K
     decode: OrtDecoder  # target: K tokens (verify), draft: 1 token (step)
 
 
@@ -238,7 +239,10 @@ class SpeculativeDecoder:
                         row = draft.decode.run(seq[L + i : L + i + 1])[0]
                         draft.cache.append(1)
                 t1 = clock()
-                logits = target.decode.run(seq[L - 1 : L + g])  # [g + 1, V]
+                # The static verify graph when the call fills it; else the dynamic graph, which
+                # takes exactly g + 1 tokens (padding a static call costs real time on a CPU).
+                verifier = target.decode if g + 1 == target.decode.capacity else target.prefill
+                logits = verifier.run(seq[L - 1 : L + g])  # [g + 1, V]
                 t2 = clock()
                 if cfg.greedy:
                     n, token = verify_greedy(seq[L : L + g], logits)
