@@ -42,3 +42,17 @@ def test_demo_exports_once_then_reuses_the_cache(llama_bundle, tmp_path):
 def test_demo_without_models_exits_2(tmp_path):
     res = run_demo(tmp_path / "cache", "--models", str(tmp_path / "none"))
     assert res.returncode == 2 and "demo target not found" in res.stderr and res.stderr.count("\n") == 1
+
+
+@pytest.mark.skipif(not (demo.default_models() / "target" / "config.json").is_file(), reason="models/demo is not in this checkout")
+def test_embedded_demo_pair_runs_the_quick_start_job(tmp_path):
+    """The README's main job: `specdec demo` on the committed pair (greedy: output identical
+    to autoregressive decoding, and the draft is accepted often)."""
+    import re
+
+    res = run_demo(tmp_path / "cache", "--max-new-tokens", "48")
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.startswith(demo.PROMPT) and len(res.stdout) > len(demo.PROMPT) + 20
+    assert "identical output" in res.stderr
+    rate = float(re.search(r"rate ([0-9.]+)", res.stderr).group(1))
+    assert rate > 0.3, res.stderr  # a trained draft; random pairs accept ~0
