@@ -15,7 +15,7 @@ from typing import Callable
 from specdec.errors import ModelError
 
 DEMO_GAMMA = 4
-PROMPT = "import os\n\n\ndef walk_python_files(root):\n    "
+PROMPT = 'class Stack:\n    """A last-in, first-out stack."""\n\n    def __init__(self):\n'
 
 
 def default_models() -> Path:
