@@ -156,8 +156,8 @@ class SpeculativeDecoder:
             ids = prompt
         try:
             arr = np.asarray(ids)
-        except (TypeError, ValueError):
-            arr = np.asarray([], dtype=object)
+        except (TypeError, ValueError):  # ragged nesting
+            arr = np.asarray([[]])
         if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
             raise InputError(f"prompt {str(prompt)[:60]!r}: expected a string or a flat list of integer token ids")
         if arr.size == 0:

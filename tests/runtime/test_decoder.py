@@ -146,6 +146,7 @@ BAD = [
     (dict(prompt=[-1]), InputError, "-1 is outside"),
     (dict(prompt=[1.5, 2]), InputError, "integer token ids"),
     (dict(prompt=[[1, 2]]), InputError, "flat list"),
+    (dict(prompt=[[1, 2], [3]]), InputError, "flat list"),
     (dict(max_new_tokens=0), InputError, "max_new_tokens=0"),
     (dict(max_new_tokens=120), InputError, "exceeds max-seq-len 128"),
     (dict(temperature=-0.1), SamplingError, "temperature=-0.1"),
