@@ -184,8 +184,8 @@ def bench_cmd(bundle: Path, gammas: str | None, temperatures: str, n_prompts: in
     dec = SpeculativeDecoder.load(bundle, threads=threads)
     if dec.codec is None:
         raise InputError(f"bundle {bundle} has no tokenizer; specdec bench draws its prompts from text")
-    gs = list(range(dec.manifest.gamma + 1)) if gammas is None else sorted({0, *_ints("--gammas", gammas)})
-    temps = [float(t) for t in _ints("--temperatures", temperatures, float)]
+    gs = list(range(dec.manifest.gamma + 1)) if gammas is None else sorted({0, *_numbers("--gammas", gammas, int)})
+    temps = _numbers("--temperatures", temperatures, float)
     prompts = bench.held_out_prompts(dec.codec.encode, n_prompts, prompt_tokens)
     if not prompts:
         raise InputError("found no held-out stdlib file long enough for a prompt; lower --prompt-tokens")
@@ -214,7 +214,7 @@ def bench_cmd(bundle: Path, gammas: str | None, temperatures: str, n_prompts: in
             click.echo("plots need matplotlib: pip install 'specdec[bench]'", err=True)
 
 
-def _ints(option: str, text: str, kind=int) -> list:
+def _numbers(option: str, text: str, kind: type) -> list:
     from specdec.errors import InputError
 
     try:

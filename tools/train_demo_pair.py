@@ -19,7 +19,6 @@ T=0 and T=1 on held-out files) to --out/target and --out/draft.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
 import sysconfig
@@ -41,15 +40,10 @@ DRAFT = dict(hidden_size=128, intermediate_size=384, num_hidden_layers=2, num_at
 
 
 def corpus_files() -> tuple[list[Path], list[Path]]:
-    """(train, held-out) stdlib source files, in a fixed order."""
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    files = sorted(
-        f for f in stdlib.rglob("*.py")
-        if not ({"site-packages", "test", "tests", "idle_test"} & set(f.relative_to(stdlib).parts))
-    )
-    held = [f for f in files if int(hashlib.sha256(str(f.relative_to(stdlib)).encode()).hexdigest(), 16) % 20 == 0]
-    held_set = set(held)
-    return [f for f in files if f not in held_set], held
+    """(train, held-out) stdlib source files, in a fixed order: the split ``specdec bench`` uses."""
+    from specdec.runtime.bench import stdlib_files
+
+    return stdlib_files(held_out=False), stdlib_files(held_out=True)
 
 
 def read(f: Path) -> str:
