@@ -274,29 +274,41 @@ def test_engine_steps_allocate_nothing(dec):
 
 
 def test_greedy_step_memory_does_not_grow(dec):
-    """A whole greedy iteration (draft, verify, acceptance) allocates only O(K) index arrays:
-    the same small amount at step 5 as at step 60, under one logits buffer."""
+    """A whole greedy iteration (draft, verify, acceptance) never allocates a logits-sized buffer,
+    and its peak is no higher late in the sequence than early.
+
+    What this can see: tracemalloc's peak per step is set by the step's largest transient
+    (~4 KB here: the acceptance step's small arrays), so an injected copy of the logits is
+    caught (tried), but an extra allocation smaller than that transient is not (an injected
+    per-position 3 KB copy went unseen). The median is compared, not the spread: single steps
+    vary by a few hundred bytes for reasons outside the loop, which made a spread bound flaky."""
+    import statistics
+
     from specdec.runtime.stats import Stats
 
-    req = dec.request(PROMPT, max_new_tokens=100, ignore_eos=True)
+    req = dec.request(PROMPT, max_new_tokens=110, ignore_eos=True)
     dec._acquire()
     gen = dec._decode(req, Stats(gamma=req.gamma))
-    peaks = []
+    peaks, positions = [], []
     tracemalloc.start()
     try:
-        for _ in range(60):
+        for _ in range(100):
             tracemalloc.reset_peak()
             base = tracemalloc.get_traced_memory()[0]
+            positions.append(dec.models["target"].cache.length)
             next(gen)
             peaks.append(tracemalloc.get_traced_memory()[1] - base)
+    except StopIteration:
+        pass
     finally:
         tracemalloc.stop()
         gen.close()
         dec._release()
     k, v = dec.models["target"].decode.logits.shape[1:]
-    steady = peaks[5:]
-    assert max(steady) < k * v * 4, steady
-    assert max(steady) - min(steady) < 512, steady
+    early, late = peaks[5:25], peaks[-20:]
+    assert positions[-20] - positions[24] >= 40, positions  # the windows are far apart in the sequence
+    assert max(peaks[5:]) < k * v * 4, peaks
+    assert statistics.median(late) <= statistics.median(early) + 256, (early, late)
 
 
 @pytest.mark.gpu
