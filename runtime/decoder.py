@@ -31,8 +31,10 @@ from specdec.engines.kv import KVCache
 from specdec.engines.ort import DEVICE, OrtDecoder, decoder_for, open_session
 from specdec.errors import BusyError, ConfigError, InputError
 from specdec.manifest import Manifest, load_manifest
+from specdec.runtime.adaptive import AdaptiveGamma
+from specdec.runtime.drafters import MODEL_DRAFTERS, Drafter, check_drafter, make_drafter
 from specdec.runtime.sampling import SamplingConfig, sample, standardize
-from specdec.runtime.speculative import verify, verify_greedy
+from specdec.runtime.speculative import check_lenience, verify, verify_greedy
 from specdec.runtime.stats import Stats
 from specdec.runtime.text import Detokenizer, TextCodec
 
@@ -54,9 +56,11 @@ class Request:
     prompt: np.ndarray  # [P] int64
     max_new_tokens: int
     sampling: SamplingConfig
-    gamma: int
+    gamma: int  # the most draft tokens per target call (adaptive: the ceiling)
     seed: int | None
     stop: frozenset[int]
+    adaptive: bool = False  # choose each iteration's γ from this request's measured α and c
+    lenience: float = 1.0  # 1 = exact; below 1 changes the output distribution (App. A.5)
 
 
 class Piece(NamedTuple):
@@ -81,34 +85,49 @@ class SpeculativeDecoder:
     the sessions (weights are loaded once) and owns its buffers.
     """
 
-    def __init__(self, bundle: Path, manifest: Manifest, sessions: dict, codec: TextCodec | None, provider: str):
+    def __init__(self, bundle: Path, manifest: Manifest, sessions: dict, codec: TextCodec | None, provider: str, drafter: str | Drafter = "model"):
         self.bundle, self.manifest, self.codec, self.provider = bundle, manifest, codec, provider
         self._sessions = sessions
         m = manifest
+        kind = drafter if isinstance(drafter, str) else drafter.name
         self.models = {}
         for role, (prefill, decode) in GRAPHS.items():
+            if role == "draft" and kind not in MODEL_DRAFTERS:
+                continue  # no draft-model buffers for the table and lookup drafters
             spec = getattr(m, role)
             cache = KVCache(spec.num_layers, spec.num_kv_heads, m.max_seq_len, spec.head_dim, m.dtype, DEVICE[provider])
             engines = [decoder_for(bundle, g, m.graphs[g], cache, session=sessions[g]) for g in (prefill, decode)]
             self.models[role] = Model(cache, *engines)
+        self.drafter_spec = drafter
+        self.drafter = make_drafter(drafter, self.models.get("draft"), bundle, m)
         self.seq = np.zeros((m.max_seq_len,), dtype=np.int64)  # [MAX] committed + proposed tokens
         self.q = np.zeros((m.gamma, m.vocab_size), dtype=np.float64)  # [γ, V] draft rows as sampled
         self._lock = threading.Lock()
         self._owner: int | None = None
 
     @classmethod
-    def load(cls, bundle: str | Path, provider: str = "cpu", threads: int | None = None) -> SpeculativeDecoder:
-        """Check the bundle (manifest, paths, hashes, graph signatures) and load its graphs."""
+    def load(cls, bundle: str | Path, provider: str = "cpu", threads: int | None = None, drafter: str | Drafter = "model") -> SpeculativeDecoder:
+        """Check the bundle (manifest, paths, hashes, graph signatures) and load its graphs.
+
+        ``drafter``: "model" (the bundle's draft model), "ngram" (bigram table), "lookup"
+        (prompt lookup), "hierarchical" (the draft model, itself sped up by prompt lookup),
+        or a ``LookupDrafter`` / ``NgramDrafter`` configured by hand.
+        """
         bundle = Path(bundle)
         manifest = load_manifest(bundle)
+        check_drafter(drafter)
         sessions = {
             g: open_session(bundle, g, manifest.graphs[g], provider, threads) for pair in GRAPHS.values() for g in pair
         }
-        return cls(bundle, manifest, sessions, TextCodec.from_bundle(bundle, manifest), provider)
+        return cls(bundle, manifest, sessions, TextCodec.from_bundle(bundle, manifest), provider, drafter)
 
-    def fork(self) -> SpeculativeDecoder:
-        """Another decoder over the same sessions, with its own buffers: one per thread."""
-        return SpeculativeDecoder(self.bundle, self.manifest, self._sessions, self.codec, self.provider)
+    def fork(self, drafter: str | Drafter | None = None) -> SpeculativeDecoder:
+        """Another decoder over the same sessions, with its own buffers: one per thread.
+        ``drafter`` swaps the drafter (default: a fresh one of the same kind)."""
+        if drafter is None:
+            drafter = self.drafter_spec
+        check_drafter(drafter)
+        return SpeculativeDecoder(self.bundle, self.manifest, self._sessions, self.codec, self.provider, drafter)
 
     # -- requests ---------------------------------------------------------------------------
 
@@ -120,17 +139,26 @@ class SpeculativeDecoder:
         top_k: int | None = None,
         top_p: float | None = None,
         seed: int | None = None,
-        gamma: int | None = None,
+        gamma: int | str | None = None,
         ignore_eos: bool = False,
+        lenience: float = 1.0,
     ) -> Request:
-        """Check every argument; raises a ``ValueError`` subclass naming the bad one."""
+        """Check every argument; raises a ``ValueError`` subclass naming the bad one.
+
+        ``gamma``: draft tokens per target call, 0..the bundle's γ (default: the bundle's), or
+        "auto" to choose it each iteration from the measured α and c (§3.5) up to the bundle's γ.
+        ``lenience``: 1 is exact; l < 1 accepts more drafts and changes the output distribution,
+        with the guarantee that no token is sampled with probability above p(x) / l (App. A.5).
+        """
         m = self.manifest
         sampling = SamplingConfig(temperature, top_k, top_p)
-        if gamma is None:
+        lenience = check_lenience(lenience)
+        adaptive = gamma == "auto"
+        if gamma is None or adaptive:
             gamma = m.gamma
         if isinstance(gamma, bool) or not isinstance(gamma, (int, np.integer)) or not 0 <= gamma <= m.gamma:
             raise ConfigError(
-                f"gamma={gamma!r}: this bundle's verify graph takes K={m.k} tokens, so gamma must be 0..{m.gamma}; "
+                f"gamma={gamma!r}: this bundle's verify graph takes K={m.k} tokens, so gamma must be 0..{m.gamma} or 'auto'; "
                 f"re-export with a larger --gamma for more"
             )
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
@@ -145,7 +173,7 @@ class SpeculativeDecoder:
                 f"exceeds max-seq-len {m.max_seq_len}; shorten the request or re-export with a larger --max-seq-len"
             )
         stop = frozenset() if ignore_eos else frozenset(m.eos_token_ids)
-        return Request(ids, int(max_new_tokens), sampling, int(gamma), seed, stop)
+        return Request(ids, int(max_new_tokens), sampling, int(gamma), seed, stop, adaptive, lenience)
 
     def _prompt_ids(self, prompt: str | Sequence[int]) -> np.ndarray:
         if isinstance(prompt, str):
@@ -200,68 +228,61 @@ class SpeculativeDecoder:
 
     def _decode(self, req: Request, stats: Stats) -> Iterator[list[int]]:
         """Yield the tokens each iteration emits; fills ``stats``. Caller holds the lock."""
-        target, draft = self.models["target"], self.models["draft"]
+        target, drafter = self.models["target"], self.drafter
         seq, q, cfg = self.seq, self.q, req.sampling
         rng = np.random.default_rng(req.seed)
         clock = time.perf_counter
+        adaptive = AdaptiveGamma(req.gamma, start=req.gamma) if req.adaptive else None
 
         target.cache.reset()
-        draft.cache.reset()
         L = len(req.prompt)  # committed tokens
         seq[:L] = req.prompt
+        t0 = clock()
         if L > 1:
-            t0 = clock()
-            for model in (target, draft):
-                model.prefill.run(seq[: L - 1])
-                model.cache.append(L - 1)
-            stats.prefill_seconds += clock() - t0
+            target.prefill.run(seq[: L - 1])
+            target.cache.append(L - 1)
+        drafter.start(seq, L)
+        stats.prefill_seconds += clock() - t0
         produced = 0
         while produced < req.max_new_tokens:
-            g = min(req.gamma, req.max_new_tokens - produced - 1)  # never draft past the budget
-            if g == 0:  # plain autoregressive step through the target
-                t0 = clock()
+            want = adaptive.next() if adaptive else req.gamma
+            g = min(want, req.max_new_tokens - produced - 1)  # never draft past the budget
+            t0 = clock()
+            calls = drafter.calls
+            k = drafter.propose(seq, L, g, cfg, rng, q) if g else 0  # proposals at seq[L:L+k]
+            t1 = clock()
+            if k == 0:  # plain autoregressive step through the target
                 logits = target.prefill.run(seq[L - 1 : L])  # [1, V]
                 target.cache.append(1)
-                t1 = clock()
+                t2 = clock()
                 n, token = 0, self._pick(logits[0], cfg, rng)
-                stats.target_seconds += t1 - t0
-                stats.accept_seconds += clock() - t1
-                stats.target_calls += 1
+                drafter.commit(L, 0)
             else:
-                t0 = clock()
-                feed = seq[draft.cache.length : L]  # 1 pending token, or 2 after a full acceptance
-                engine = draft.decode if len(feed) == 1 else draft.prefill
-                row = engine.run(feed)[-1]  # [V]
-                draft.cache.append(len(feed))
-                for i in range(g):
-                    seq[L + i] = self._propose(row, i, cfg, rng)
-                    if i < g - 1:
-                        row = draft.decode.run(seq[L + i : L + i + 1])[0]
-                        draft.cache.append(1)
-                t1 = clock()
                 # The static verify graph when the call fills it; else the dynamic graph, which
-                # takes exactly g + 1 tokens (padding a static call costs real time on a CPU).
-                verifier = target.decode if g + 1 == target.decode.capacity else target.prefill
-                logits = verifier.run(seq[L - 1 : L + g])  # [g + 1, V]
+                # takes exactly k + 1 tokens (padding a static call costs real time on a CPU).
+                verifier = target.decode if k + 1 == target.decode.capacity else target.prefill
+                logits = verifier.run(seq[L - 1 : L + k])  # [k + 1, V]
                 t2 = clock()
                 if cfg.greedy:
-                    n, token = verify_greedy(seq[L : L + g], logits)
+                    n, token = verify_greedy(seq[L : L + k], logits, req.lenience)
                 else:
-                    n, token = verify(seq[L : L + g], q[:g], standardize(logits, cfg), rng)
+                    n, token = verify(seq[L : L + k], q[:k], standardize(logits, cfg), rng, req.lenience)
                 target.cache.append(n + 1)
-                draft.cache.rewind_to(L + min(n, g - 1))  # it never saw x_g
-                t3 = clock()
-                stats.draft_seconds += t1 - t0
-                stats.target_seconds += t2 - t1
-                stats.accept_seconds += t3 - t2
-                stats.draft_calls += g
-                stats.target_calls += 1
+                drafter.commit(L, n)
                 stats.verify_calls += 1
-                stats.drafted += g
+                stats.drafted += k
                 stats.accepted += n
-                for i in range(g):
+                for i in range(k):
                     stats.drafted_at[i] += 1
                     stats.accepted_at[i] += i < n
+            t3 = clock()
+            if adaptive:
+                adaptive.update(k, n, drafter.calls - calls, t1 - t0, t2 - t1)
+            stats.draft_seconds += t1 - t0
+            stats.target_seconds += t2 - t1
+            stats.accept_seconds += t3 - t2
+            stats.draft_calls += drafter.calls - calls
+            stats.target_calls += 1
             seq[L + n] = token
             emitted = seq[L : L + n + 1].tolist()
             L += n + 1
@@ -276,13 +297,6 @@ class SpeculativeDecoder:
             if stats.finish_reason == "eos":
                 return
         stats.finish_reason = "length"
-
-    def _propose(self, row: np.ndarray, i: int, cfg: SamplingConfig, rng: np.random.Generator) -> int:
-        """Draft token i from the draft's logits row [V]; records its q row when sampling."""
-        if cfg.greedy:
-            return int(row.argmax())
-        self.q[i] = standardize(row, cfg)
-        return int(sample(self.q[i], rng))
 
     @staticmethod
     def _pick(row: np.ndarray, cfg: SamplingConfig, rng: np.random.Generator) -> int:
@@ -300,7 +314,10 @@ class Stream:
     def __init__(self, decoder: SpeculativeDecoder, req: Request):
         self.decoder, self.request = decoder, req
         self.tokens: list[int] = []
-        self.stats = Stats(gamma=req.gamma, prompt_tokens=len(req.prompt))
+        self.stats = Stats(
+            gamma=req.gamma, prompt_tokens=len(req.prompt), drafter=decoder.drafter.name,
+            adaptive=req.adaptive, lenience=req.lenience,
+        )
         # The generator must not reference this object, or the two would form a cycle that
         # only the garbage collector frees, holding the decoder's lock until then.
         self._gen = _pieces(decoder, req, self.tokens, self.stats)

@@ -69,7 +69,7 @@ def verify_batch(
     qx = np.take_along_axis(q, idx, axis=-1)[..., 0]  # [B, γ]
     r = rng.random((batch, gamma))  # [B, γ]
     reject = r * (lenience * qx) > px  # r > p/(l q), without dividing by a zero q
-    n = np.where(reject.any(axis=-1), reject.argmax(axis=-1), gamma)  # [B]
+    n = np.concatenate([reject, np.ones((batch, 1), dtype=bool)], axis=-1).argmax(axis=-1)  # [B]: first rejection, or γ
 
     final = p[rows, n]  # [B, V]: p_{n+1}
     rejected = n < gamma
@@ -110,7 +110,8 @@ def verify_greedy_batch(draft: np.ndarray, logits: np.ndarray, lenience: float =
         # p(x) / max p = exp(logit_x - max logit): no softmax needed.
         lx = np.take_along_axis(logits[:, :gamma], draft[..., None], axis=-1)[..., 0]
         ok |= lx - logits[:, :gamma].max(axis=-1) >= math.log(lenience)
-    n = np.where(~ok.all(axis=-1), (~ok).argmax(axis=-1), gamma)  # [B]
+    stop = np.concatenate([~ok, np.ones((batch, 1), dtype=bool)], axis=-1)  # [B, γ+1]: γ = 0 works too
+    n = stop.argmax(axis=-1)  # [B]: the first mismatch, or γ
     return Verdict(n.astype(np.int64), top[np.arange(batch), n].astype(np.int64))
 
 

@@ -13,8 +13,11 @@ class Stats:
     ``drafted_at[i]`` / ``accepted_at[i]`` count draft tokens at position i+1 of a verify call.
     """
 
-    gamma: int
+    gamma: int  # the most draft tokens per call (the ceiling when adaptive)
     prompt_tokens: int = 0
+    drafter: str = "model"
+    adaptive: bool = False
+    lenience: float = 1.0  # below 1 the output distribution is NOT the target's (App. A.5)
     new_tokens: int = 0
     target_calls: int = 0
     draft_calls: int = 0
@@ -66,6 +69,7 @@ class Stats:
         d = {k: getattr(self, k) for k in self.__dataclass_fields__}
         for k in ("acceptance_rate", "mean_accepted", "per_position_acceptance", "cost_coefficient", "tokens_per_second"):
             d[k] = getattr(self, k)
+        d["exact"] = self.lenience >= 1.0
         return d
 
     def line(self) -> str:
@@ -79,5 +83,17 @@ class Stats:
             f"prefill {self.prefill_seconds:.3f}s); gamma={self.gamma}, target calls {self.target_calls}, "
             f"draft calls {self.draft_calls}, accepted {self.accepted}/{self.drafted} "
             f"(rate {f(self.acceptance_rate, '.3f')}, mean {f(self.mean_accepted, '.2f')}/call), "
-            f"c={f(self.cost_coefficient, '.3f')}, stop={self.finish_reason}"
+            f"c={f(self.cost_coefficient, '.3f')}, drafter={self.drafter}{' (adaptive gamma)' if self.adaptive else ''}, "
+            f"stop={self.finish_reason}{self.lenience_warning}"
+        )
+
+    @property
+    def lenience_warning(self) -> str:
+        """Empty when exact; else says the distribution changed and what still holds."""
+        if self.lenience >= 1.0:
+            return ""
+        return (
+            f"; LENIENCE {self.lenience:g}: output is NOT distributed as the target's; "
+            f"no token is sampled with more than {1 / self.lenience:.3g}x its target probability "
+            f"(greedy: a draft token is kept when its probability is >= {self.lenience:g} x the top one's)"
         )

@@ -92,6 +92,7 @@ class Manifest:
     draft: ModelSpec
     graphs: dict[str, GraphSpec]
     tokenizer: str | None = None  # relative folder holding tokenizer.json, or None
+    ngram: dict[str, Any] | None = None  # {"file", "sha256", "corpus", "tokens"}: the n-gram drafter's table
     validation: dict[str, Any] = field(default_factory=dict)
     tools: dict[str, str] = field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION
@@ -115,6 +116,8 @@ class Manifest:
         out = []
         for g in self.graphs.values():
             out += [g.file, *g.data]
+        if self.ngram:
+            out.append(self.ngram["file"])
         return out
 
     def to_json(self) -> str:
@@ -172,4 +175,8 @@ def load_manifest(bundle: str | Path, verify_hashes: bool = True) -> Manifest:
             got = sha256_of(inside(bundle, g.file))
             if got != g.sha256:
                 raise BundleError(f"graph {name} ({g.file}) has sha256 {got[:12]}…, manifest says {g.sha256[:12]}…; the bundle is corrupt: re-export it")
+        if m.ngram:
+            got = sha256_of(inside(bundle, m.ngram["file"]))
+            if got != m.ngram["sha256"]:
+                raise BundleError(f"n-gram table {m.ngram['file']} has sha256 {got[:12]}…, manifest says {m.ngram['sha256'][:12]}…; re-export the bundle")
     return m
