@@ -16,6 +16,7 @@ from typing import Callable, NamedTuple
 
 from specdec.errors import ConfigError, EngineError
 from specdec.export.bundle import check_destination, commit, staging
+from specdec.export.ngram import check_corpus, write_table
 from specdec.export.source import Source, check_pair, load_model, parameter_count, resolve
 from specdec.manifest import GraphSpec, Manifest, ModelSpec, sha256_of
 
@@ -42,10 +43,13 @@ class ExportConfig:
     target_revision: str | None = None
     draft_revision: str | None = None
     trust_remote_code: bool = False
+    ngram_corpus: Path | None = None  # text file or folder: the n-gram drafter's table
     seed: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "out", Path(self.out))
+        if self.ngram_corpus is not None:
+            object.__setattr__(self, "ngram_corpus", Path(self.ngram_corpus))
         if not isinstance(self.gamma, int) or not 1 <= self.gamma <= MAX_GAMMA:
             raise ConfigError(f"--gamma {self.gamma}: expected an integer in 1..{MAX_GAMMA} (draft tokens per target call)")
         if self.max_seq_len is not None and (not isinstance(self.max_seq_len, int) or self.max_seq_len < self.gamma + 2):
@@ -158,6 +162,7 @@ def export_bundle(cfg: ExportConfig, progress: Progress | None = None) -> Manife
         "draft": resolve(cfg.draft, cfg.max_seq_len, cfg.draft_revision, cfg.trust_remote_code),
     }
     check_pair(sources["target"], sources["draft"])
+    check_corpus(cfg.ngram_corpus, sources["target"].tokenizer is not None)
     max_seq = cfg.max_seq_len or default_max_seq(sources.values())
 
     progress("load weights")
@@ -183,6 +188,10 @@ def export_bundle(cfg: ExportConfig, progress: Progress | None = None) -> Manife
             sources["target"].tokenizer.save_pretrained(tmp / "tokenizer")
             tokenizer = "tokenizer"
         target_src = sources["target"]
+        ngram = None
+        if cfg.ngram_corpus is not None:
+            progress("count n-grams")
+            ngram = write_table(cfg.ngram_corpus, target_src.tokenizer, target_src.config.vocab_size, tmp)
         manifest = Manifest(
             gamma=cfg.gamma,
             max_seq_len=max_seq,
@@ -196,6 +205,7 @@ def export_bundle(cfg: ExportConfig, progress: Progress | None = None) -> Manife
             draft=specs["draft"],
             graphs=graphs,
             tokenizer=tokenizer,
+            ngram=ngram,
             validation={"tolerance": {"max_abs": tol.max_abs if math.isfinite(tol.max_abs) else None, "min_top1": tol.min_top1}, **figures},
             tools=_tools(),
         )

@@ -1,38 +1,50 @@
-"""Adaptive γ (paper §3.5): choose each iteration's γ from α and c measured in this request.
+"""Adaptive γ (paper §3.5): choose each iteration's γ from α and costs measured in this request.
 
-α is estimated from decayed counts of accepted and rejected draft tokens: with i.i.d.
-acceptances a verify call that drafted k tokens and kept n shows n successes and, when
-n < k, one failure, so α̂ = successes / (successes + failures) is the maximum-likelihood
-estimate. c is the decayed mean time of one draft call over one verify call (Theorem 3.8
-with costs relative to the verify call; v is folded in). γ = ``optimal_gamma(α̂, ĉ)``
-within the bundle's K; 0 (plain decoding, the α <= c regime) is re-probed with γ = 1 every
-``probe_every`` iterations so a request can recover when the text becomes predictable.
+- α: decayed counts of accepted and rejected draft tokens. With i.i.d. acceptances a verify
+  call that drafted k tokens and kept n shows n successes and, when n < k, one failure, so
+  successes / (successes + failures) is the maximum-likelihood estimate.
+- Costs: a decayed mean time per draft call, and a decayed least-squares line for the target
+  call's time against the tokens it verifies, t(k) = a + b·k (on a CPU a verify call costs
+  more than a 1-token step: the paper's v > 1; a plain step is t(0) = a).
+- γ maximizes expected tokens per second, E[tokens](α, γ) / (γ·t_draft + t(γ)) (Theorem 3.8
+  in seconds), against 1 / t(0) for plain decoding; γ = 0 when speculation cannot pay
+  (α <= c). A γ of 0 is re-probed with γ = 1 every ``probe_every`` iterations, so a request
+  can recover when the text becomes predictable.
+
+The first iteration uses the bundle's γ and the second γ = 1, so the line has two points.
 """
 
 from __future__ import annotations
 
-from specdec.runtime.analysis import optimal_gamma
+from specdec.runtime.analysis import expected_tokens
 
 
 class AdaptiveGamma:
     """Per-request state; ``next()`` gives the γ to draft now, ``update`` feeds back one iteration."""
 
-    def __init__(self, max_gamma: int, start: int, decay: float = 0.9, probe_every: int = 8, prior: tuple[float, float] = (1.0, 1.0)):
+    def __init__(self, max_gamma: int, decay: float = 0.9, probe_every: int = 8):
         self.max_gamma, self.decay, self.probe_every = max_gamma, decay, probe_every
-        self.gamma = start  # until both costs have been seen once
-        self.successes, self.failures = prior  # a weak prior: α̂ = 0.5
-        self.draft_call = None  # seconds, decayed mean
-        self.verify_call = None
+        self.plan = [max_gamma, 1] if max_gamma > 1 else [max_gamma]  # the opening moves
+        self.gamma = max_gamma
+        self.successes, self.failures = 1.0, 1.0  # a weak prior: α̂ = 0.5
+        self.draft_call: float | None = None  # seconds per draft call, decayed mean
+        self.fit = [0.0] * 5  # decayed sums of w, k, k², t, k·t for t(k) = a + b·k
         self.plain_run = 0
-
-    def _mean(self, old: float | None, new: float) -> float:
-        return new if old is None else self.decay * old + (1 - self.decay) * new
 
     @property
     def alpha(self) -> float:
         return self.successes / (self.successes + self.failures)
 
+    def target_time(self, k: int) -> float:
+        """t(k) from the fitted line; flat until two different k have been seen."""
+        w, sk, skk, st, skt = self.fit
+        var = w * skk - sk * sk
+        b = max((w * skt - sk * st) / var, 0.0) if var > 1e-12 * max(w * skk, 1e-30) else 0.0
+        return (st - b * sk) / w + b * k
+
     def next(self) -> int:
+        if self.plan:
+            return self.plan.pop(0)
         if self.gamma == 0:
             self.plain_run += 1
             if self.plain_run >= self.probe_every:
@@ -40,16 +52,22 @@ class AdaptiveGamma:
                 return 1
         return self.gamma
 
-    def update(self, drafted: int, accepted: int, draft_calls: int, draft_seconds: float, verify_seconds: float) -> None:
-        """One verify call: ``drafted`` proposed, ``accepted`` kept, with the time each side took."""
-        if drafted == 0:
-            return
+    def update(self, drafted: int, accepted: int, draft_calls: int, draft_seconds: float, target_seconds: float) -> None:
+        """One iteration: ``drafted`` proposed (0: a plain step), ``accepted`` kept, and the time each side took."""
         d = self.decay
-        self.successes = d * self.successes + accepted
-        self.failures = d * self.failures + (accepted < drafted)
-        if draft_calls:
-            self.draft_call = self._mean(self.draft_call, draft_seconds / draft_calls)
-        self.verify_call = self._mean(self.verify_call, verify_seconds)
-        c = (self.draft_call or 0.0) / self.verify_call if self.verify_call > 0 else 0.0
-        alpha = min(max(self.alpha, 1e-6), 1 - 1e-6)
-        self.gamma = optimal_gamma(alpha, c, self.max_gamma)
+        self.fit = [d * s + x for s, x in zip(self.fit, (1.0, drafted, drafted * drafted, target_seconds, drafted * target_seconds))]
+        if drafted:
+            self.successes = d * self.successes + accepted
+            self.failures = d * self.failures + (accepted < drafted)
+            if draft_calls:
+                per = draft_seconds / draft_calls
+                self.draft_call = per if self.draft_call is None else d * self.draft_call + (1 - d) * per
+        if self.draft_call is None:
+            return
+        alpha = min(self.alpha, 1 - 1e-9)
+        best, rate = 0, 1.0 / self.target_time(0)
+        for g in range(1, self.max_gamma + 1):
+            r = expected_tokens(alpha, g) / (g * self.draft_call + self.target_time(g))
+            if r > rate:
+                best, rate = g, r
+        self.gamma = best

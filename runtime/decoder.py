@@ -1,19 +1,20 @@
-"""SpeculativeDecoder: a bundle's target and draft on ONNX Runtime, with exact speculative sampling.
+"""SpeculativeDecoder: a bundle's target and a drafter on ONNX Runtime, with exact speculative sampling.
 
 One request (``generate`` / ``stream``) runs this loop over buffers allocated at load:
 
-    prefill both models with prompt[:-1]; the last committed token is "pending"
+    prefill the target with prompt[:-1] (the last committed token is "pending"); start the drafter
     repeat:
-        draft:  feed the draft its pending tokens (1, or 2 after a fully accepted call),
-                then propose x_1..x_g, each drawn from its standardized q_i (q_i recorded)
-        target: one verify call on [last, x_1..x_g], giving p_1..p_{g+1} (the static K graph
-                when g + 1 = K, else the dynamic-length graph: no padding)
+        γ:      the request's, or chosen from this request's measured α and c (gamma="auto")
+        draft:  the drafter writes x_1..x_k (k <= γ) after the committed tokens, recording the
+                q_i each was drawn from (``drafters``: draft model, n-gram, prompt lookup,
+                hierarchical); k = 0 means a plain target step
+        target: one verify call on [last, x_1..x_k], giving p_1..p_{k+1} (the static K graph
+                when k + 1 = K, else the dynamic-length graph: no padding)
         accept: n draft tokens and a next token t (Algorithm 1, ``speculative.verify``)
-        commit: target keeps n+1 rows; the draft rewinds to what it saw of the accepted prefix
+        commit: the target keeps n+1 rows; the drafter forgets what was rejected
 
 Invariant between iterations, with L committed tokens ``seq[:L]``: the target cache holds rows
-for seq[:L-1] (seq[L-1] is fed by the next call); the draft cache holds rows for
-seq[:draft_len] and is fed seq[draft_len:L] next. Rows written past a cache's length (rejected
+for seq[:L-1] (seq[L-1] is fed by the next call). Rows written past a cache's length (rejected
 drafts, padding) are never read: every call overwrites from the committed length.
 """
 
@@ -232,7 +233,7 @@ class SpeculativeDecoder:
         seq, q, cfg = self.seq, self.q, req.sampling
         rng = np.random.default_rng(req.seed)
         clock = time.perf_counter
-        adaptive = AdaptiveGamma(req.gamma, start=req.gamma) if req.adaptive else None
+        adaptive = AdaptiveGamma(req.gamma) if req.adaptive else None
 
         target.cache.reset()
         L = len(req.prompt)  # committed tokens
@@ -256,7 +257,6 @@ class SpeculativeDecoder:
                 target.cache.append(1)
                 t2 = clock()
                 n, token = 0, self._pick(logits[0], cfg, rng)
-                drafter.commit(L, 0)
             else:
                 # The static verify graph when the call fills it; else the dynamic graph, which
                 # takes exactly k + 1 tokens (padding a static call costs real time on a CPU).
@@ -268,13 +268,15 @@ class SpeculativeDecoder:
                 else:
                     n, token = verify(seq[L : L + k], q[:k], standardize(logits, cfg), rng, req.lenience)
                 target.cache.append(n + 1)
-                drafter.commit(L, n)
                 stats.verify_calls += 1
                 stats.drafted += k
                 stats.accepted += n
+                stats.rejected += n < k
                 for i in range(k):
                     stats.drafted_at[i] += 1
                     stats.accepted_at[i] += i < n
+            seq[L + n] = token
+            drafter.commit(L, n)  # seq[:L+n+1] is committed
             t3 = clock()
             if adaptive:
                 adaptive.update(k, n, drafter.calls - calls, t1 - t0, t2 - t1)
@@ -283,7 +285,6 @@ class SpeculativeDecoder:
             stats.accept_seconds += t3 - t2
             stats.draft_calls += drafter.calls - calls
             stats.target_calls += 1
-            seq[L + n] = token
             emitted = seq[L : L + n + 1].tolist()
             L += n + 1
             emitted = emitted[: req.max_new_tokens - produced]

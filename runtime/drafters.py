@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Protocol
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 from specdec.errors import BundleError, ConfigError
 from specdec.runtime.sampling import SamplingConfig, sample, standardize
@@ -50,7 +49,9 @@ class Drafter(Protocol):
 
     def propose(self, seq: np.ndarray, length: int, gamma: int, cfg: SamplingConfig, rng: np.random.Generator, q: np.ndarray) -> int: ...
 
-    def commit(self, length: int, accepted: int) -> None: ...
+    def commit(self, length: int, accepted: int) -> None:
+        """seq[:length + accepted + 1] is now committed (the target's token included)."""
+        ...
 
 
 def one_hot(q: np.ndarray, tokens: np.ndarray) -> None:
@@ -79,13 +80,17 @@ class LookupDrafter:
         pass
 
     def match(self, seq: np.ndarray, length: int) -> int:
-        """Start of the continuation of the latest match of the longest suffix, or -1."""
-        for n in range(min(self.max_ngram, length - 1), self.min_ngram - 1, -1):
-            windows = sliding_window_view(seq[: length - 1], n)  # [L-n, n]: every n-gram with a successor
-            hits = np.flatnonzero((windows == seq[length - n : length]).all(axis=1))
-            if hits.size:
-                return int(hits[-1]) + n
-        return -1
+        """Start of the continuation of the latest occurrence of the longest suffix (up to
+        max_ngram tokens, at least min_ngram) in seq[:length-1], or -1."""
+        ends = np.flatnonzero(seq[: length - 1] == seq[length - 1])  # candidates matching 1 token
+        n = 1
+        while n < self.max_ngram and ends.size:
+            longer = ends[ends >= n]
+            longer = longer[seq[longer - n] == seq[length - 1 - n]]
+            if not longer.size:
+                break
+            ends, n = longer, n + 1
+        return int(ends[-1]) + 1 if ends.size and n >= self.min_ngram else -1
 
     def propose(self, seq, length, gamma, cfg, rng, q) -> int:
         self.calls += 1
@@ -138,11 +143,35 @@ class NgramTable:
         return cls(successor.astype(np.int64), top)
 
 
+class BigramCounts:
+    """The same table as ``NgramTable.count``, kept up to date token by token (per request)."""
+
+    def __init__(self, vocab: int):
+        self.table = NgramTable(np.full((vocab,), -1, dtype=np.int64), 0)  # [V]
+        self.pairs: dict[tuple[int, int], int] = {}
+        self.best: dict[int, int] = {}  # prev -> count of its current successor
+        self.unigrams: dict[int, int] = {}
+
+    def add(self, ids: list[int], prev: int | None = None) -> None:
+        """Count ``ids``, the first following ``prev`` (None: a fresh stream)."""
+        succ = self.table.successor
+        for tok in ids:
+            c = self.unigrams[tok] = self.unigrams.get(tok, 0) + 1
+            top = self.table.top
+            if c > self.unigrams.get(top, 0) or (c == self.unigrams[top] and tok < top):
+                self.table.top = tok
+            if prev is not None:
+                c = self.pairs[prev, tok] = self.pairs.get((prev, tok), 0) + 1
+                if c > self.best.get(prev, 0) or (c == self.best[prev] and tok < succ[prev]):
+                    succ[prev], self.best[prev] = tok, c
+            prev = tok
+
+
 class NgramDrafter:
     """Table 3's trivial drafters. order=2: follow the most frequent successor from the last
     token (falling back to the most frequent token); order=1: always the most frequent token.
-    With a corpus table (from the bundle) it is used as is; otherwise each request counts its
-    prompt."""
+    A corpus table (from the bundle) is used as is; without one, each request counts its
+    prompt and then every token it commits."""
 
     name = "ngram"
     free = True
@@ -152,11 +181,15 @@ class NgramDrafter:
             raise ConfigError(f"n-gram order {order!r}: expected 1 (unigram) or 2 (bigram)")
         self.vocab, self.fixed, self.order = vocab, table, order
         self.table = table
+        self.counts: BigramCounts | None = None
+        self.seq: np.ndarray | None = None
         self.calls = 0
 
     def start(self, seq: np.ndarray, length: int) -> None:
         if self.fixed is None:
-            self.table = NgramTable.count(seq[:length], self.vocab)
+            self.counts = BigramCounts(self.vocab)
+            self.counts.add(seq[:length].tolist())
+            self.table, self.seq = self.counts.table, seq
 
     def propose(self, seq, length, gamma, cfg, rng, q) -> int:
         self.calls += 1
@@ -170,7 +203,8 @@ class NgramDrafter:
         return gamma
 
     def commit(self, length: int, accepted: int) -> None:
-        pass
+        if self.counts is not None:
+            self.counts.add(self.seq[length : length + accepted + 1].tolist(), int(self.seq[length - 1]))
 
 
 class ModelDrafter:
@@ -243,9 +277,9 @@ class ModelDrafter:
                 p = standardize(rows, cfg)  # [h+1, V]
                 m, token = verify(seq[cur : cur + h], self._r[:h], p, rng)
                 q[cur - length : cur - length + m + 1] = p[: m + 1]  # m <= h <= room - 1: all fit
+            seq[cur + m] = token
             inner.commit(cur, m)
             cache.rewind_to(cur + m)  # rows for the guesses kept; the draft's own token is not fed yet
-            seq[cur + m] = token
             cur += m + 1
         return gamma
 

@@ -24,6 +24,7 @@ class Stats:
     verify_calls: int = 0
     drafted: int = 0
     accepted: int = 0
+    rejected: int = 0  # verify calls that ended at a rejected draft token
     prefill_seconds: float = 0.0
     target_seconds: float = 0.0
     draft_seconds: float = 0.0

@@ -14,6 +14,7 @@ import click
 
 from specdec import __version__
 from specdec.errors import SpecDecError
+from specdec.runtime.drafters import DRAFTERS
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -65,12 +66,13 @@ def plan_cmd(alpha: float, cost: float, cost_ops: float | None, gamma: int | Non
 @click.option("--target-revision", default=None, help="Hub revision of the target.")
 @click.option("--draft-revision", default=None, help="Hub revision of the draft.")
 @click.option("--trust-remote-code", is_flag=True, help="Allow models that run their own code (off by default).")
+@click.option("--ngram-corpus", default=None, type=click.Path(path_type=Path), help="Text file or folder: count a bigram table into the bundle for --drafter ngram.")
 def export_cmd(**options) -> None:
     """Export a target and draft to a validated ONNX bundle for the specdec runtime."""
     from specdec.export.pipeline import ExportConfig, Progress, bundle_size, export_bundle, planned_graphs
 
     cfg = ExportConfig(**options)
-    steps = 4 + 4 * len(planned_graphs(cfg))  # configs, weights, write + export/optimize/quantize/validate per graph
+    steps = 4 + 4 * len(planned_graphs(cfg)) + (cfg.ngram_corpus is not None)  # configs, weights, write + export/optimize/quantize/validate per graph (+ n-grams)
     manifest = _with_progress("specdec-export", lambda report: export_bundle(cfg, Progress(report)), steps)
     click.echo(summary(cfg.out, manifest, bundle_size(cfg.out)))
 
@@ -129,15 +131,21 @@ def inspect_cmd(bundle: Path, as_json: bool) -> None:
 @click.option("--top-k", default=None, type=int, help="Keep the k most likely tokens (0 or unset = off).")
 @click.option("--top-p", default=None, type=float, help="Nucleus mass in (0, 1] (unset = off).")
 @click.option("--seed", default=None, type=int, help="Makes sampling reproducible.")
-@click.option("--gamma", default=None, type=int, help="Draft tokens per target call, 0..bundle gamma [default: the bundle's]; 0 = no draft.")
+@click.option("--gamma", default=None, help="Draft tokens per target call, 0..bundle gamma [default: the bundle's]; 0 = no draft; auto = chosen each step from the measured acceptance and cost.")
+@click.option("--drafter", default="model", show_default=True, type=click.Choice(list(DRAFTERS)), help="What proposes tokens: the draft model, a bigram table, prompt lookup, or the draft model sped up by prompt lookup.")
+@click.option("--lookup-ngram", default=3, show_default=True, type=int, help="Prompt lookup: longest suffix n-gram matched (down to 1).")
+@click.option("--lookup-max-tokens", default=None, type=int, help="Prompt lookup: most tokens copied per call [default: gamma].")
+@click.option("--lenience", default=1.0, show_default=True, type=float, help="1 = exact. Below 1 accepts more drafts and CHANGES the output distribution (no token above p/lenience; paper App. A.5).")
 @click.option("--ignore-eos", is_flag=True, help="Keep going past end-of-sequence tokens.")
 @click.option("--provider", default="cpu", show_default=True, type=click.Choice(["cpu", "cuda", "tensorrt"]))
 @click.option("--threads", default=None, type=int, help="ONNX Runtime intra-op threads [default: ORT's].")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with tokens, text and stats.")
-def generate_cmd(bundle: Path, prompt: str | None, prompt_ids: str | None, provider: str, threads: int | None, as_json: bool, **kw) -> None:
+def generate_cmd(bundle: Path, prompt: str | None, prompt_ids: str | None, provider: str, threads: int | None, as_json: bool,
+                 drafter: str, lookup_ngram: int, lookup_max_tokens: int | None, gamma: str | None, **kw) -> None:
     """Decode with a bundle: text (or token ids) to stdout as accepted, a stats line to stderr."""
     from specdec.errors import InputError
     from specdec.runtime.decoder import SpeculativeDecoder
+    from specdec.runtime.drafters import LookupDrafter
 
     if (prompt is None) == (prompt_ids is None):
         raise InputError("give exactly one of --prompt TEXT and --prompt-ids 1,2,3")
@@ -148,8 +156,10 @@ def generate_cmd(bundle: Path, prompt: str | None, prompt_ids: str | None, provi
             raise InputError(f"--prompt-ids {prompt_ids!r}: expected comma-separated integers such as 1,2,3") from None
     if threads is not None and threads < 1:
         raise InputError(f"--threads {threads}: expected an integer >= 1")
-    dec = SpeculativeDecoder.load(bundle, provider=provider, threads=threads)
-    stream = dec.stream(prompt, **kw)
+    lookup = LookupDrafter(max_ngram=lookup_ngram, max_tokens=lookup_max_tokens)  # checked whatever the drafter
+    spec = lookup if drafter == "lookup" else drafter
+    dec = SpeculativeDecoder.load(bundle, provider=provider, threads=threads, drafter=spec)
+    stream = dec.stream(prompt, gamma=_gamma(gamma), **kw)
     for piece in stream:
         if not as_json:
             out = piece.text if piece.text is not None else "".join(f"{t} " for t in piece.tokens)
@@ -165,6 +175,8 @@ def generate_cmd(bundle: Path, prompt: str | None, prompt_ids: str | None, provi
 @cli.command("bench")
 @click.argument("bundle", type=click.Path(path_type=Path))
 @click.option("--gammas", default=None, help="Comma-separated γ to run [default: 0..the bundle's γ]; 0 is always added.")
+@click.option("--drafters", default="model", show_default=True, help=f"Comma-separated drafters to compare: {', '.join(DRAFTERS)}.")
+@click.option("--adaptive", is_flag=True, help="Also run each drafter with adaptive γ (gamma=auto).")
 @click.option("--temperatures", default="0,1", show_default=True, help="Comma-separated sampling temperatures.")
 @click.option("--prompts", "n_prompts", default=4, show_default=True, type=int, help="Prompts, from held-out stdlib files.")
 @click.option("--prompt-tokens", default=64, show_default=True, type=int)
@@ -172,35 +184,43 @@ def generate_cmd(bundle: Path, prompt: str | None, prompt_ids: str | None, provi
 @click.option("--rounds", default=2, show_default=True, type=int)
 @click.option("--threads", default=None, type=int, help="ONNX Runtime intra-op threads [default: ORT's].")
 @click.option("--out", default=None, type=click.Path(file_okay=False, path_type=Path), help="Write results.md, results.json and bench.png here.")
-def bench_cmd(bundle: Path, gammas: str | None, temperatures: str, n_prompts: int, prompt_tokens: int, tokens: int, rounds: int, threads: int | None, out: Path | None) -> None:
-    """Speculative decoding at several γ against γ = 0, side by side, with Theorem 3.8's prediction."""
-    from specdec.errors import InputError
+def bench_cmd(bundle: Path, gammas: str | None, drafters: str, adaptive: bool, temperatures: str, n_prompts: int, prompt_tokens: int,
+              tokens: int, rounds: int, threads: int | None, out: Path | None) -> None:
+    """Drafters and γ against γ = 0, side by side and interleaved, with Theorem 3.8's prediction."""
+    from specdec.errors import ConfigError, InputError
     from specdec.runtime import bench
     from specdec.runtime.decoder import SpeculativeDecoder
 
     for name, value in (("--prompts", n_prompts), ("--prompt-tokens", prompt_tokens), ("--tokens", tokens), ("--rounds", rounds)):
         if value < 1:
             raise InputError(f"{name} {value}: expected an integer >= 1")
-    dec = SpeculativeDecoder.load(bundle, threads=threads)
+    names = list(dict.fromkeys(d.strip() for d in drafters.split(",") if d.strip()))
+    for d in names or [drafters]:
+        if d not in DRAFTERS:
+            raise ConfigError(f"--drafters {drafters!r}: {d!r} is not one of {', '.join(DRAFTERS)}")
+    dec = SpeculativeDecoder.load(bundle, threads=threads, drafter=names[0])
     if dec.codec is None:
         raise InputError(f"bundle {bundle} has no tokenizer; specdec bench draws its prompts from text")
+    decoders = {names[0]: dec, **{d: dec.fork(drafter=d) for d in names[1:]}}
     gs = list(range(dec.manifest.gamma + 1)) if gammas is None else sorted({0, *_numbers("--gammas", gammas, int)})
     temps = _numbers("--temperatures", temperatures, float)
     prompts = bench.held_out_prompts(dec.codec.encode, n_prompts, prompt_tokens)
     if not prompts:
         raise InputError("found no held-out stdlib file long enough for a prompt; lower --prompt-tokens")
     dec.request(prompts[0], max_new_tokens=tokens, gamma=max(gs))  # check the sizes before any work
+    cfgs = bench.configs(names, gs, adaptive)
     results, text = {}, []
     for t in temps:
-        rows = bench.summarize(bench.run(dec, prompts, gs, tokens, rounds, t))
+        rows = bench.summarize(bench.run(decoders, cfgs, prompts, tokens, rounds, t))
         title = f"T={t:g}"
         results[title] = rows
-        plan = bench.planned_gamma(rows, dec.manifest.gamma) if len(gs) > 1 else None
-        text.append(bench.markdown(title, rows) + (f"\nplanner's γ from the measured α, c, v: {plan}\n" if plan is not None else ""))
+        plan = bench.planned_gamma(rows, dec.manifest.gamma, names[0])
+        text.append(bench.markdown(title, rows) + (f"\nplanner's γ for {names[0]} from the measured α, c, v: {plan}\n" if plan is not None else ""))
     m = dec.manifest
     header = (
         f"bundle {bundle}: target {m.target.parameters / 1e6:.1f}M, draft {m.draft.parameters / 1e6:.2f}M params, {m.dtype}; "
-        f"{len(prompts)} held-out prompts of {prompt_tokens} tokens x {rounds} rounds x {tokens} new tokens per γ, interleaved\n"
+        f"{len(prompts)} held-out prompts of {prompt_tokens} tokens x {rounds} rounds x {tokens} new tokens per configuration, interleaved; "
+        f"α is the maximum-likelihood estimate from accepted and rejected drafts, c is per drafted token\n"
     )
     md = header + "\n" + "\n".join(text)
     click.echo(md)
@@ -212,6 +232,18 @@ def bench_cmd(bundle: Path, gammas: str | None, temperatures: str, n_prompts: in
             bench.plot(results, out / "bench.png")
         except ImportError:
             click.echo("plots need matplotlib: pip install 'specdec[bench]'", err=True)
+
+
+def _gamma(text: str | None) -> int | str | None:
+    """--gamma: an integer, "auto", or unset."""
+    from specdec.errors import ConfigError
+
+    if text is None or text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigError(f"--gamma {text!r}: expected an integer 0..the bundle's gamma, or auto") from None
 
 
 def _numbers(option: str, text: str, kind: type) -> list:

@@ -25,16 +25,21 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def llama_bundle(tmp_path_factory):
-    """A llama target/draft pair on disk and its exported bundle (γ = 4, max-seq-len 128)."""
+    """A llama target/draft pair on disk and its exported bundle (γ = 4, max-seq-len 128), with
+    an n-gram table counted from the tokenizer's corpus (a folder with one text file)."""
     pytest.importorskip("torch")
-    from models import save_pair
+    from models import CORPUS, save_pair
 
     from specdec.export.pipeline import ExportConfig, export_bundle
 
     root = tmp_path_factory.mktemp("llama")
     target, draft = save_pair(root, "llama")
+    corpus = root / "corpus"
+    corpus.mkdir()
+    (corpus / "code.py").write_text(CORPUS)
+    (corpus / "blob.bin").write_bytes(bytes(range(256)))  # not text: skipped
     out = root / "bundle"
-    export_bundle(ExportConfig(str(target), str(draft), out, gamma=4, max_seq_len=128))
+    export_bundle(ExportConfig(str(target), str(draft), out, gamma=4, max_seq_len=128, ngram_corpus=corpus))
     return target, draft, out
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from specdec.runtime import bench
@@ -30,20 +31,36 @@ def test_bench_cli_writes_table_json_and_plot(llama_bundle, tmp_path):
     from test_cli import run
 
     out = tmp_path / "b"
-    res = run("bench", str(llama_bundle[2]), "--gammas", "2,4", "--temperatures", "0,1", "--prompts", "2",
-              "--prompt-tokens", "12", "--tokens", "16", "--rounds", "1", "--out", str(out))
+    res = run("bench", str(llama_bundle[2]), "--gammas", "2,4", "--temperatures", "0,1", "--prompts", "2", "--drafters", "model,lookup,ngram",
+              "--adaptive", "--prompt-tokens", "12", "--tokens", "16", "--rounds", "1", "--out", str(out))
     assert res.returncode == 0, res.stderr
     rows = json.loads((out / "results.json").read_text())
     assert set(rows) == {"T=0", "T=1"}
     for r in rows.values():
-        assert [x["gamma"] for x in r] == [0, 2, 4]
+        assert [(x["drafter"], x["gamma"]) for x in r] == [("-", 0)] + [(d, g) for d in ("model", "lookup", "ngram") for g in (2, 4, "auto")]
         assert r[0]["speedup"] == 1.0 and all(x["tokens_per_s"] > 0 for x in r)
-        assert all(0 <= x["alpha"] <= 1 and x["c"] > 0 and x["v"] > 0 and len(x["per_position"]) == x["gamma"] for x in r[1:])
+        assert all(0 <= x["alpha"] <= 1 and x["c"] >= 0 and x["v"] > 0 and len(x["per_position"]) == (4 if x["gamma"] == "auto" else x["gamma"]) for x in r[1:])
+        model = [x for x in r if x["drafter"] == "model"]
+        assert all(x["c"] > 0 for x in model) and [x["predicted"] is not None for x in model] == [True, True, False]
     assert (out / "bench.png").stat().st_size > 10_000
-    assert "| γ | tok/s |" in (out / "results.md").read_text() and "planner's γ" in res.stdout
+    assert "| drafter | γ | tok/s |" in (out / "results.md").read_text() and "planner's γ for model" in res.stdout
 
 
-@pytest.mark.parametrize("args,msg", [(["--tokens", "0"], "--tokens 0"), (["--gammas", "1,x"], "--gammas"), (["--gammas", "9"], "gamma must be 0..4")])
+def test_alpha_mle_recovers_alpha_from_simulated_calls():
+    rng = np.random.default_rng(0)
+    for alpha in (0.2, 0.6, 0.9):
+        acc = rej = 0
+        for _ in range(4000):
+            k = int(rng.integers(1, 6))  # proposals of varying length, as prompt lookup makes
+            n = 0
+            while n < k and rng.random() < alpha:
+                n += 1
+            acc, rej = acc + n, rej + (n < k)
+        assert bench.alpha_mle(acc, rej) == pytest.approx(alpha, abs=0.02)
+
+
+@pytest.mark.parametrize("args,msg", [(["--tokens", "0"], "--tokens 0"), (["--gammas", "1,x"], "--gammas"), (["--gammas", "9"], "gamma must be 0..4"),
+                                      (["--drafters", "model,beam"], "'beam' is not one of")])
 def test_bench_cli_bad_input(llama_bundle, args, msg):
     from test_cli import run
 

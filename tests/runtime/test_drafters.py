@@ -1,0 +1,295 @@
+"""Every drafter, and adaptive γ, keep the target's output exactly; lenience is labelled.
+
+Greedy: token for token against the target's own argmax loop (PyTorch), for every family.
+Sampling: the first two tokens' marginals over thousands of seeded runs against the exact
+target distribution (chi-square), as in ``test_decoder_exact``, with prompts built so that
+each drafter's proposals are often (not always) accepted.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from specdec.errors import BundleError, ConfigError
+from specdec.runtime import SpeculativeDecoder
+from specdec.runtime.adaptive import AdaptiveGamma
+from specdec.runtime.drafters import DRAFTERS, BigramCounts, LookupDrafter, NgramDrafter, NgramTable
+
+torch = pytest.importorskip("torch")
+from test_decoder_exact import P_MIN, PROMPTS, chi_square_p, exact_first_two, first_diff, load_model, torch_greedy  # noqa: E402
+
+from specdec.runtime import SamplingConfig  # noqa: E402
+
+# -- the pure parts -------------------------------------------------------------------------
+
+
+def brute_match(seq: list[int], max_n: int, min_n: int) -> int:
+    """Reference prompt lookup: for n = max..min, the latest i < L-n with seq[i:i+n] == the last n."""
+    L = len(seq)
+    for n in range(min(max_n, L - 1), min_n - 1, -1):
+        for i in range(L - n - 1, -1, -1):
+            if seq[i : i + n] == seq[L - n :]:
+                return i + n
+    return -1
+
+
+@pytest.mark.parametrize("max_n,min_n", [(1, 1), (3, 1), (4, 2)])
+def test_lookup_match_is_the_latest_longest_suffix(max_n, min_n):
+    rng = np.random.default_rng(0)
+    d = LookupDrafter(max_ngram=max_n, min_ngram=min_n)
+    found = 0
+    for _ in range(400):
+        seq = rng.integers(0, 4, size=int(rng.integers(2, 40)))  # few symbols: many partial matches
+        want = brute_match(seq.tolist(), max_n, min_n)
+        assert d.match(seq, len(seq)) == want, seq.tolist()
+        found += want >= 0
+    assert found > 100
+
+
+def test_lookup_proposes_the_continuation_and_one_hot_rows():
+    seq = np.zeros(32, dtype=np.int64)
+    text = [7, 8, 9, 10, 11, 3, 7, 8]  # "7 8" occurred before, followed by 9 10 11 3
+    seq[: len(text)] = text
+    q = np.full((6, 12), 0.5)
+    k = LookupDrafter(max_ngram=2, max_tokens=3).propose(seq, len(text), 5, SamplingConfig(1.0), None, q)
+    assert k == 3 and seq[8:11].tolist() == [9, 10, 11]
+    assert (q[:3].argmax(axis=1) == [9, 10, 11]).all() and (q[:3].sum(axis=1) == 1).all()
+    assert LookupDrafter().propose(np.array([1, 2, 3, 0]), 3, 4, SamplingConfig(0.0), None, q) == 0  # no earlier 3
+
+
+def test_ngram_table_counts_like_a_counter():
+    rng = np.random.default_rng(1)
+    ids = rng.integers(0, 6, size=500)
+    table = NgramTable.count(ids, vocab=8)
+    pairs = Counter(zip(ids[:-1].tolist(), ids[1:].tolist()))
+    for prev in range(8):
+        succ = {n: c for (p, n), c in pairs.items() if p == prev}
+        want = -1 if not succ else min(succ, key=lambda n: (-succ[n], n))
+        assert table.successor[prev] == want
+    counts = np.bincount(ids, minlength=8)
+    assert table.top == counts.argmax()
+
+
+def test_online_counts_match_the_corpus_count():
+    rng = np.random.default_rng(2)
+    ids = rng.integers(0, 7, size=300)
+    online = BigramCounts(8)
+    online.add(ids[:50].tolist())
+    for lo in range(50, 300, 13):  # in pieces, as commits arrive
+        online.add(ids[lo : lo + 13].tolist(), int(ids[lo - 1]))
+    want = NgramTable.count(ids, 8)
+    assert (online.table.successor == want.successor).all() and online.table.top == want.top
+
+
+def test_ngram_drafter_follows_successors():
+    table = NgramTable(np.array([2, -1, 3, 1], dtype=np.int64), top=0)
+    seq = np.zeros(16, dtype=np.int64)
+    seq[0] = 0
+    assert NgramDrafter(4, table).propose(seq, 1, 4, SamplingConfig(0.0), None, None) == 4
+    assert seq[1:5].tolist() == [2, 3, 1, 0]  # 1 has no successor: the unigram top
+    NgramDrafter(4, table, order=1).propose(seq, 1, 3, SamplingConfig(0.0), None, None)
+    assert seq[1:4].tolist() == [0, 0, 0]
+
+
+@pytest.mark.parametrize("bad", [dict(max_ngram=0), dict(max_ngram=2, min_ngram=3), dict(max_tokens=0)])
+def test_lookup_options_are_checked(bad):
+    with pytest.raises(ConfigError):
+        LookupDrafter(**bad)
+
+
+# -- greedy: token for token ----------------------------------------------------------------
+
+
+def repeating(prompt: list[int], model, n: int = 6) -> list[int]:
+    """prompt + its greedy continuation + prompt again: lookup and bigrams then have material."""
+    return prompt + torch_greedy(model, prompt, n) + prompt
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "lookup", "hierarchical"])
+def test_greedy_matches_target_with_every_drafter(family_bundle, drafter):
+    family, target, _, out, _ = family_bundle
+    model = load_model(target)
+    dec = SpeculativeDecoder.load(out, drafter=drafter)
+    accepted = full = rejected = 0
+    for prompt in [repeating(PROMPTS[0], model, 30), PROMPTS[2]]:
+        ref = torch_greedy(model, prompt, 80)
+        for gamma in (2, 4, "auto"):
+            res = dec.generate(prompt, max_new_tokens=80, gamma=gamma, ignore_eos=True)
+            assert res.tokens == ref, f"{family} {drafter} gamma={gamma}: first difference at {first_diff(res.tokens, ref)}"
+            s = res.stats
+            accepted += s.accepted
+            rejected += s.rejected
+            full += s.verify_calls - s.rejected
+    # Both paths crossed, or the comparison proved little.
+    assert accepted >= 10 and rejected >= 5 and full >= 1, f"{family} {drafter}: accepted {accepted}, rejected calls {rejected}, full {full}"
+
+
+def test_adaptive_gamma_greedy_matches(family_bundle):
+    family, target, _, out, _ = family_bundle
+    model = load_model(target)
+    dec = SpeculativeDecoder.load(out)
+    ref = torch_greedy(model, PROMPTS[0], 120)
+    res = dec.generate(PROMPTS[0], max_new_tokens=120, gamma="auto", ignore_eos=True)
+    assert res.tokens == ref and res.stats.adaptive
+
+
+def feed(policy: AdaptiveGamma, alpha: float, draft: float, line: tuple[float, float], rng, steps: int = 300) -> list[int]:
+    """Drive ``policy`` with simulated iterations: i.i.d. acceptances, draft seconds per call and
+    target seconds a + b·k; returns the γ it chose."""
+    chosen = []
+    for _ in range(steps):
+        g = policy.next()
+        chosen.append(g)
+        n = 0
+        while n < g and rng.random() < alpha:
+            n += 1
+        policy.update(g, n, g, g * draft, line[0] + line[1] * g)
+    return chosen
+
+
+@pytest.mark.parametrize("alpha,draft,line", [(0.9, 0.05, (1.0, 0.02)), (0.7, 0.1, (1.0, 0.1)), (0.8, 0.0, (1.0, 0.3)), (0.5, 0.2, (1.0, 0.0))])
+def test_adaptive_gamma_settles_on_the_best_gamma(alpha, draft, line):
+    from specdec.runtime.analysis import expected_tokens
+
+    rate = {g: expected_tokens(alpha, g) / (g * draft + line[0] + line[1] * g) for g in range(1, 9)}
+    rate[0] = 1 / line[0]
+    best = max(rate, key=rate.get)
+    chosen = feed(AdaptiveGamma(8), alpha, draft, line, np.random.default_rng(0))
+    late = Counter(chosen[100:])
+    top = late.most_common(1)[0][0]
+    assert rate[top] >= 0.97 * rate[best], (best, late)  # noise in α̂ may pick a near-tie
+
+
+def test_adaptive_gamma_falls_back_to_plain_decoding_and_probes():
+    policy = AdaptiveGamma(8, probe_every=8)
+    chosen = feed(policy, 0.05, 0.5, (1.0, 0.1), np.random.default_rng(0), steps=120)
+    late = chosen[40:]
+    assert late.count(0) >= 0.8 * len(late) and 1 in late  # plain steps, with γ = 1 probes
+
+
+@pytest.mark.parametrize("family_bundle", ["llama"], indirect=True)  # a draft close to the target
+def test_hierarchical_proposes_what_the_draft_model_would(family_bundle):
+    """Greedy: the inner level must not change the draft model's proposals, only save calls."""
+    plain = SpeculativeDecoder.load(family_bundle[3])
+    hier = plain.fork(drafter="hierarchical")
+    model = load_model(family_bundle[1])
+    prompt = repeating(PROMPTS[0], model, 30)
+    a = plain.generate(prompt, max_new_tokens=60, ignore_eos=True).stats
+    b = hier.generate(prompt, max_new_tokens=60, ignore_eos=True).stats
+    assert (a.accepted, a.drafted, a.accepted_at) == (b.accepted, b.drafted, b.accepted_at)
+    assert b.draft_calls < a.draft_calls, (a.draft_calls, b.draft_calls)
+
+
+# -- sampling: chi-square on the first two tokens -----------------------------------------
+
+
+@pytest.mark.parametrize("family_bundle", ["llama"], indirect=True)
+@pytest.mark.parametrize("drafter", ["ngram", "lookup", "hierarchical"])
+def test_first_two_tokens_follow_the_target_with_every_drafter(family_bundle, drafter):
+    family, target, draft, out, manifest = family_bundle
+    runs = 3000
+    cfg = SamplingConfig(1.0)
+    model = load_model(target)
+    prompt = repeating(PROMPTS[2], model, 4)  # lookup and bigrams propose the target's greedy path
+    p1, p2 = exact_first_two(model, prompt, cfg)
+    dec = SpeculativeDecoder.load(out, drafter=drafter)
+    counts = np.zeros((2, manifest.vocab_size), dtype=np.int64)
+    accepted = drafted = 0
+    for seed in range(runs):
+        res = dec.generate(prompt, max_new_tokens=4, seed=seed, ignore_eos=True, temperature=1.0)
+        counts[0, res.tokens[0]] += 1
+        counts[1, res.tokens[1]] += 1
+        accepted += res.stats.accepted_at[0] + res.stats.accepted_at[1]
+        drafted += res.stats.drafted_at[0] + res.stats.drafted_at[1]
+    assert 0.05 < accepted / drafted < 0.95, f"acceptance {accepted}/{drafted} does not exercise both paths"
+    for i, p in enumerate((p1, p2)):
+        assert counts[i][p == 0].sum() == 0, f"token {i + 1}: emitted a token the target cannot produce"
+        assert chi_square_p(counts[i], p) > P_MIN, f"{drafter} token {i + 1}: differs from the target"
+    # Power: a drafter that always kept its (deterministic) proposal would put all mass on one token.
+    assert counts[0].max() < 0.95 * runs
+
+
+# -- bundles, CLI, lenience ---------------------------------------------------------------
+
+
+def test_export_counts_the_corpus_into_the_bundle(llama_bundle):
+    from transformers import AutoTokenizer
+
+    from models import CORPUS
+
+    target, _, out = llama_bundle
+    manifest = json.loads((out / "manifest.json").read_text())
+    entry = manifest["ngram"]
+    assert entry["files"] == 1 and entry["skipped"] == 1 and (out / entry["file"]).is_file()
+    ids = AutoTokenizer.from_pretrained(target)(CORPUS, add_special_tokens=False)["input_ids"]
+    assert entry["tokens"] == len(ids)
+    want = NgramTable.count(np.array(ids), manifest["vocab_size"])
+    dec = SpeculativeDecoder.load(out, drafter="ngram")
+    assert (dec.drafter.table.successor == want.successor).all() and dec.drafter.table.top == want.top
+    dec.generate([5, 6], max_new_tokens=3)
+    assert dec.drafter.table is dec.drafter.fixed  # the corpus table, not one counted from the prompt
+
+
+def test_tampered_ngram_table_is_refused(llama_bundle, tmp_path):
+    out = tmp_path / "b"
+    shutil.copytree(llama_bundle[2], out)
+    NgramTable(np.zeros(320, dtype=np.int64), 0).save(out / "ngram.npz")
+    with pytest.raises(BundleError, match="ngram.npz"):
+        SpeculativeDecoder.load(out, drafter="ngram")
+
+
+def test_unknown_drafter_is_refused(llama_bundle):
+    with pytest.raises(ConfigError, match="drafter='beam'"):
+        SpeculativeDecoder.load(llama_bundle[2], drafter="beam")
+
+
+def test_table_drafters_allocate_no_draft_model(llama_bundle):
+    dec = SpeculativeDecoder.load(llama_bundle[2], drafter="lookup")
+    assert set(dec.models) == {"target"}
+    assert set(dec.fork(drafter="model").models) == {"target", "draft"}
+
+
+@pytest.mark.parametrize("family_bundle", ["llama"], indirect=True)  # a draft close to the target
+@pytest.mark.parametrize("lenience,temperature", [(0.2, 0.0), (0.3, 1.0)])
+def test_lenience_is_labelled_and_accepts_more(family_bundle, lenience, temperature):
+    dec = SpeculativeDecoder.load(family_bundle[3])
+    exact = lenient = 0
+    for seed in range(20):
+        kw = dict(max_new_tokens=40, ignore_eos=True, temperature=temperature, seed=seed)
+        exact += dec.generate(PROMPTS[0], **kw).stats.accepted
+        res = dec.generate(PROMPTS[0], lenience=lenience, **kw)
+        lenient += res.stats.accepted
+    assert lenient > exact
+    assert not res.stats.as_dict()["exact"] and "NOT distributed as the target's" in res.stats.line()
+    assert "LENIENCE" not in dec.generate(PROMPTS[0], max_new_tokens=4).stats.line()
+
+
+@pytest.mark.parametrize("bad", [0.0, 1.5, "x"])
+def test_bad_lenience_is_refused(llama_bundle, bad):
+    with pytest.raises(ConfigError, match="lenience"):
+        SpeculativeDecoder.load(llama_bundle[2]).request([1, 2], lenience=bad)
+
+
+def test_generate_cli_drafters_and_lenience(llama_bundle):
+    from test_cli import run
+
+    out = str(llama_bundle[2])
+    ref = json.loads(run("generate", out, "--prompt-ids", "5,6,7,5,6", "--max-new-tokens", "24", "--gamma", "0", "--ignore-eos", "--json").stdout)
+    for drafter in DRAFTERS:
+        for gamma in ("4", "auto"):
+            res = run("generate", out, "--prompt-ids", "5,6,7,5,6", "--max-new-tokens", "24", "--drafter", drafter, "--gamma", gamma,
+                      "--ignore-eos", "--json", "--lookup-ngram", "2")
+            assert res.returncode == 0, res.stderr
+            got = json.loads(res.stdout)
+            assert got["tokens"] == ref["tokens"] and got["stats"]["drafter"].startswith(drafter if drafter != "hierarchical" else "hier")
+    res = run("generate", out, "--prompt", "def", "--max-new-tokens", "8", "--lenience", "0.5")
+    assert res.returncode == 0 and "LENIENCE 0.5" in res.stderr
+    for args, msg in ((["--drafter", "beam"], "beam"), (["--gamma", "many"], "--gamma 'many'"), (["--lenience", "2"], "lenience=2.0"),
+                      (["--lookup-ngram", "0"], "lookup n-gram sizes")):
+        res = run("generate", out, "--prompt", "def", *args)
+        assert res.returncode == 2 and msg in res.stderr and "Traceback" not in res.stderr, res.stderr
