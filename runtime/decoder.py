@@ -103,6 +103,7 @@ class SpeculativeDecoder:
         self.drafter = make_drafter(drafter, self.models.get("draft"), bundle, m)
         self.seq = np.zeros((m.max_seq_len,), dtype=np.int64)  # [MAX] committed + proposed tokens
         self.q = np.zeros((m.gamma, m.vocab_size), dtype=np.float64)  # [γ, V] draft rows as sampled
+        self._policies: dict[tuple, AdaptiveGamma] = {}  # gamma="auto": one per (sampling, lenience), kept across requests
         self._lock = threading.Lock()
         self._owner: int | None = None
 
@@ -233,7 +234,7 @@ class SpeculativeDecoder:
         seq, q, cfg = self.seq, self.q, req.sampling
         rng = np.random.default_rng(req.seed)
         clock = time.perf_counter
-        adaptive = AdaptiveGamma(req.gamma) if req.adaptive else None
+        adaptive = self._policies.setdefault((cfg, req.lenience), AdaptiveGamma(req.gamma)) if req.adaptive else None
 
         target.cache.reset()
         L = len(req.prompt)  # committed tokens

@@ -14,7 +14,7 @@ Speculative sampling is exact for any q that truly is the distribution each toke
 from, so every drafter here keeps the target's output distribution:
 
 - ``ModelDrafter``: the bundle's draft model (sampled from its standardized rows).
-- ``NgramDrafter``: a bigram (or unigram) table, the most frequent successor; table lookups,
+- ``NgramDrafter``: a bigram ("ngram") or unigram ("unigram") table, the most frequent successor; table lookups,
   c ≈ 0 (paper §3.6, Table 3). The table comes from the bundle (``specdec-export
   --ngram-corpus``) or, without one, from each request's prompt.
 - ``LookupDrafter``: prompt lookup, copying what followed the latest earlier occurrence of
@@ -37,7 +37,7 @@ from specdec.errors import BundleError, ConfigError
 from specdec.runtime.sampling import SamplingConfig, sample, standardize
 from specdec.runtime.speculative import verify, verify_greedy
 
-DRAFTERS = ("model", "ngram", "lookup", "hierarchical")
+DRAFTERS = ("model", "ngram", "unigram", "lookup", "hierarchical")
 
 
 class Drafter(Protocol):
@@ -173,13 +173,13 @@ class NgramDrafter:
     A corpus table (from the bundle) is used as is; without one, each request counts its
     prompt and then every token it commits."""
 
-    name = "ngram"
     free = True
 
     def __init__(self, vocab: int, table: NgramTable | None = None, order: int = 2):
         if order not in (1, 2):
             raise ConfigError(f"n-gram order {order!r}: expected 1 (unigram) or 2 (bigram)")
         self.vocab, self.fixed, self.order = vocab, table, order
+        self.name = "ngram" if order == 2 else "unigram"
         self.table = table
         self.counts: BigramCounts | None = None
         self.seq: np.ndarray | None = None
@@ -319,4 +319,4 @@ def make_drafter(spec, draft_model, bundle: Path, manifest) -> Drafter:
         return ModelDrafter(draft_model, inner=LookupDrafter())
     if spec == "lookup":
         return LookupDrafter()
-    return NgramDrafter(manifest.vocab_size, bundle_table(bundle, manifest))
+    return NgramDrafter(manifest.vocab_size, bundle_table(bundle, manifest), order=1 if spec == "unigram" else 2)

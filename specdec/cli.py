@@ -89,6 +89,8 @@ def summary(out: Path, m, size: int) -> str:
     quant = f"  quantization {m.quantization}" if m.quantization else ""
     lines.append(f"  gamma {m.gamma} (K={m.k})  max-seq-len {m.max_seq_len}  vocab {m.vocab_size}  dtype {m.dtype}{quant}")
     lines.append(f"  eos {list(m.eos_token_ids)}  bos {m.bos_token_id}  tokenizer {'yes' if m.tokenizer else 'no'}")
+    if m.ngram:
+        lines.append(f"  n-gram table {m.ngram['file']}: {m.ngram['tokens']} tokens from {m.ngram['files']} files of {m.ngram['corpus']}")
     for name, g in m.graphs.items():
         tokens = "dynamic" if g.tokens is None else g.tokens
         files = sum((out / f).stat().st_size for f in (g.file, *g.data))
@@ -132,7 +134,7 @@ def inspect_cmd(bundle: Path, as_json: bool) -> None:
 @click.option("--top-p", default=None, type=float, help="Nucleus mass in (0, 1] (unset = off).")
 @click.option("--seed", default=None, type=int, help="Makes sampling reproducible.")
 @click.option("--gamma", default=None, help="Draft tokens per target call, 0..bundle gamma [default: the bundle's]; 0 = no draft; auto = chosen each step from the measured acceptance and cost.")
-@click.option("--drafter", default="model", show_default=True, type=click.Choice(list(DRAFTERS)), help="What proposes tokens: the draft model, a bigram table, prompt lookup, or the draft model sped up by prompt lookup.")
+@click.option("--drafter", default="model", show_default=True, type=click.Choice(list(DRAFTERS)), help="What proposes tokens: the draft model, a bigram or unigram table, prompt lookup, or the draft model sped up by prompt lookup.")
 @click.option("--lookup-ngram", default=3, show_default=True, type=int, help="Prompt lookup: longest suffix n-gram matched (down to 1).")
 @click.option("--lookup-max-tokens", default=None, type=int, help="Prompt lookup: most tokens copied per call [default: gamma].")
 @click.option("--lenience", default=1.0, show_default=True, type=float, help="1 = exact. Below 1 accepts more drafts and CHANGES the output distribution (no token above p/lenience; paper App. A.5).")
@@ -175,7 +177,7 @@ def generate_cmd(bundle: Path, prompt: str | None, prompt_ids: str | None, provi
 @cli.command("bench")
 @click.argument("bundle", type=click.Path(path_type=Path))
 @click.option("--gammas", default=None, help="Comma-separated γ to run [default: 0..the bundle's γ]; 0 is always added.")
-@click.option("--drafters", default="model", show_default=True, help=f"Comma-separated drafters to compare: {', '.join(DRAFTERS)}.")
+@click.option("--drafters", "--drafter", "drafters", default="model", show_default=True, help=f"Comma-separated drafters to compare: {', '.join(DRAFTERS)}.")
 @click.option("--adaptive", is_flag=True, help="Also run each drafter with adaptive γ (gamma=auto).")
 @click.option("--temperatures", default="0,1", show_default=True, help="Comma-separated sampling temperatures.")
 @click.option("--prompts", "n_prompts", default=4, show_default=True, type=int, help="Prompts, from held-out stdlib files.")

@@ -4,6 +4,9 @@
 For ONE pair of Hugging Face Llama checkpoints (folders with config.json, float16/float32
 safetensors and tokenizer files) this measures end-to-end decoding speed of:
 
+* ``specdec`` (with ``--bundle``, a bundle exported from the same pair) specdec's own runtime in
+              the same interleaved run: autoregressive, draft model at γ = K, adaptive γ, prompt
+              lookup, n-gram table and hierarchical drafters (``SpecdecPeer``).
 * ``hf``      transformers ``generate`` on PyTorch CPU: the target alone (autoregressive) and
               assisted generation (``assistant_model=draft``; with sampling, transformers uses
               speculative sampling).
@@ -54,8 +57,8 @@ request so that the order of requests does not matter. Build outputs are cached 
 
 Reproduce (writes .bench/peers/results.json and results.md, prints the table)::
 
-    python tools/bench_peers.py --target DIR --draft DIR [--prompts 4] [--prompt-tokens 64] \
-        [--tokens 128] [--rounds 2] [--threads 2] [--only hf,optimum,genai] \
+    python tools/bench_peers.py --target DIR --draft DIR [--bundle BUNDLE] [--prompts 4] [--prompt-tokens 64] \
+        [--tokens 128] [--rounds 2] [--threads 2] [--only specdec,hf,optimum,genai] \
         [--draft-tokens K] [--ngram-size 3]
     specdec bench BUNDLE --prompts 4 --prompt-tokens 64 --tokens 128 --rounds 2 --threads 2
 
@@ -82,7 +85,7 @@ REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / ".bench" / "peers"
 VENV_ROOT = REPO / ".bench"  # genai_baseline.ensure_venv puts genai-venv/ here
 VENV_PYTHON = VENV_ROOT / "genai-venv" / "bin" / "python"
-PEERS = ("hf", "optimum", "genai")
+PEERS = ("specdec", "hf", "optimum", "genai")
 WARMUP_TOKENS = 8
 GENAI_DEFAULT_K = 4
 
@@ -276,6 +279,41 @@ class OptimumPeer:
         pass
 
 
+# --------------------------------------------------------------------------- specdec itself
+
+
+class SpecdecPeer:
+    """specdec's own runtime on a bundle exported from the same pair, in the same interleaved run:
+    autoregressive (γ = 0), the draft model at γ = K, adaptive γ, prompt lookup, n-gram table,
+    hierarchical (draft model + prompt lookup). K = ``--draft-tokens`` or the bundle's γ."""
+
+    name = "specdec"
+    modes = ("autoregressive", "draft-model", "draft-model-adaptive", "prompt-lookup", "ngram", "hierarchical")
+    DRAFTER = {"draft-model": "model", "draft-model-adaptive": "model", "prompt-lookup": "lookup", "ngram": "ngram", "hierarchical": "hierarchical"}
+
+    def __init__(self, bundle: Path, threads: int, draft_tokens: int | None) -> None:
+        from specdec.runtime.decoder import SpeculativeDecoder
+
+        base = SpeculativeDecoder.load(bundle, threads=threads)
+        self.decoders = {d: base.fork(drafter=d) for d in set(self.DRAFTER.values())}
+        self.decoders["model"] = base
+        self.k = draft_tokens or base.manifest.gamma
+        if self.k > base.manifest.gamma:
+            raise ModeUnavailable(f"--draft-tokens {self.k} exceeds the bundle's gamma {base.manifest.gamma}")
+        self.settings = {"bundle": str(bundle), "gamma": self.k, "ort_intra_op_threads": threads}
+
+    def decode(self, mode: str, temperature: float, prompt: list[int], tokens: int, seed: int) -> Sample:
+        gamma = 0 if mode == "autoregressive" else "auto" if mode.endswith("adaptive") else self.k
+        dec = self.decoders[self.DRAFTER.get(mode, "model")]
+        res = dec.generate(prompt, max_new_tokens=tokens, gamma=gamma, temperature=temperature, seed=seed, ignore_eos=True)
+        s = res.stats
+        stats = {"target_passes": s.target_calls + 1, "draft_tokens_accepted": s.accepted, "draft_tokens_evaluated": s.drafted}
+        return Sample(s.total_seconds - s.prefill_seconds, s.new_tokens, s.new_tokens, stats if gamma != 0 else {"target_passes": s.target_calls + 1}, res.tokens)
+
+    def close(self) -> None:
+        pass
+
+
 # --------------------------------------------------------------------------- onnxruntime-genai
 
 
@@ -436,7 +474,7 @@ def genai_worker(spec: dict) -> int:
 
 # --------------------------------------------------------------------------- the benchmark
 
-PEER_CLASSES = {"hf": HFPeer, "optimum": OptimumPeer, "genai": GenaiPeer}
+PEER_CLASSES = {"specdec": SpecdecPeer, "hf": HFPeer, "optimum": OptimumPeer, "genai": GenaiPeer}
 
 
 def prompts_for(target: Path, count: int, length: int) -> list[list[int]]:
@@ -460,6 +498,7 @@ Key = tuple[str, str, float]  # (peer, mode, T)
 def start_peers(args) -> tuple[list, dict[Key, str]]:
     """The requested peers; a peer that cannot start is recorded (with why) instead."""
     makers = {
+        "specdec": lambda: SpecdecPeer(args.bundle, args.threads, args.draft_tokens),
         "hf": lambda: HFPeer(args.target, args.draft, args.threads, args.draft_tokens),
         "optimum": lambda: OptimumPeer(args.target, args.threads),
         "genai": lambda: GenaiPeer(args.target, args.draft, args.threads, args.draft_tokens, args.ngram_size),
@@ -618,6 +657,7 @@ def parse_args(argv: list[str] | None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", type=Path, required=True, help="HF checkpoint folder of the target")
     ap.add_argument("--draft", type=Path, required=True, help="HF checkpoint folder of the draft (same tokenizer)")
+    ap.add_argument("--bundle", type=Path, default=None, help="specdec bundle exported from --target/--draft (specdec's rows)")
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--prompt-tokens", type=int, default=64)
     ap.add_argument("--tokens", type=int, default=128, help="new tokens per request (EOS ignored)")
@@ -631,6 +671,8 @@ def parse_args(argv: list[str] | None):
     ap.add_argument("--out", type=Path, default=OUT, help="where results.json/results.md go")
     args = ap.parse_args(argv)
     args.only = [p.strip() for p in args.only.split(",") if p.strip()]
+    if "specdec" in args.only and args.bundle is None:
+        args.only.remove("specdec")
     bad = [p for p in args.only if p not in PEERS]
     if bad:
         ap.error(f"--only: unknown peer(s) {bad}; choose from {PEERS}")

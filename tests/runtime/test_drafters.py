@@ -136,6 +136,10 @@ def test_adaptive_gamma_greedy_matches(family_bundle):
     ref = torch_greedy(model, PROMPTS[0], 120)
     res = dec.generate(PROMPTS[0], max_new_tokens=120, gamma="auto", ignore_eos=True)
     assert res.tokens == ref and res.stats.adaptive
+    (policy,) = dec._policies.values()  # kept for the next request at this sampling setting
+    assert policy.draft_call > 0 and not dec.fork()._policies
+    again = dec.generate(PROMPTS[0], max_new_tokens=120, gamma="auto", ignore_eos=True, temperature=0.0)
+    assert again.tokens == ref and len(dec._policies) == 1
 
 
 def feed(policy: AdaptiveGamma, alpha: float, draft: float, line: tuple[float, float], rng, steps: int = 300) -> list[int]:
