@@ -140,7 +140,7 @@ def inspect_cmd(bundle: Path, as_json: bool) -> None:
 @click.option("--lenience", default=1.0, show_default=True, type=float, help="1 = exact. Below 1 accepts more drafts and CHANGES the output distribution (no token above p/lenience; paper App. A.5).")
 @click.option("--ignore-eos", is_flag=True, help="Keep going past end-of-sequence tokens.")
 @click.option("--provider", default="cpu", show_default=True, type=click.Choice(["cpu", "cuda", "tensorrt"]))
-@click.option("--threads", default=None, type=int, help="ONNX Runtime intra-op threads [default: ORT's].")
+@click.option("--threads", default=None, type=int, help="ONNX Runtime threads, one pool shared by both models [default: one per core].")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with tokens, text and stats.")
 def generate_cmd(bundle: Path, prompt: str | None, prompt_ids: str | None, provider: str, threads: int | None, as_json: bool,
                  drafter: str, lookup_ngram: int, lookup_max_tokens: int | None, gamma: str | None, **kw) -> None:
@@ -160,6 +160,7 @@ def generate_cmd(bundle: Path, prompt: str | None, prompt_ids: str | None, provi
         raise InputError(f"--threads {threads}: expected an integer >= 1")
     lookup = LookupDrafter(max_ngram=lookup_ngram, max_tokens=lookup_max_tokens)  # checked whatever the drafter
     spec = lookup if drafter == "lookup" else drafter
+    _share_threads(threads)
     dec = SpeculativeDecoder.load(bundle, provider=provider, threads=threads, drafter=spec)
     stream = dec.stream(prompt, gamma=_gamma(gamma), **kw)
     for piece in stream:
@@ -184,7 +185,7 @@ def generate_cmd(bundle: Path, prompt: str | None, prompt_ids: str | None, provi
 @click.option("--prompt-tokens", default=64, show_default=True, type=int)
 @click.option("--tokens", default=128, show_default=True, type=int, help="New tokens per request.")
 @click.option("--rounds", default=2, show_default=True, type=int)
-@click.option("--threads", default=None, type=int, help="ONNX Runtime intra-op threads [default: ORT's].")
+@click.option("--threads", default=None, type=int, help="ONNX Runtime threads, one pool shared by both models [default: one per core].")
 @click.option("--out", default=None, type=click.Path(file_okay=False, path_type=Path), help="Write results.md, results.json and bench.png here.")
 def bench_cmd(bundle: Path, gammas: str | None, drafters: str, adaptive: bool, temperatures: str, n_prompts: int, prompt_tokens: int,
               tokens: int, rounds: int, threads: int | None, out: Path | None) -> None:
@@ -200,6 +201,7 @@ def bench_cmd(bundle: Path, gammas: str | None, drafters: str, adaptive: bool, t
     for d in names or [drafters]:
         if d not in DRAFTERS:
             raise ConfigError(f"--drafters {drafters!r}: {d!r} is not one of {', '.join(DRAFTERS)}")
+    _share_threads(threads)
     dec = SpeculativeDecoder.load(bundle, threads=threads, drafter=names[0])
     if dec.codec is None:
         raise InputError(f"bundle {bundle} has no tokenizer; specdec bench draws its prompts from text")
@@ -236,6 +238,16 @@ def bench_cmd(bundle: Path, gammas: str | None, drafters: str, adaptive: bool, t
             click.echo("plots need matplotlib: pip install 'specdec[bench]'", err=True)
 
 
+def _share_threads(threads: int | None) -> None:
+    """The CLI owns its process: one ORT thread pool shared by the draft and target sessions."""
+    from specdec.engines.ort import share_threads
+    from specdec.errors import InputError
+
+    if threads is not None and threads < 1:
+        raise InputError(f"--threads {threads}: expected an integer >= 1")
+    share_threads(threads)
+
+
 def _gamma(text: str | None) -> int | str | None:
     """--gamma: an integer, "auto", or unset."""
     from specdec.errors import ConfigError
@@ -263,7 +275,7 @@ def _numbers(option: str, text: str, kind: type) -> list:
 @click.option("--max-new-tokens", default=96, show_default=True, type=int)
 @click.option("--temperature", default=0.0, show_default=True, type=float, help="0 = greedy.")
 @click.option("--seed", default=0, show_default=True, type=int)
-@click.option("--threads", default=None, type=int, help="ONNX Runtime intra-op threads [default: ORT's].")
+@click.option("--threads", default=None, type=int, help="ONNX Runtime threads, one pool shared by both models [default: one per core].")
 def demo_cmd(models: Path | None, prompt: str | None, max_new_tokens: int, temperature: float, seed: int, threads: int | None) -> None:
     """Complete code with the embedded demo pair; compare with autoregressive decoding in the same run."""
     from specdec import demo
@@ -274,6 +286,7 @@ def demo_cmd(models: Path | None, prompt: str | None, max_new_tokens: int, tempe
     bundle, made = _with_progress("exporting the demo pair (first run only)", lambda report: demo.bundle_for(models, report))
     if made:
         click.echo(f"exported the demo bundle to {bundle}", err=True)
+    _share_threads(threads)
     dec = SpeculativeDecoder.load(bundle, threads=threads)
     prompt = demo.PROMPT if prompt is None else prompt
     kw = dict(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)

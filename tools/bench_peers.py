@@ -292,8 +292,10 @@ class SpecdecPeer:
     DRAFTER = {"draft-model": "model", "draft-model-adaptive": "model", "prompt-lookup": "lookup", "ngram": "ngram", "hierarchical": "hierarchical"}
 
     def __init__(self, bundle: Path, threads: int, draft_tokens: int | None) -> None:
+        from specdec.engines.ort import share_threads
         from specdec.runtime.decoder import SpeculativeDecoder
 
+        share_threads(threads)  # as the specdec CLI does; this peer starts before any other ORT session
         base = SpeculativeDecoder.load(bundle, threads=threads)
         self.decoders = {d: base.fork(drafter=d) for d in set(self.DRAFTER.values())}
         self.decoders["model"] = base

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import threading
 import tracemalloc
@@ -342,3 +343,28 @@ print("ok")
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def test_share_threads_runs_both_models_on_one_pool(llama_bundle):
+    """Without it every session has its own pool (a worker each); with it the process gains one pool."""
+    code = (
+        "import os, sys\n"
+        "from specdec.engines.ort import share_threads\n"
+        "from specdec.runtime import SpeculativeDecoder\n"
+        "before = len(os.listdir('/proc/self/task'))\n"
+        "if sys.argv[1] == 'shared': share_threads(2)\n"
+        "dec = SpeculativeDecoder.load(sys.argv[2], threads=2)\n"
+        "dec.generate([5, 6, 7], max_new_tokens=8)\n"
+        "print(len(os.listdir('/proc/self/task')) - before)\n"
+    )
+    import subprocess
+    import sys
+
+    if not os.path.isdir("/proc/self/task"):
+        pytest.skip("needs /proc to count threads")
+    grown = {}
+    for mode in ("own", "shared"):
+        res = subprocess.run([sys.executable, "-c", code, mode, str(llama_bundle[2])], capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0, res.stderr
+        grown[mode] = int(res.stdout.split()[-1])
+    assert grown["own"] >= 4 and grown["shared"] <= 2, grown  # four sessions: four workers vs one pool worker
