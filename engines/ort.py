@@ -39,8 +39,10 @@ def share_threads(threads: int | None = None) -> None:
     op; one shared pool may spin, because only one session runs at a time. Measured on this
     2-core CPU (demo pair, 4 prompts x 2 rounds): autoregressive 338-463 vs 272-295 tok/s,
     γ = 5 607-947 vs 564-644 tok/s. Sessions created before the call keep their own pools
-    (checked: the process gains one pool worker, not one per session). It changes process-wide
-    state, which is why a library user opts in; the CLI does, for its own process. ``threads``:
+    (checked: the process gains one pool worker, not one per session), but afterwards ONNX
+    Runtime refuses to create any session with a pool of its own (``use_per_session_threads
+    must be false``), also other libraries' (optimum's, for one). That is why a library user
+    opts in; the CLI does, for its own process. ``threads``:
     pool size (None: ORT's default, one per core); the first call fixes it, and the ``threads``
     argument of later sessions is then ignored.
     """

@@ -3,9 +3,11 @@
 - α: decayed counts of accepted and rejected draft tokens. With i.i.d. acceptances a verify
   call that drafted k tokens and kept n shows n successes and, when n < k, one failure, so
   successes / (successes + failures) is the maximum-likelihood estimate.
-- Costs: a decayed mean time per draft call, and a decayed least-squares line for the target
-  call's time against the tokens it verifies, t(k) = a + b·k (on a CPU a verify call costs
-  more than a 1-token step: the paper's v > 1; a plain step is t(0) = a).
+- Costs: a decayed mean time per draft call, and per k a decayed mean time of a target call
+  that verifies k tokens, t(k) (on a CPU a verify call costs more than a 1-token step: the
+  paper's v > 1; a plain step is t(0)). For a k not seen yet, t(k) comes from a decayed
+  least-squares line a + b·k through every call. The times are not linear in k (the static K
+  graph and the dynamic one differ, and caches), so measured values win where there are any.
 - γ maximizes expected tokens per second, E[tokens](α, γ) / (γ·t_draft + t(γ)) (Theorem 3.8 in
   seconds), against 1 / t(0) for plain decoding; γ = 0 when speculation cannot pay (α <= c).
   A γ of 0 is re-probed with γ = 1 every ``probe_every`` iterations, so decoding can recover
@@ -22,7 +24,13 @@ so the cost line has two points.
 
 from __future__ import annotations
 
+import math
+
 from specdec.runtime.analysis import expected_tokens
+
+# Timing noise is one-sided (a preempted call is slow, none is fast): a sample above SPIKE x the
+# running mean counts as SPIKE x the mean, so one interrupted call cannot swing γ.
+SPIKE = 1.5
 
 
 class AdaptiveGamma:
@@ -35,6 +43,7 @@ class AdaptiveGamma:
         self.successes, self.failures = 1.0, 1.0  # a weak prior: α̂ = 0.5
         self.draft_call: float | None = None  # seconds per draft call, decayed mean
         self.fit = [0.0] * 5  # decayed sums of w, k, k², t, k·t for t(k) = a + b·k
+        self.times = [math.nan] * (max_gamma + 1)  # decayed mean seconds of a call verifying k tokens
         self.plain_run = 0
 
     @property
@@ -42,7 +51,10 @@ class AdaptiveGamma:
         return self.successes / (self.successes + self.failures)
 
     def target_time(self, k: int) -> float:
-        """t(k) from the fitted line; flat until two different k have been seen."""
+        """t(k): measured when a call of k tokens was seen, else from the line (flat until two
+        different k have been seen)."""
+        if not math.isnan(self.times[k]):
+            return self.times[k]
         w, sk, skk, st, skt = self.fit
         var = w * skk - sk * sk
         b = max((w * skt - sk * st) / var, 0.0) if var > 1e-12 * max(w * skk, 1e-30) else 0.0
@@ -62,12 +74,14 @@ class AdaptiveGamma:
         """One iteration: ``drafted`` proposed (0: a plain step), ``accepted`` kept, and the time each side took."""
         d = self.decay
         self.fit = [d * s + x for s, x in zip(self.fit, (1.0, drafted, drafted * drafted, target_seconds, drafted * target_seconds))]
+        old = self.times[drafted]
+        self.times[drafted] = target_seconds if math.isnan(old) else 0.8 * old + 0.2 * min(target_seconds, SPIKE * old)
         if drafted:
             self.successes = d * self.successes + accepted
             self.failures = d * self.failures + (accepted < drafted)
             if draft_calls:
                 per = draft_seconds / draft_calls
-                self.draft_call = per if self.draft_call is None else d * self.draft_call + (1 - d) * per
+                self.draft_call = per if self.draft_call is None else d * self.draft_call + (1 - d) * min(per, SPIKE * self.draft_call)
         if self.draft_call is None:
             return
         alpha = min(self.alpha, 1 - 1e-9)

@@ -200,7 +200,7 @@ class SpeculativeDecoder:
 
     def generate(self, prompt: str | Sequence[int], **kwargs) -> GenerationResult:
         """Decode a whole request; arguments as ``request``."""
-        stream = self.stream(prompt, **kwargs)
+        stream = Stream(self, self.request(prompt, **kwargs), incremental_text=False)  # text decoded once, at the end
         for _ in stream:
             pass
         return stream.result
@@ -313,7 +313,7 @@ class Stream:
     the last reference goes), and ``close()`` does it explicitly.
     """
 
-    def __init__(self, decoder: SpeculativeDecoder, req: Request):
+    def __init__(self, decoder: SpeculativeDecoder, req: Request, incremental_text: bool = True):
         self.decoder, self.request = decoder, req
         self.tokens: list[int] = []
         self.stats = Stats(
@@ -322,7 +322,7 @@ class Stream:
         )
         # The generator must not reference this object, or the two would form a cycle that
         # only the garbage collector frees, holding the decoder's lock until then.
-        self._gen = _pieces(decoder, req, self.tokens, self.stats)
+        self._gen = _pieces(decoder, req, self.tokens, self.stats, incremental_text)
 
     def __iter__(self) -> Stream:
         return self
@@ -340,9 +340,10 @@ class Stream:
         return GenerationResult(list(self.tokens), codec.decode(self.tokens) if codec else None, self.stats)
 
 
-def _pieces(dec: SpeculativeDecoder, req: Request, tokens: list[int], stats: Stats) -> Iterator[Piece]:
-    """Run ``req`` on ``dec`` under its lock, appending to ``tokens`` and filling ``stats``."""
-    detok = Detokenizer(dec.codec) if dec.codec else None
+def _pieces(dec: SpeculativeDecoder, req: Request, tokens: list[int], stats: Stats, text: bool = True) -> Iterator[Piece]:
+    """Run ``req`` on ``dec`` under its lock, appending to ``tokens`` and filling ``stats``
+    (with ``text``, each piece also carries its text delta)."""
+    detok = Detokenizer(dec.codec) if dec.codec and text else None
     dec._acquire()
     start = time.perf_counter()
     try:

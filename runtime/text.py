@@ -37,22 +37,30 @@ class TextCodec:
 
 
 class Detokenizer:
-    """Turns a growing token list into text deltas, holding back an incomplete character."""
+    """Turns a growing token list into text deltas, holding back an incomplete character.
+
+    Each push decodes only a short window: the tokens since the last emitted delta plus the
+    ones just before them (so byte-level merges and leading spaces decode as in the full text),
+    not the whole list: O(new tokens) per push, not O(all tokens).
+    """
 
     def __init__(self, codec: TextCodec):
         self.codec = codec
         self.ids: list[int] = []
-        self.sent = 0  # characters already returned
+        self.prefix = 0  # window start: tokens before it are settled
+        self.read = 0  # tokens up to here have been returned as text
 
     def push(self, tokens: list[int]) -> str:
         self.ids += tokens
-        text = self.codec.decode(self.ids)
-        if text.endswith(REPLACEMENT):
-            return ""  # wait for the rest of the character
-        delta, self.sent = text[self.sent :], len(text)
-        return delta
+        before = self.codec.decode(self.ids[self.prefix : self.read])
+        text = self.codec.decode(self.ids[self.prefix :])
+        if len(text) <= len(before) or text.endswith(REPLACEMENT):
+            return ""  # nothing new yet, or wait for the rest of the character
+        self.prefix, self.read = self.read, len(self.ids)
+        return text[len(before) :]
 
     def flush(self) -> str:
-        text = self.codec.decode(self.ids)
-        delta, self.sent = text[self.sent :], len(text)
-        return delta
+        before = self.codec.decode(self.ids[self.prefix : self.read])
+        text = self.codec.decode(self.ids[self.prefix :])
+        self.prefix = self.read = len(self.ids)
+        return text[len(before) :]

@@ -58,7 +58,7 @@ request so that the order of requests does not matter. Build outputs are cached 
 Reproduce (writes .bench/peers/results.json and results.md, prints the table)::
 
     python tools/bench_peers.py --target DIR --draft DIR [--bundle BUNDLE] [--prompts 4] [--prompt-tokens 64] \
-        [--tokens 128] [--rounds 2] [--threads 2] [--only specdec,hf,optimum,genai] \
+        [--tokens 128] [--rounds 2] [--threads 2] [--only hf,optimum,genai,specdec] \
         [--draft-tokens K] [--ngram-size 3]
     specdec bench BUNDLE --prompts 4 --prompt-tokens 64 --tokens 128 --rounds 2 --threads 2
 
@@ -85,7 +85,7 @@ REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / ".bench" / "peers"
 VENV_ROOT = REPO / ".bench"  # genai_baseline.ensure_venv puts genai-venv/ here
 VENV_PYTHON = VENV_ROOT / "genai-venv" / "bin" / "python"
-PEERS = ("specdec", "hf", "optimum", "genai")
+PEERS = ("hf", "optimum", "genai", "specdec")  # specdec last: its shared ORT pool forbids later per-session pools
 WARMUP_TOKENS = 8
 GENAI_DEFAULT_K = 4
 
@@ -295,7 +295,7 @@ class SpecdecPeer:
         from specdec.engines.ort import share_threads
         from specdec.runtime.decoder import SpeculativeDecoder
 
-        share_threads(threads)  # as the specdec CLI does; this peer starts before any other ORT session
+        share_threads(threads)  # as the specdec CLI does; started last, since ORT then refuses per-session pools
         base = SpeculativeDecoder.load(bundle, threads=threads)
         self.decoders = {d: base.fork(drafter=d) for d in set(self.DRAFTER.values())}
         self.decoders["model"] = base
@@ -673,6 +673,7 @@ def parse_args(argv: list[str] | None):
     ap.add_argument("--out", type=Path, default=OUT, help="where results.json/results.md go")
     args = ap.parse_args(argv)
     args.only = [p.strip() for p in args.only.split(",") if p.strip()]
+    args.only = sorted(dict.fromkeys(args.only), key=lambda p: PEERS.index(p) if p in PEERS else -1)  # specdec starts last
     if "specdec" in args.only and args.bundle is None:
         args.only.remove("specdec")
     bad = [p for p in args.only if p not in PEERS]
