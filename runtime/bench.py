@@ -222,7 +222,7 @@ def plot(results: dict[str, list[Row]], path: Path) -> None:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     a.axhline(1.0, color="grey", lw=0.8)
     a.set(xlabel="γ (draft tokens per target call)", ylabel="speedup over γ = 0", title="Walltime improvement")
-    b.set(xlabel="draft position i", ylabel="P(accepted | reached)", title="Acceptance per draft position", ylim=(0, 1.05))
+    b.set(xlabel="draft position i", ylabel="P(drafts 1..i all accepted)", title="Acceptance by draft position", ylim=(0, 1.05))
     a.legend(fontsize=8)
     b.legend(fontsize=8)
     fig.tight_layout()

@@ -50,7 +50,8 @@ class Stats:
 
     @property
     def per_position_acceptance(self) -> list[float | None]:
-        """P(draft token i accepted | it was verified), i = 1..γ."""
+        """Per position i = 1..γ: of the verify calls that drafted a token i, the share that kept
+        it (which needs tokens 1..i-1 kept too): P(first i drafts all accepted)."""
         return [a / d if d else None for a, d in zip(self.accepted_at, self.drafted_at)]
 
     @property
