@@ -18,8 +18,10 @@ The decoder keeps one policy per sampling setting and carries it from request to
 long memory (``decay`` 0.99 per iteration, about a hundred iterations) keeps one request's
 first noisy iterations from driving γ. Measured on the demo pair, per-request estimates with a
 short memory (decay 0.9) lost 10-25% to the best fixed γ: α̂ from a few short calls is noisy
-and the choice then sticks at small γ. A fresh policy opens with the bundle's γ and then γ = 1,
-so the cost line has two points.
+and the choice then sticks at small γ. The first call of each k (and the first draft call) is
+not timed: the first run of a graph is cold (measured: a first static verify call took 3.9x a
+warm one, and that one sample kept the policy at γ = 1 for two requests). A fresh policy opens
+with the bundle's γ, γ = 1, and both again, so the cost line has two timed points.
 """
 
 from __future__ import annotations
@@ -38,12 +40,14 @@ class AdaptiveGamma:
 
     def __init__(self, max_gamma: int, decay: float = 0.99, probe_every: int = 8):
         self.max_gamma, self.decay, self.probe_every = max_gamma, decay, probe_every
-        self.plan = [max_gamma, 1] if max_gamma > 1 else [max_gamma]  # the opening moves
+        self.plan = [max_gamma, 1] * 2 if max_gamma > 1 else [max_gamma] * 2  # the opening moves
         self.gamma = max_gamma
         self.successes, self.failures = 1.0, 1.0  # a weak prior: α̂ = 0.5
         self.draft_call: float | None = None  # seconds per draft call, decayed mean
         self.fit = [0.0] * 5  # decayed sums of w, k, k², t, k·t for t(k) = a + b·k
         self.times = [math.nan] * (max_gamma + 1)  # decayed mean seconds of a call verifying k tokens
+        self.calls = [0] * (max_gamma + 1)  # target calls seen per k
+        self.draft_seen = False
         self.plain_run = 0
 
     @property
@@ -73,16 +77,20 @@ class AdaptiveGamma:
     def update(self, drafted: int, accepted: int, draft_calls: int, draft_seconds: float, target_seconds: float) -> None:
         """One iteration: ``drafted`` proposed (0: a plain step), ``accepted`` kept, and the time each side took."""
         d = self.decay
-        self.fit = [d * s + x for s, x in zip(self.fit, (1.0, drafted, drafted * drafted, target_seconds, drafted * target_seconds))]
-        old = self.times[drafted]
-        self.times[drafted] = target_seconds if math.isnan(old) else 0.8 * old + 0.2 * min(target_seconds, SPIKE * old)
+        self.calls[drafted] += 1
+        if self.calls[drafted] > 1:  # the first call of a graph is cold (measured: up to 3.9x a warm one)
+            self.fit = [d * s + x for s, x in zip(self.fit, (1.0, drafted, drafted * drafted, target_seconds, drafted * target_seconds))]
+            old = self.times[drafted]
+            self.times[drafted] = target_seconds if math.isnan(old) else 0.8 * old + 0.2 * min(target_seconds, SPIKE * old)
         if drafted:
             self.successes = d * self.successes + accepted
             self.failures = d * self.failures + (accepted < drafted)
-            if draft_calls:
+            if draft_calls and not self.draft_seen:
+                self.draft_seen = True  # skip the first, cold, draft calls too
+            elif draft_calls:
                 per = draft_seconds / draft_calls
                 self.draft_call = per if self.draft_call is None else d * self.draft_call + (1 - d) * min(per, SPIKE * self.draft_call)
-        if self.draft_call is None:
+        if self.draft_call is None or self.fit[0] == 0:
             return
         alpha = min(self.alpha, 1 - 1e-9)
         best, rate = 0, 1.0 / self.target_time(0)
