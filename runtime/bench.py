@@ -1,10 +1,11 @@
-"""Side-by-side decoding benchmark of one bundle: speculative at several γ against γ = 0.
+"""Side-by-side decoding benchmark of one bundle: drafters and γ against γ = 0.
 
-Every γ decodes the same prompts in interleaved rounds, so machine noise hits all alike.
-Per γ it reports tokens/s, the speedup over γ = 0, the α that explains the measured accepted
-length, the measured cost c (draft call / 1-token target call) and v (verify call / 1-token
-target call), and Theorem 3.8's prediction E[tokens] / (γc + v) from those, like the paper's
-Table 4. Runtime only: NumPy, ONNX Runtime, tokenizers.
+Every configuration (a drafter at a fixed γ, or adaptive γ) decodes the same prompts in
+interleaved rounds, so machine noise hits all alike. Per configuration it reports tokens/s,
+the speedup over γ = 0, α (the maximum-likelihood estimate from accepted and rejected drafts),
+the measured cost c (draft time per drafted token / 1-token target call) and v (verify call /
+1-token target call), and, for a fixed γ, Theorem 3.8's prediction E[tokens] / (γc + v) from
+those, like the paper's Table 4. Runtime only: NumPy, ONNX Runtime, tokenizers.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from specdec.runtime.analysis import expected_tokens, optimal_gamma
+from specdec.runtime.stats import COUNTERS
 
 EXCLUDED = {"site-packages", "test", "tests", "idle_test"}
 
@@ -48,26 +50,22 @@ def held_out_prompts(encode, count: int, length: int) -> list[list[int]]:
 
 @dataclass
 class Tally:
-    """Sums over every request of one configuration."""
+    """Sums over every request of one configuration: decode seconds and tokens, each
+    ``stats.COUNTERS`` entry (as attributes), and the per-position counts."""
 
     seconds: float = 0.0
     tokens: int = 0
-    target_seconds: float = 0.0
-    target_calls: int = 0
-    draft_seconds: float = 0.0
-    draft_calls: int = 0
-    verify_calls: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    rejected: int = 0
-    accept_seconds: float = 0.0
     accepted_at: list[int] = field(default_factory=list)
     drafted_at: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        for k in COUNTERS:
+            setattr(self, k, 0)
 
     def add(self, s) -> None:
         self.seconds += s.total_seconds - s.prefill_seconds
         self.tokens += s.new_tokens
-        for k in ("target_seconds", "target_calls", "draft_seconds", "draft_calls", "verify_calls", "drafted", "accepted", "rejected", "accept_seconds"):
+        for k in COUNTERS:
             setattr(self, k, getattr(self, k) + getattr(s, k))
         if not self.accepted_at:
             self.accepted_at, self.drafted_at = [0] * s.gamma, [0] * s.gamma
@@ -109,15 +107,6 @@ def run(decoders: dict, cfgs: list[Config], prompts: list[list[int]], tokens: in
             for c in cfgs:
                 tallies[c].add(go(c, prompt, tokens, 1000 * r + i).stats)
     return tallies
-
-
-def alpha_from_mean(mean_accepted: float, gamma: int) -> float:
-    """The α whose i.i.d. acceptances give ``mean_accepted`` = α + α² + … + α^γ per call."""
-    lo, hi = 0.0, 1.0
-    for _ in range(60):
-        a = (lo + hi) / 2
-        lo, hi = (a, hi) if sum(a**i for i in range(1, gamma + 1)) < mean_accepted else (lo, a)
-    return (lo + hi) / 2
 
 
 def alpha_mle(accepted: int, rejected: int) -> float:

@@ -234,7 +234,10 @@ class SpeculativeDecoder:
         seq, q, cfg = self.seq, self.q, req.sampling
         rng = np.random.default_rng(req.seed)
         clock = time.perf_counter
-        adaptive = self._policies.setdefault((cfg, req.lenience), AdaptiveGamma(req.gamma)) if req.adaptive else None
+        adaptive = None
+        if req.adaptive:
+            key = (cfg, req.lenience)
+            adaptive = self._policies.get(key) or self._policies.setdefault(key, AdaptiveGamma(req.gamma))
 
         target.cache.reset()
         L = len(req.prompt)  # committed tokens

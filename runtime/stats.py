@@ -5,6 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
+# The counters a request adds up, and a benchmark sums over requests (``bench.Tally``).
+COUNTERS = (
+    "target_calls", "draft_calls", "verify_calls", "drafted", "accepted", "rejected",
+    "target_seconds", "draft_seconds", "accept_seconds",
+)
+
+
 @dataclass
 class Stats:
     """What one request did and where its time went.

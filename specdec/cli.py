@@ -156,8 +156,6 @@ def generate_cmd(bundle: Path, prompt: str | None, prompt_ids: str | None, provi
             prompt = [int(x) for x in prompt_ids.split(",") if x.strip()]
         except ValueError:
             raise InputError(f"--prompt-ids {prompt_ids!r}: expected comma-separated integers such as 1,2,3") from None
-    if threads is not None and threads < 1:
-        raise InputError(f"--threads {threads}: expected an integer >= 1")
     lookup = LookupDrafter(max_ngram=lookup_ngram, max_tokens=lookup_max_tokens)  # checked whatever the drafter
     spec = lookup if drafter == "lookup" else drafter
     _share_threads(threads)

@@ -78,9 +78,10 @@ def main() -> None:
         export_bundle(ExportConfig(str(target), str(draft), bundle, gamma=4, max_seq_len=512))
         print(f"exported in {time.perf_counter() - t0:.0f}s", file=sys.stderr)
     dec = SpeculativeDecoder.load(bundle, threads=args.threads)
-    gammas = [int(g) for g in args.gammas.split(",")]
+    gammas = sorted({0, *(int(g) for g in args.gammas.split(","))})
+    cfgs = bench.configs(["model"], gammas, adaptive=False)
     results = {
-        mode: bench.summarize(bench.run(dec, PROMPTS, gammas, args.tokens, args.rounds, t))
+        mode: bench.summarize(bench.run({"model": dec}, cfgs, PROMPTS, args.tokens, args.rounds, t))
         for mode, t in (("greedy", 0.0), ("sampled, T=1", 1.0))
     }
     m = dec.manifest
