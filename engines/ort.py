@@ -1,75 +1,33 @@
-"""An ONNX Runtime decoder graph run over buffers allocated once and bound once.
+"""A graph runner: one ONNX Runtime graph of a bundle over buffers allocated once and bound once.
 
 The graph's names, dtypes and shapes come from the manifest and are checked against the
-session at load. Its KV inputs and outputs are bound to the same ``KVCache`` buffers (ORT
-writes new rows in place). For a static graph every buffer is bound once in ``__init__``; a
-call only writes ids and positions into preallocated arrays and runs. A dynamic-length
-(prefill) graph rebinds its token-sized buffers per call, with the same memory.
+session at load; which tensor is the ids, the positions, the logits, a length scalar or a
+layer's KV is read from the manifest's ``GraphIO``. The KV inputs and outputs are bound to
+the same ``KVCache`` buffers (ORT writes new rows in place). For a static graph every buffer
+is bound once in ``__init__``; a call only writes ids and positions into preallocated arrays
+and runs. A dynamic-length graph rebinds its token-sized buffers only when a call's length
+differs from the last one's, with the same memory.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 import onnxruntime as ort
 
 from specdec.engines.kv import NP_DTYPES, KVCache
+from specdec.engines.threads import ThreadPolicy
 from specdec.errors import EngineError, InputError, SignatureError
 from specdec.manifest import GraphSpec
 
 ORT_TYPES = {"float32": "tensor(float)", "float16": "tensor(float16)", "int64": "tensor(int64)", "int32": "tensor(int32)", "bool": "tensor(bool)"}
 PROVIDERS = {
     "cpu": ["CPUExecutionProvider"],
-    "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"],
-    "tensorrt": ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"],
+    "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"],  # written, never run on a GPU yet
 }
-DEVICE = {"cpu": "cpu", "cuda": "cuda", "tensorrt": "cuda"}  # where a provider's KV buffers live
-
-
-_shared_pool: int | None = None  # intra-op threads of the process-wide pool, once share_threads ran
-
-
-def share_threads(threads: int | None = None) -> None:
-    """Run every specdec session created from now on over ONE process-wide ORT thread pool.
-
-    A decode alternates between the draft's and the target's sessions. With a pool per session
-    their workers must sleep between calls (see ``session_options``) and pay a wake-up on every
-    op; one shared pool may spin, because only one session runs at a time. Measured on this
-    2-core CPU (demo pair, 4 prompts x 2 rounds): autoregressive 338-463 vs 272-295 tok/s,
-    γ = 5 607-947 vs 564-644 tok/s. Sessions created before the call keep their own pools
-    (checked: the process gains one pool worker, not one per session), but afterwards ONNX
-    Runtime refuses to create any session with a pool of its own (``use_per_session_threads
-    must be false``), also other libraries' (optimum's, for one). That is why a library user
-    opts in; the CLI does, for its own process. ``threads``:
-    pool size (None: ORT's default, one per core); the first call fixes it, and the ``threads``
-    argument of later sessions is then ignored.
-    """
-    global _shared_pool
-    import onnxruntime.capi._pybind_state as C
-
-    if threads is not None and threads < 1:
-        raise InputError(f"threads={threads}: expected an integer >= 1 or None")
-    if _shared_pool is None:
-        C.set_global_thread_pool_sizes(threads or 0, 1)
-        _shared_pool = threads or 0
-
-
-def session_options(threads: int | None = None) -> ort.SessionOptions:
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    so.log_severity_level = 3
-    if _shared_pool is not None:
-        so.use_per_session_threads = False  # the process-wide pool; it may spin (one session runs at a time)
-        return so
-    if threads:
-        so.intra_op_num_threads = threads
-    # A decode alternates between the draft's and the target's sessions. Spinning worker
-    # threads of the idle session would compete with the busy one for the same cores (measured
-    # on 2 cores: a verify call ran 2.5x slower inside the loop than alone), so threads sleep.
-    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return so
+DEVICE = {"cpu": "cpu", "cuda": "cuda"}  # where a provider's KV buffers live
 
 
 def _shape_matches(want: tuple, got: list) -> bool:
@@ -101,8 +59,8 @@ def check_signature(name: str, session: ort.InferenceSession, spec: GraphSpec) -
         raise SignatureError(f"graph {name} ({spec.file}) differs from the manifest: {'; '.join(problems)}; re-export with specdec-export")
 
 
-class OrtDecoder:
-    """Run one decoder graph of a bundle over a model's ``KVCache``.
+class GraphRunner:
+    """Run one graph of a bundle over a model's ``KVCache``.
 
     ``run(tokens)`` feeds the tokens at positions [cache.length, cache.length + S), writes
     their KV rows there, and returns the logits [n, V] of the n real tokens. The returned
@@ -111,41 +69,46 @@ class OrtDecoder:
     """
 
     def __init__(self, session: ort.InferenceSession, name: str, spec: GraphSpec, cache: KVCache):
-        self.name, self.spec, self.cache, self.session = name, spec, cache, session
+        self.name, self.spec, self.cache, self.session, self.io_names = name, spec, cache, session, spec.io
         specs = {t.name: t for t in (*spec.inputs, *spec.outputs)}
         self.static = spec.tokens is not None
         self.capacity = spec.tokens if self.static else cache.max_seq  # max tokens per call
-        vocab = specs["logits"].shape[-1]
+        vocab = specs[spec.io.logits].shape[-1]
         # Host buffers, allocated once. ids/pos/logits hold `capacity` tokens; a call uses a
         # prefix. Logits stay on the host even on CUDA: they are what acceptance reads.
         self.ids = np.zeros((1, self.capacity), dtype=np.int64)  # [1, S]
         self.pos = np.zeros((1, self.capacity), dtype=np.int64)  # [1, S]
-        self.seqlens = np.zeros((1,), dtype=np.int32)  # [1]: total - 1
-        self.total = np.zeros((), dtype=np.int32)  # []: rows visible after this call
         self.logits = np.zeros((1, self.capacity, vocab), dtype=np.float32)  # [1, S, V]
         self._arange = np.arange(self.capacity, dtype=np.int64)
-        self.io = self.session.io_binding()
-        self.kv_dtype = NP_DTYPES[specs["past_key_0"].dtype]
-        if self.kv_dtype != cache.dtype:
-            raise SignatureError(f"graph {name} takes {specs['past_key_0'].dtype} KV, the cache holds {np.dtype(cache.dtype).name}; rebuild the decoder from the manifest")
-        for i, ptrs in enumerate(cache.pointers()):
-            for tag, ptr in zip(("key", "value"), ptrs):
-                self.io.bind_input(f"past_{tag}_{i}", cache.device, 0, self.kv_dtype, list(cache.shape), ptr)
+        self.binding = self.session.io_binding()
+        kv_spec = specs[spec.io.past[0][0]]
+        self.kv_dtype = NP_DTYPES[kv_spec.dtype]
+        if self.kv_dtype != cache.dtype or len(spec.io.past) != len(cache.keys):
+            raise SignatureError(
+                f"graph {name} takes {len(spec.io.past)} layers of {kv_spec.dtype} KV, the cache holds {len(cache.keys)} of "
+                f"{np.dtype(cache.dtype).name}; rebuild the decoder from the manifest"
+            )
+        for (k_name, v_name), ptrs in zip(spec.io.past, cache.pointers()):
+            for tensor, ptr in zip((k_name, v_name), ptrs):
+                self.binding.bind_input(tensor, cache.device, 0, self.kv_dtype, list(cache.shape), ptr)
         self._bind_kv_outputs()
         self._bind_scalars()
-        self._bound = 0
+        self.bound_tokens = 0  # S the token-sized buffers are bound for
+        self.rebinds = 0  # how often they were (re)bound: once for a static graph
         self._bind_tokens(self.capacity if self.static else 1)
 
     def _bind_kv_outputs(self) -> None:
         """Present rows go straight into the cache: past and present are the same buffer."""
         c = self.cache
-        for i, ptrs in enumerate(c.pointers()):
-            for tag, ptr in zip(("key", "value"), ptrs):
-                self.io.bind_output(f"present_{tag}_{i}", c.device, 0, self.kv_dtype, list(c.shape), ptr)
+        for (k_name, v_name), ptrs in zip(self.io_names.present, c.pointers()):
+            for tensor, ptr in zip((k_name, v_name), ptrs):
+                self.binding.bind_output(tensor, c.device, 0, self.kv_dtype, list(c.shape), ptr)
 
     def _bind_scalars(self) -> None:
-        self.io.bind_input("seqlens_k", "cpu", 0, np.int32, [1], self.seqlens.ctypes.data)
-        self.io.bind_input("total_sequence_length", "cpu", 0, np.int32, [], self.total.ctypes.data)
+        self.seqlens = np.zeros((1,), dtype=np.int32)  # [1]: total - 1
+        self.total = np.zeros((), dtype=np.int32)  # []: rows visible after this call
+        self.binding.bind_input(self.io_names.seqlens, "cpu", 0, np.int32, [1], self.seqlens.ctypes.data)
+        self.binding.bind_input(self.io_names.total, "cpu", 0, np.int32, [], self.total.ctypes.data)
 
     def _set_scalars(self, start: int, s: int) -> None:
         self.seqlens[0] = start + s - 1
@@ -156,10 +119,12 @@ class OrtDecoder:
 
     def _bind_tokens(self, s: int) -> None:
         """(Re)bind the token-sized buffers for S = s; a static graph does this once."""
-        self.io.bind_input("input_ids", "cpu", 0, np.int64, [1, s], self.ids.ctypes.data)
-        self.io.bind_input("position_ids", "cpu", 0, np.int64, [1, s], self.pos.ctypes.data)
-        self.io.bind_output("logits", "cpu", 0, np.float32, [1, s, self.logits.shape[-1]], self.logits.ctypes.data)
-        self._bound = s
+        io, b = self.io_names, self.binding
+        b.bind_input(io.ids, "cpu", 0, np.int64, [1, s], self.ids.ctypes.data)
+        b.bind_input(io.positions, "cpu", 0, np.int64, [1, s], self.pos.ctypes.data)
+        b.bind_output(io.logits, "cpu", 0, np.float32, [1, s, self.logits.shape[-1]], self.logits.ctypes.data)
+        self.bound_tokens = s
+        self.rebinds += 1
 
     def run(self, tokens: Sequence[int] | np.ndarray) -> np.ndarray:
         """Logits [n, V] for ``tokens`` (n <= capacity), their KV written at [cache.length, ...).
@@ -178,30 +143,30 @@ class OrtDecoder:
             self.ids[0, n:s] = self.ids[0, n - 1]  # padding: later rows, never read, never kept
         np.add(self._arange[:s], start, out=self.pos[0, :s])
         self._set_scalars(start, s)
-        if s != self._bound:
+        if s != self.bound_tokens:
             self._bind_tokens(s)
-        self.session.run_with_iobinding(self.io)
+        self.session.run_with_iobinding(self.binding)
         self._store_new_rows(start, s)
         return self.logits[0, :n]
 
 
-class PortableDecoder(OrtDecoder):
+class PortableRunner(GraphRunner):
     """A portable-flavour graph (standard ops, static shapes): it reads the whole buffer, masked
     beyond ``past_length``, and returns only the new rows, which are copied into the cache."""
 
     def _bind_kv_outputs(self) -> None:
         c = self.cache
-        heads, dim = c.keys[0].shape[1], c.keys[0].shape[3]
+        heads, dim = c.shape[1], c.shape[3]
         # [1, kvH, S, D] per layer and tag, allocated once
         self.new_rows = [np.zeros((1, heads, self.capacity, dim), dtype=self.kv_dtype) for _ in range(2 * len(c.keys))]
-        for i in range(len(c.keys)):
-            for j, tag in enumerate(("key", "value")):
+        for i, (k_name, v_name) in enumerate(self.io_names.present):
+            for j, tensor in enumerate((k_name, v_name)):
                 buf = self.new_rows[2 * i + j]
-                self.io.bind_output(f"new_{tag}_{i}", "cpu", 0, self.kv_dtype, list(buf.shape), buf.ctypes.data)
+                self.binding.bind_output(tensor, "cpu", 0, self.kv_dtype, list(buf.shape), buf.ctypes.data)
 
     def _bind_scalars(self) -> None:
         self.past_length = np.zeros((), dtype=np.int64)  # []
-        self.io.bind_input("past_length", "cpu", 0, np.int64, [], self.past_length.ctypes.data)
+        self.binding.bind_input(self.io_names.past_length, "cpu", 0, np.int64, [], self.past_length.ctypes.data)
 
     def _set_scalars(self, start: int, s: int) -> None:
         self.past_length[()] = start
@@ -212,14 +177,17 @@ class PortableDecoder(OrtDecoder):
             v[:, :, start : start + s] = self.new_rows[2 * i + 1]
 
 
-DECODERS = {"ort": OrtDecoder, "portable": PortableDecoder}
+RUNNERS = {"ort": GraphRunner, "portable": PortableRunner}
 
 
-def open_session(bundle: Path, name: str, spec: GraphSpec, provider: str = "cpu", threads: int | None = None) -> ort.InferenceSession:
+def open_session(
+    bundle: Path, name: str, spec: GraphSpec, provider: str = "cpu", threads: ThreadPolicy | int | None = None
+) -> ort.InferenceSession:
     """An ONNX Runtime session for one bundle graph, its signature checked against the manifest.
 
-    Sessions are thread-safe and hold the weights; decoders (buffers and bindings) are not,
-    so several decoders may share one session.
+    Sessions are thread-safe and hold the weights; runners (buffers and bindings) are not,
+    so several runners may share one session. ``threads``: a ``ThreadPolicy``, or an int for
+    the default policy with that many threads.
     """
     if provider not in PROVIDERS:
         raise EngineError(f"provider {provider!r} is not supported; use one of {sorted(PROVIDERS)}")
@@ -228,25 +196,47 @@ def open_session(bundle: Path, name: str, spec: GraphSpec, provider: str = "cpu"
             f"provider {provider!r} needs {PROVIDERS[provider][0]}, which this onnxruntime lacks; "
             "install onnxruntime-gpu (pip install 'specdec[gpu]') or use provider='cpu'"
         )
-    if spec.flavour not in DECODERS:
-        raise EngineError(f"graph {name} has flavour {spec.flavour!r}; ONNX Runtime runs {sorted(DECODERS)}")
+    if spec.flavour not in RUNNERS:
+        raise EngineError(f"graph {name} has flavour {spec.flavour!r}; ONNX Runtime runs {sorted(RUNNERS)}")
     if spec.flavour == "portable" and DEVICE[provider] != "cpu":
         raise EngineError(f"graph {name} is a portable graph, which this engine runs on the CPU only; use provider='cpu' or the ort graphs")
-    session = ort.InferenceSession(str(bundle / spec.file), session_options(threads), providers=PROVIDERS[provider])
+    options = ThreadPolicy.of(threads).session_options()
+    session = ort.InferenceSession(str(bundle / spec.file), options, providers=PROVIDERS[provider])
     check_signature(name, session, spec)
     return session
 
 
-def decoder_for(
+def runner_for(
     bundle: Path,
     name: str,
     spec: GraphSpec,
     cache: KVCache,
     provider: str = "cpu",
-    threads: int | None = None,
+    threads: ThreadPolicy | int | None = None,
     session: ort.InferenceSession | None = None,
-) -> OrtDecoder:
-    """The engine for a graph's flavour over ``cache``; opens a session unless one is given."""
+) -> GraphRunner:
+    """The runner for a graph's flavour over ``cache``; opens a session unless one is given."""
     if session is None:
         session = open_session(bundle, name, spec, provider, threads)
-    return DECODERS[spec.flavour](session, name, spec, cache)
+    return RUNNERS[spec.flavour](session, name, spec, cache)
+
+
+STATIC_ROLE = {"target": "verify", "draft": "step"}  # each model's fixed-length graph
+
+
+class ModelRunners(NamedTuple):
+    """One model's KV cache and the two runners over it."""
+
+    cache: KVCache
+    dynamic: GraphRunner  # any length: prompts, 1-token target steps, verify calls shorter than K
+    static: GraphRunner  # fixed length: the target's K-token verify graph, the draft's 1-token step
+
+
+def model_runners(bundle: Path, manifest, model: str, sessions: dict, device: str) -> ModelRunners:
+    """A fresh cache for ``model`` ("target" or "draft") and runners of its ORT graphs over it,
+    on the already open ``sessions`` (graph name -> session)."""
+    spec = getattr(manifest, model)
+    cache = KVCache(spec.num_layers, spec.num_kv_heads, manifest.max_seq_len, spec.head_dim, manifest.dtype, device)
+    graphs = (manifest.graph(model, role) for role in ("dynamic", STATIC_ROLE[model]))
+    runners = [runner_for(bundle, name, g, cache, session=sessions[name]) for name, g in graphs]
+    return ModelRunners(cache, *runners)

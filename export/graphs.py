@@ -6,14 +6,17 @@ Both flavours take (batch 1; L layers; kvH KV heads; D head dim; MAX = max-seq-l
     past_key_i / past_value_i  [1, kvH, MAX, D]  the preallocated buffers, i = 0..L-1
 and return logits float32 [1, S, V] for every position (never last-only). They differ in:
 
-    flavour   scalar inputs                                   KV outputs
-    ort       seqlens_k int32 [1], total_sequence_length []   present_key_i/value_i [1, kvH, MAX, D]:
+    flavour   scalar inputs (GraphIO role)                    KV outputs
+    ort       seqlens_k int32 [1] (seqlens),                  present_key_i/value_i [1, kvH, MAX, D]:
+              total_sequence_length [] (total)
               (GroupQueryAttention, contrib ops)              bound to the past buffer, written in place
-    portable  past_length int64 []                            new_key_i/value_i [1, kvH, S, D]:
+    portable  past_length int64 [] (past_length)              new_key_i/value_i [1, kvH, S, D]:
               (standard ops, static shapes: TensorRT)         the engine copies them into the buffer
 
 S is static for the target's verify graph (K = γ + 1) and the draft's step graph (1), and
-dynamic ("S") for the prefill graphs (ORT flavour only).
+dynamic ("S") for the dynamic-length graphs (ORT flavour only). ``signature`` returns the
+manifest's TensorSpecs and the ``GraphIO`` naming each tensor's role: the runtime reads
+names from there.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from typing import Callable
 import torch
 
 from specdec.export import attention, portable
-from specdec.manifest import TensorSpec
+from specdec.manifest import GraphIO, TensorSpec
 
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16}
 
@@ -51,7 +54,7 @@ class _Wrapper(torch.nn.Module):
 @dataclass(frozen=True)
 class Flavour:
     attn: str
-    scalars: tuple[tuple[str, str, tuple], ...]  # (name, dtype, shape) after input_ids, position_ids
+    scalars: tuple[tuple[str, str, tuple, str], ...]  # (name, dtype, shape, GraphIO role) after input_ids, position_ids
     example: Callable[[int], list[torch.Tensor]]  # scalar values for tracing S = s new tokens after 2 rows
     state: Callable
     kv_out: Callable  # (state, layer) -> [key, value] outputs
@@ -62,7 +65,7 @@ class Flavour:
 FLAVOURS = {
     "ort": Flavour(
         attn=attention.ATTN_NAME,
-        scalars=(("seqlens_k", "int32", (1,)), ("total_sequence_length", "int32", ())),
+        scalars=(("seqlens_k", "int32", (1,), "seqlens"), ("total_sequence_length", "int32", (), "total")),
         example=lambda s: [torch.tensor([s + 1], dtype=torch.int32), torch.tensor(s + 2, dtype=torch.int32)],
         state=attention._CallState,
         kv_out=lambda st, i: [st.present_k[i], st.present_v[i]],
@@ -71,7 +74,7 @@ FLAVOURS = {
     ),
     "portable": Flavour(
         attn=portable.ATTN_NAME,
-        scalars=(("past_length", "int64", ()),),
+        scalars=(("past_length", "int64", (), "past_length"),),
         example=lambda s: [torch.tensor(2, dtype=torch.int64)],
         state=portable.PortableState,
         kv_out=lambda st, i: [st.new_k[i], st.new_v[i]],
@@ -84,18 +87,21 @@ FLAVOURS = {
 def signature(
     layers: int, kv_heads: int, head_dim: int, vocab: int, max_seq: int, tokens: int | None, dtype: str, flavour: str = "ort"
 ):
-    """The graph's inputs and outputs as manifest TensorSpecs."""
+    """The graph's inputs and outputs as manifest TensorSpecs, and the role of each (GraphIO)."""
     fl = FLAVOURS[flavour]
     s = tokens if tokens is not None else "S"
     kv_in = (1, kv_heads, max_seq, head_dim)
     kv_out = (1, kv_heads, fl.out_rows(max_seq, s), head_dim)
     inputs = [TensorSpec("input_ids", "int64", (1, s)), TensorSpec("position_ids", "int64", (1, s))]
-    inputs += [TensorSpec(*spec) for spec in fl.scalars]
+    inputs += [TensorSpec(name, dt, shape) for name, dt, shape, _ in fl.scalars]
     outputs = [TensorSpec("logits", "float32", (1, s, vocab))]
-    for i in range(layers):
-        inputs += [TensorSpec(f"past_key_{i}", dtype, kv_in), TensorSpec(f"past_value_{i}", dtype, kv_in)]
-        outputs += [TensorSpec(f"{fl.out_names[0]}_{i}", dtype, kv_out), TensorSpec(f"{fl.out_names[1]}_{i}", dtype, kv_out)]
-    return inputs, outputs
+    past = [(f"past_key_{i}", f"past_value_{i}") for i in range(layers)]
+    present = [(f"{fl.out_names[0]}_{i}", f"{fl.out_names[1]}_{i}") for i in range(layers)]
+    for (pk, pv), (nk, nv) in zip(past, present):
+        inputs += [TensorSpec(pk, dtype, kv_in), TensorSpec(pv, dtype, kv_in)]
+        outputs += [TensorSpec(nk, dtype, kv_out), TensorSpec(nv, dtype, kv_out)]
+    io = GraphIO("input_ids", "position_ids", "logits", tuple(past), tuple(present), **{role: name for name, _, _, role in fl.scalars})
+    return inputs, outputs, io
 
 
 def export_decoder(
@@ -107,12 +113,12 @@ def export_decoder(
     head_dim: int,
     dtype: str,
     flavour: str = "ort",
-) -> tuple[list[TensorSpec], list[TensorSpec]]:
+) -> tuple[list[TensorSpec], list[TensorSpec], GraphIO]:
     """Export ``model`` to ``path`` (+ ``path.data``) with S = ``tokens`` new tokens per call (None: dynamic)."""
     fl = FLAVOURS[flavour]
     cfg = model.config
     layers = cfg.num_hidden_layers
-    inputs, outputs = signature(layers, kv_heads, head_dim, cfg.vocab_size, max_seq, tokens, dtype, flavour)
+    inputs, outputs, io = signature(layers, kv_heads, head_dim, cfg.vocab_size, max_seq, tokens, dtype, flavour)
     example = 3 if tokens is None else tokens  # trace after 2 committed rows
     args = (
         torch.zeros(1, example, dtype=torch.long),
@@ -142,4 +148,4 @@ def export_decoder(
     finally:
         cfg._attn_implementation = previous
     program.save(str(path), external_data=True)
-    return inputs, outputs
+    return inputs, outputs, io

@@ -14,9 +14,7 @@ import numpy as np
 
 from specdec.errors import ConfigError
 from specdec.manifest import sha256_of
-from specdec.runtime.drafters import NgramTable
-
-FILE = "ngram.npz"
+from specdec.ngram_table import FILE, NgramTable
 
 
 def check_corpus(path: Path | None, has_tokenizer: bool) -> None:

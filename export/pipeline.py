@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, NamedTuple
 
-from specdec.errors import ConfigError, EngineError
+from specdec.errors import ConfigError
 from specdec.export.bundle import check_destination, commit, staging
 from specdec.export.ngram import check_corpus, write_table
 from specdec.export.source import Source, check_pair, load_model, parameter_count, resolve
@@ -38,7 +38,6 @@ class ExportConfig:
     dtype: str = "float32"
     quantize: str | None = None
     portable: bool = False
-    trt: bool = False
     overwrite: bool = False
     target_revision: str | None = None
     draft_revision: str | None = None
@@ -100,17 +99,6 @@ def default_max_seq(sources) -> int:
     return min(limits)
 
 
-def _check_trt() -> None:
-    try:
-        import tensorrt  # noqa: F401
-    except ImportError:
-        raise EngineError("--trt needs TensorRT: pip install 'specdec[trt]' on a machine with an NVIDIA GPU, or drop --trt") from None
-    import torch
-
-    if not torch.cuda.is_available():
-        raise EngineError("--trt needs an NVIDIA GPU and none is visible here; drop --trt, or pass --portable to write the graphs TensorRT builds from")
-
-
 def _tools() -> dict[str, str]:
     out = {}
     for pkg in ("specdec", "torch", "transformers", "onnx", "onnxscript", "onnxruntime"):
@@ -124,19 +112,20 @@ def _tools() -> dict[str, str]:
 class GraphPlan(NamedTuple):
     name: str
     model: str  # "target" or "draft"
-    role: str  # "prefill", "verify" or "step"
+    role: str  # "dynamic", "verify" or "step"
     tokens: int | str | None  # per call; None: dynamic; "K": gamma + 1
     flavour: str = "ort"
 
 
 GRAPHS = (
-    GraphPlan("target_prefill", "target", "prefill", None),
+    GraphPlan("target_dynamic", "target", "dynamic", None),
     GraphPlan("target_verify", "target", "verify", "K"),
-    GraphPlan("draft_prefill", "draft", "prefill", None),
+    GraphPlan("draft_dynamic", "draft", "dynamic", None),
     GraphPlan("draft_step", "draft", "step", 1),
 )
-# Standard ops, static shapes: what TensorRT builds from. Prefill uses the ORT prefill graph
-# (both flavours share one cache layout), so there is no portable prefill graph.
+# Standard ops, static shapes (the kind of graph TensorRT builds from; no TensorRT build is
+# made here). Prompts use the ORT dynamic graph (both flavours share one cache layout), so
+# there is no portable dynamic graph.
 PORTABLE_GRAPHS = (
     GraphPlan("target_verify_portable", "target", "verify", "K", "portable"),
     GraphPlan("draft_step_portable", "draft", "step", 1, "portable"),
@@ -144,7 +133,7 @@ PORTABLE_GRAPHS = (
 
 
 def planned_graphs(cfg: ExportConfig) -> tuple[GraphPlan, ...]:
-    return GRAPHS + (PORTABLE_GRAPHS if cfg.portable or cfg.trt else ())
+    return GRAPHS + (PORTABLE_GRAPHS if cfg.portable else ())
 
 
 def export_bundle(cfg: ExportConfig, progress: Progress | None = None) -> Manifest:
@@ -154,8 +143,6 @@ def export_bundle(cfg: ExportConfig, progress: Progress | None = None) -> Manife
 
     progress = progress or Progress()
     check_destination(cfg.out, cfg.overwrite)
-    if cfg.trt:
-        _check_trt()
     progress("read configs")
     sources = {
         "target": resolve(cfg.target, cfg.max_seq_len, cfg.target_revision, cfg.trust_remote_code),
@@ -178,10 +165,6 @@ def export_bundle(cfg: ExportConfig, progress: Progress | None = None) -> Manife
         tol = TOLERANCES[(cfg.dtype, cfg.quantize)]
         check({k: v for k, v in figures.items() if not k.endswith("_portable")}, tol)
         check({k: v for k, v in figures.items() if k.endswith("_portable")}, TOLERANCES[(cfg.dtype, None)])
-        if cfg.trt:
-            from specdec.export.trt import build_engines
-
-            graphs.update(build_engines(tmp, {n: g for n, g in graphs.items() if g.flavour == "portable"}, progress))
 
         tokenizer = None
         if sources["target"].tokenizer is not None:
@@ -223,30 +206,30 @@ def _export_graph(plan: GraphPlan, cfg: ExportConfig, model, spec: ModelSpec, ma
     progress(f"export {plan.name}")
     tokens = cfg.gamma + 1 if plan.tokens == "K" else plan.tokens
     file = f"{plan.name}.onnx"
-    inputs, outputs = export_decoder(model, tmp / file, tokens, max_seq, spec.num_kv_heads, spec.head_dim, cfg.dtype, plan.flavour)
-    if plan.flavour == "ort":  # the portable flavour stays standard-op and float for TensorRT
+    inputs, outputs, io = export_decoder(model, tmp / file, tokens, max_seq, spec.num_kv_heads, spec.head_dim, cfg.dtype, plan.flavour)
+    if plan.flavour == "ort":  # the portable flavour stays standard-op and float
         progress(f"optimize {plan.name}")
         optimize_for_cpu(tmp / file, max_seq)
         if cfg.quantize == "int8":
             progress(f"quantize {plan.name}")
             quantize_int8(tmp / file)
-    return GraphSpec(file, sha256_of(tmp / file), plan.model, plan.role, tokens, inputs, outputs, external_files(tmp / file), plan.flavour)
+    return GraphSpec(file, sha256_of(tmp / file), plan.model, plan.role, tokens, inputs, outputs, io, external_files(tmp / file), plan.flavour)
 
 
 def _validate(cfg: ExportConfig, models, specs, graphs: dict[str, GraphSpec], max_seq: int, tmp: Path, progress: Progress) -> dict:
-    """Figures per model (and per portable graph): each decode graph after the model's ORT prefill."""
+    """Figures per model (and per portable graph): each static graph after the model's ORT dynamic graph."""
     from specdec.export.validate import validate_model
 
     figures = {}
     for name, g in graphs.items():
-        if g.role == "prefill":
+        if g.role == "dynamic":
             continue
         key = g.model + ("_portable" if g.flavour == "portable" else "")
         progress(f"validate {name}")
         s = specs[g.model]
         kv = (s.num_layers, s.num_kv_heads, max_seq, s.head_dim, cfg.dtype)
-        prefill = f"{g.model}_prefill"
-        figures[key] = validate_model(models[g.model], tmp, (prefill, graphs[prefill]), (name, g), kv, seed=cfg.seed)
+        dynamic = f"{g.model}_dynamic"
+        figures[key] = validate_model(models[g.model], tmp, (dynamic, graphs[dynamic]), (name, g), kv, seed=cfg.seed)
     return figures
 
 

@@ -1,6 +1,6 @@
 """Export-time validation: the exported graphs, run by the runtime's own engine, against PyTorch.
 
-For one model: prefill a random prompt with the prefill graph, then several decode calls
+For one model: a random prompt through the dynamic-length graph, then several calls of the static graph
 (S = K for the target's verify graph, 1 for the draft's step graph) with random tokens, each
 followed by a partial acceptance (keep 1..S rows) and sometimes a deeper rewind, exactly as
 the decoding loop rolls back. PyTorch runs the same tokens with a DynamicCache cropped to the
@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from specdec.engines.kv import KVCache
-from specdec.engines.ort import decoder_for
+from specdec.engines.ort import runner_for
 from specdec.errors import ValidationError
 from specdec.manifest import GraphSpec
 
@@ -46,13 +46,13 @@ def _kv(cache, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
 def validate_model(
     model: torch.nn.Module,
     bundle: Path,
-    prefill: tuple[str, GraphSpec],
-    decode: tuple[str, GraphSpec],
+    dynamic: tuple[str, GraphSpec],
+    static: tuple[str, GraphSpec],
     kv: tuple[int, int, int, int, str],
     seed: int = 0,
     rounds: int = 6,
 ) -> dict[str, float]:
-    """Max |Δ| per output and top-1 agreement of ``prefill`` + ``decode`` graphs against ``model``.
+    """Max |Δ| per output and top-1 agreement of the ``dynamic`` + ``static`` graphs against ``model``.
 
     Args:
         kv: (layers, kv_heads, max_seq, head_dim, dtype) of the model's cache.
@@ -62,7 +62,7 @@ def validate_model(
     rng = np.random.default_rng(seed)
     vocab = model.config.vocab_size
     cache = KVCache(*kv)
-    engines = {role: decoder_for(bundle, name, spec, cache) for role, (name, spec) in (("prefill", prefill), ("decode", decode))}
+    engines = {role: runner_for(bundle, name, spec, cache) for role, (name, spec) in (("dynamic", dynamic), ("static", static))}
     ref_cache = DynamicCache()
     diffs = {"logits": 0.0, "present_key": 0.0, "present_value": 0.0}
     agree, total = 0, 0
@@ -76,12 +76,12 @@ def validate_model(
         total += len(ids)
 
     prompt = rng.integers(0, vocab, size=int(rng.integers(5, 20))).tolist()
-    compare(engines["prefill"].run(prompt).copy(), prompt)
+    compare(engines["dynamic"].run(prompt).copy(), prompt)
     cache.append(len(prompt))
-    step = decode[1].tokens or 1
+    step = static[1].tokens or 1
     for r in range(rounds):
         ids = rng.integers(0, vocab, size=step).tolist()
-        compare(engines["decode"].run(ids).copy(), ids)
+        compare(engines["static"].run(ids).copy(), ids)
         cache.append(int(rng.integers(1, step + 1)))  # partial acceptance
         if r % 3 == 2 and cache.length > len(prompt) + 1:
             cache.rewind_to(cache.length - 1)  # a draft-style rollback of committed rows

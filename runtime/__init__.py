@@ -15,16 +15,20 @@ from specdec.runtime.analysis import (
     plan,
     walltime_improvement,
 )
+from specdec.runtime.request import Limits, Request
 from specdec.runtime.sampling import GREEDY, SamplingConfig, sample, softmax, standardize
 from specdec.runtime.speculative import Verdict, verify, verify_batch, verify_greedy, verify_greedy_batch
 
 __all__ = [
     "GREEDY",
     "GenerationResult",
+    "Limits",
     "Piece",
+    "Request",
     "SpeculativeDecoder",
     "Stats",
     "Stream",
+    "ThreadPolicy",
     "Plan",
     "SamplingConfig",
     "Verdict",
@@ -55,4 +59,8 @@ def __getattr__(name: str):
         from specdec.runtime.stats import Stats
 
         return Stats
+    if name == "ThreadPolicy":
+        from specdec.engines.threads import ThreadPolicy
+
+        return ThreadPolicy
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 
 from specdec.runtime.analysis import expected_tokens
+from specdec.runtime.stats import Iteration
 
 # Timing noise is one-sided (a preempted call is slow, none is fast): a sample above SPIKE x the
 # running mean counts as SPIKE x the mean, so one interrupted call cannot swing γ.
@@ -74,8 +75,9 @@ class AdaptiveGamma:
                 return 1
         return self.gamma
 
-    def update(self, drafted: int, accepted: int, draft_calls: int, draft_seconds: float, target_seconds: float) -> None:
-        """One iteration: ``drafted`` proposed (0: a plain step), ``accepted`` kept, and the time each side took."""
+    def update(self, it: Iteration) -> None:
+        """Feed back one iteration: k drafted (0: a plain step), n kept, and the time each side took."""
+        drafted, accepted, draft_calls, draft_seconds, target_seconds = it[:5]
         d = self.decay
         self.calls[drafted] += 1
         if self.calls[drafted] > 1:  # the first call of a graph is cold (measured: up to 3.9x a warm one)

@@ -1,14 +1,19 @@
 """Drafters: what proposes the tokens the target verifies.
 
-One small interface. Every drafter works on the decoder's token buffer ``seq`` [MAX], where
-``seq[:L]`` is committed (prompt + output) and proposals are written at ``seq[L:L+k]``:
+One small interface (``Drafter``). Every drafter works on the decoder's token buffer ``seq``
+[MAX], where ``seq[:L]`` is committed (prompt + output) and proposals are written at
+``seq[L:L+k]``:
 
     start(seq, L)                 a new request; seq[:L] is the prompt
     propose(seq, L, g, cfg, rng, q) -> k
                                   write k <= g tokens at seq[L:L+k]; when sampling, q[i] is the
                                   distribution token L+i was drawn from (one-hot for the
                                   deterministic drafters, which Algorithm 1 handles exactly)
-    commit(L, n)                  the target kept n of them (seq[:L+n+1] is now committed)
+    commit(seq, L, n)             the target kept n of them (seq[:L+n+1] is now committed)
+
+Drafters are registered by name (``register``; ``DRAFTERS`` maps a name to its factory and
+whether it needs the bundle's draft model). A decoder also takes any object with that
+interface, a user's own drafter included (README "Writing a drafter").
 
 Speculative sampling is exact for any q that truly is the distribution each token was drawn
 from, so every drafter here keeps the target's output distribution:
@@ -28,28 +33,33 @@ from, so every drafter here keeps the target's output distribution:
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Callable, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
-from specdec.errors import BundleError, ConfigError
+from specdec.errors import ConfigError
+from specdec.ngram_table import NgramTable
 from specdec.runtime.sampling import SamplingConfig, sample, standardize
 from specdec.runtime.speculative import verify, verify_greedy
 
-DRAFTERS = ("model", "ngram", "unigram", "lookup", "hierarchical")
 
-
+@runtime_checkable
 class Drafter(Protocol):
-    name: str
-    free: bool  # True when proposing costs ~nothing next to a target call (c ≈ 0)
+    name: str  # shown in the stats
     calls: int  # proposal calls so far (draft-model calls for the model drafters)
 
-    def start(self, seq: np.ndarray, length: int) -> None: ...
+    def start(self, seq: np.ndarray, length: int) -> None:
+        """A new request: seq[:length] is its prompt; forget every earlier request."""
+        ...
 
-    def propose(self, seq: np.ndarray, length: int, gamma: int, cfg: SamplingConfig, rng: np.random.Generator, q: np.ndarray) -> int: ...
+    def propose(self, seq: np.ndarray, length: int, gamma: int, cfg: SamplingConfig, rng: np.random.Generator, q: np.ndarray) -> int:
+        """Write k <= gamma tokens at seq[length:length+k] and return k; unless ``cfg.greedy``,
+        q[i] [V] must be the distribution token length+i was drawn from."""
+        ...
 
-    def commit(self, length: int, accepted: int) -> None:
+    def commit(self, seq: np.ndarray, length: int, accepted: int) -> None:
         """seq[:length + accepted + 1] is now committed (the target's token included)."""
         ...
 
@@ -66,7 +76,6 @@ class LookupDrafter:
     down to min_ngram) in seq[:L] and propose up to ``max_tokens`` tokens that followed it."""
 
     name = "lookup"
-    free = True
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1, max_tokens: int | None = None):
         if not (isinstance(min_ngram, int) and isinstance(max_ngram, int) and 1 <= min_ngram <= max_ngram):
@@ -103,44 +112,8 @@ class LookupDrafter:
             one_hot(q, seq[length : length + k])
         return k
 
-    def commit(self, length: int, accepted: int) -> None:
+    def commit(self, seq: np.ndarray, length: int, accepted: int) -> None:
         pass
-
-
-class NgramTable:
-    """Most frequent successor per token (-1: none seen), and the most frequent token."""
-
-    def __init__(self, successor: np.ndarray, top: int):
-        self.successor = successor  # [V] int64
-        self.top = int(top)
-
-    @classmethod
-    def count(cls, ids: np.ndarray, vocab: int) -> NgramTable:
-        """Bigram and unigram counts of a token stream; ties go to the lower token id."""
-        ids = np.asarray(ids, dtype=np.int64)
-        successor = np.full((vocab,), -1, dtype=np.int64)  # [V]
-        top = int(np.bincount(ids, minlength=vocab).argmax()) if ids.size else 0
-        if ids.size > 1:
-            pairs, counts = np.unique(ids[:-1] * vocab + ids[1:], return_counts=True)  # sorted by (prev, next)
-            prev, nxt = pairs // vocab, pairs % vocab
-            order = np.lexsort((nxt, -counts, prev))  # per prev: highest count, then lowest next
-            first = np.unique(prev[order], return_index=True)[1]
-            successor[prev[order][first]] = nxt[order][first]
-        return cls(successor, top)
-
-    def save(self, path: Path) -> None:
-        np.savez(path, successor=self.successor, top=np.int64(self.top))
-
-    @classmethod
-    def load(cls, path: Path, vocab: int) -> NgramTable:
-        try:
-            with np.load(path) as z:
-                successor, top = z["successor"], int(z["top"])
-        except (OSError, KeyError, ValueError) as e:
-            raise BundleError(f"n-gram table {path} is unreadable ({e}); re-export with --ngram-corpus") from None
-        if successor.shape != (vocab,) or not -1 <= successor.min() <= successor.max() < vocab:
-            raise BundleError(f"n-gram table {path} has shape {successor.shape}, expected ({vocab},) token ids; re-export it")
-        return cls(successor.astype(np.int64), top)
 
 
 class BigramCounts:
@@ -173,8 +146,6 @@ class NgramDrafter:
     A corpus table (from the bundle) is used as is; without one, each request counts its
     prompt and then every token it commits."""
 
-    free = True
-
     def __init__(self, vocab: int, table: NgramTable | None = None, order: int = 2):
         if order not in (1, 2):
             raise ConfigError(f"n-gram order {order!r}: expected 1 (unigram) or 2 (bigram)")
@@ -182,14 +153,13 @@ class NgramDrafter:
         self.name = "ngram" if order == 2 else "unigram"
         self.table = table
         self.counts: BigramCounts | None = None
-        self.seq: np.ndarray | None = None
         self.calls = 0
 
     def start(self, seq: np.ndarray, length: int) -> None:
         if self.fixed is None:
             self.counts = BigramCounts(self.vocab)
             self.counts.add(seq[:length].tolist())
-            self.table, self.seq = self.counts.table, seq
+            self.table = self.counts.table
 
     def propose(self, seq, length, gamma, cfg, rng, q) -> int:
         self.calls += 1
@@ -202,9 +172,9 @@ class NgramDrafter:
             one_hot(q, seq[length : length + gamma])
         return gamma
 
-    def commit(self, length: int, accepted: int) -> None:
+    def commit(self, seq: np.ndarray, length: int, accepted: int) -> None:
         if self.counts is not None:
-            self.counts.add(self.seq[length : length + accepted + 1].tolist(), int(self.seq[length - 1]))
+            self.counts.add(seq[length : length + accepted + 1].tolist(), int(seq[length - 1]))
 
 
 class ModelDrafter:
@@ -214,12 +184,9 @@ class ModelDrafter:
     2 after a fully accepted call) are fed on the next call.
     """
 
-    free = False
-
-    def __init__(self, model, inner: Drafter | None = None, inner_gamma: int | None = None):
-        self.model = model  # decoder.Model: cache, prefill (any length), decode (1 token)
+    def __init__(self, model, inner: Drafter | None = None):
+        self.model = model  # engines.ort.ModelRunners: cache, dynamic (any length), static (1 token)
         self.inner = inner
-        self.inner_gamma = inner_gamma
         self.name = "model" if inner is None else f"hierarchical({inner.name})"
         self.calls = 0  # draft-model calls, for the stats
         self._r = None  # [γ, V] inner proposals' one-hot rows, allocated on first use
@@ -228,14 +195,14 @@ class ModelDrafter:
         cache = self.model.cache
         cache.reset()
         if length > 1:
-            self.model.prefill.run(seq[: length - 1])
+            self.model.dynamic.run(seq[: length - 1])
             cache.append(length - 1)
         if self.inner is not None:
             self.inner.start(seq, length)
 
     def _run(self, feed: np.ndarray) -> np.ndarray:
         """Logits [len(feed), V] for the tokens fed, appended to the cache (caller rewinds)."""
-        engine = self.model.decode if len(feed) == 1 else self.model.prefill
+        engine = self.model.static if len(feed) == 1 else self.model.dynamic
         rows = engine.run(feed)
         self.model.cache.append(len(feed))
         self.calls += 1
@@ -269,7 +236,7 @@ class ModelDrafter:
         cur = length  # next position to fill
         while cur < length + gamma:
             room = length + gamma - cur
-            h = inner.propose(seq, cur, min(room - 1, self.inner_gamma or room), cfg, rng, self._r) if room > 1 else 0
+            h = inner.propose(seq, cur, room - 1, cfg, rng, self._r) if room > 1 else 0
             rows = self._run(seq[cache.length : cur + h])[-(h + 1) :]  # [h+1, V]: the draft's rows at cur..cur+h
             if cfg.greedy:
                 m, token = verify_greedy(seq[cur : cur + h], rows)
@@ -278,45 +245,80 @@ class ModelDrafter:
                 m, token = verify(seq[cur : cur + h], self._r[:h], p, rng)
                 q[cur - length : cur - length + m + 1] = p[: m + 1]  # m <= h <= room - 1: all fit
             seq[cur + m] = token
-            inner.commit(cur, m)
+            inner.commit(seq, cur, m)
             cache.rewind_to(cur + m)  # rows for the guesses kept; the draft's own token is not fed yet
             cur += m + 1
         return gamma
 
-    def commit(self, length: int, accepted: int) -> None:
+    def commit(self, seq: np.ndarray, length: int, accepted: int) -> None:
         cache = self.model.cache
         cache.rewind_to(min(cache.length, length + accepted))
 
 
-MODEL_DRAFTERS = ("model", "hierarchical")
+class DrafterContext(NamedTuple):
+    """What a drafter factory may use: the bundle, and the draft model's runners when registered
+    with ``needs_draft_model``."""
+
+    bundle: Path
+    manifest: object  # specdec.manifest.Manifest
+    draft: object | None  # engines.ort.ModelRunners of the draft model, or None
 
 
-def check_drafter(spec) -> None:
-    """Refuse an unknown drafter before any work."""
-    if isinstance(spec, (LookupDrafter, NgramDrafter)):
-        return
-    if spec not in DRAFTERS:
-        raise ConfigError(f"drafter={spec!r}: expected one of {', '.join(DRAFTERS)} (or a LookupDrafter / NgramDrafter)")
+@dataclass(frozen=True)
+class Registration:
+    factory: Callable[[DrafterContext], Drafter]
+    needs_draft_model: bool  # the decoder then loads the draft model's cache and runners
 
 
-def bundle_table(bundle: Path, manifest) -> NgramTable | None:
+DRAFTERS: dict[str, Registration] = {}
+
+
+def register(name: str, needs_draft_model: bool = False) -> Callable:
+    """Decorator: make ``factory(ctx) -> Drafter`` available as ``drafter=name``."""
+
+    def add(factory: Callable[[DrafterContext], Drafter]) -> Callable[[DrafterContext], Drafter]:
+        DRAFTERS[name] = Registration(factory, needs_draft_model)
+        return factory
+
+    return add
+
+
+def bundle_table(ctx: DrafterContext) -> NgramTable | None:
     """The bundle's corpus n-gram table (``specdec-export --ngram-corpus``), if it has one."""
-    if not manifest.ngram:
+    m = ctx.manifest
+    if not m.ngram:
         return None
     from specdec.manifest import inside
 
-    return NgramTable.load(inside(bundle, manifest.ngram["file"]), manifest.vocab_size)
+    return NgramTable.load(inside(ctx.bundle, m.ngram["file"]), m.vocab_size)
 
 
-def make_drafter(spec, draft_model, bundle: Path, manifest) -> Drafter:
-    """A fresh drafter with its own state, for one decoder."""
+register("model", needs_draft_model=True)(lambda ctx: ModelDrafter(ctx.draft))
+register("hierarchical", needs_draft_model=True)(lambda ctx: ModelDrafter(ctx.draft, inner=LookupDrafter()))
+register("lookup")(lambda ctx: LookupDrafter())
+register("ngram")(lambda ctx: NgramDrafter(ctx.manifest.vocab_size, bundle_table(ctx), order=2))
+register("unigram")(lambda ctx: NgramDrafter(ctx.manifest.vocab_size, bundle_table(ctx), order=1))
+
+
+def check_drafter(spec) -> None:
+    """Refuse an unknown drafter name, or an object without the ``Drafter`` interface, before any work."""
+    if isinstance(spec, str):
+        if spec not in DRAFTERS:
+            raise ConfigError(f"drafter={spec!r}: expected one of {', '.join(DRAFTERS)}, or an object with the Drafter interface")
+    elif not isinstance(spec, Drafter):
+        raise ConfigError(
+            f"drafter={type(spec).__name__!r} object lacks the Drafter interface (name, calls, start, propose, commit); "
+            f"pass one of {', '.join(DRAFTERS)} or such an object"
+        )
+
+
+def needs_draft_model(spec) -> bool:
+    return isinstance(spec, str) and DRAFTERS[spec].needs_draft_model
+
+
+def make_drafter(spec, ctx: DrafterContext) -> Drafter:
+    """A fresh drafter with its own state, for one decoder (an object is copied)."""
     check_drafter(spec)
     if not isinstance(spec, str):
         return copy.copy(spec)
-    if spec == "model":
-        return ModelDrafter(draft_model)
-    if spec == "hierarchical":
-        return ModelDrafter(draft_model, inner=LookupDrafter())
-    if spec == "lookup":
-        return LookupDrafter()
-    return NgramDrafter(manifest.vocab_size, bundle_table(bundle, manifest), order=1 if spec == "unigram" else 2)
+    return DRAFTERS[spec].factory(ctx)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 
 # The counters a request adds up, and a benchmark sums over requests (``bench.Tally``).
@@ -10,6 +11,17 @@ COUNTERS = (
     "target_calls", "draft_calls", "verify_calls", "drafted", "accepted", "rejected",
     "target_seconds", "draft_seconds", "accept_seconds",
 )
+
+
+class Iteration(NamedTuple):
+    """What one iteration of the loop did: drafted k, the target kept n, and where the time went."""
+
+    drafted: int  # k: draft tokens verified (0: a plain target step)
+    accepted: int  # n: of them kept
+    draft_calls: int
+    draft_seconds: float
+    target_seconds: float
+    accept_seconds: float
 
 
 @dataclass
@@ -25,6 +37,7 @@ class Stats:
     drafter: str = "model"
     adaptive: bool = False
     lenience: float = 1.0  # below 1 the output distribution is NOT the target's (App. A.5)
+    threads: str = ""  # the ONNX Runtime thread policy (engines.threads.ThreadPolicy.label)
     new_tokens: int = 0
     target_calls: int = 0
     draft_calls: int = 0
@@ -44,6 +57,23 @@ class Stats:
     def __post_init__(self) -> None:
         self.drafted_at = [0] * self.gamma
         self.accepted_at = [0] * self.gamma
+
+    def record(self, it: Iteration) -> None:
+        """Add one iteration's counts and times."""
+        k, n = it.drafted, it.accepted
+        self.target_calls += 1
+        self.draft_calls += it.draft_calls
+        self.draft_seconds += it.draft_seconds
+        self.target_seconds += it.target_seconds
+        self.accept_seconds += it.accept_seconds
+        if k:
+            self.verify_calls += 1
+            self.drafted += k
+            self.accepted += n
+            self.rejected += n < k
+            for i in range(k):
+                self.drafted_at[i] += 1
+                self.accepted_at[i] += i < n
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -93,7 +123,7 @@ class Stats:
             f"draft calls {self.draft_calls}, accepted {self.accepted}/{self.drafted} "
             f"(rate {f(self.acceptance_rate, '.3f')}, mean {f(self.mean_accepted, '.2f')}/call), "
             f"c={f(self.cost_coefficient, '.3f')}, drafter={self.drafter}{' (adaptive gamma)' if self.adaptive else ''}, "
-            f"stop={self.finish_reason}{self.lenience_warning}"
+            f"threads {self.threads or '-'}, stop={self.finish_reason}{self.lenience_warning}"
         )
 
     @property

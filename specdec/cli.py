@@ -60,8 +60,7 @@ def plan_cmd(alpha: float, cost: float, cost_ops: float | None, gamma: int | Non
 @click.option("--max-seq-len", default=None, type=int, help="KV cache rows: prompt + output + gamma [default: 2048, or the models' positions if fewer].")
 @click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "float16"]))
 @click.option("--quantize", default=None, type=click.Choice(["int8"]), help="Dynamic int8 weights for CPU.")
-@click.option("--portable", is_flag=True, help="Also write standard-op, static-shape graphs (what TensorRT builds from).")
-@click.option("--trt", is_flag=True, help="Also build FP16 TensorRT engines from the portable graphs (needs tensorrt and a GPU).")
+@click.option("--portable", is_flag=True, help="Also write standard-op, static-shape verify/step graphs (run by the CPU engine).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing bundle at --out.")
 @click.option("--target-revision", default=None, help="Hub revision of the target.")
 @click.option("--draft-revision", default=None, help="Hub revision of the draft.")
@@ -139,7 +138,7 @@ def inspect_cmd(bundle: Path, as_json: bool) -> None:
 @click.option("--lookup-max-tokens", default=None, type=int, help="Prompt lookup: most tokens copied per call [default: gamma].")
 @click.option("--lenience", default=1.0, show_default=True, type=float, help="1 = exact. Below 1 accepts more drafts and CHANGES the output distribution (no token above p/lenience; paper App. A.5).")
 @click.option("--ignore-eos", is_flag=True, help="Keep going past end-of-sequence tokens.")
-@click.option("--provider", default="cpu", show_default=True, type=click.Choice(["cpu", "cuda", "tensorrt"]))
+@click.option("--provider", default="cpu", show_default=True, type=click.Choice(["cpu", "cuda"]))
 @click.option("--threads", default=None, type=int, help="ONNX Runtime threads, one pool shared by both models [default: one per core].")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with tokens, text and stats.")
 def generate_cmd(bundle: Path, prompt: str | None, prompt_ids: str | None, provider: str, threads: int | None, as_json: bool,
@@ -158,8 +157,7 @@ def generate_cmd(bundle: Path, prompt: str | None, prompt_ids: str | None, provi
             raise InputError(f"--prompt-ids {prompt_ids!r}: expected comma-separated integers such as 1,2,3") from None
     lookup = LookupDrafter(max_ngram=lookup_ngram, max_tokens=lookup_max_tokens)  # checked whatever the drafter
     spec = lookup if drafter == "lookup" else drafter
-    _share_threads(threads)
-    dec = SpeculativeDecoder.load(bundle, provider=provider, threads=threads, drafter=spec)
+    dec = SpeculativeDecoder.load(bundle, provider=provider, threads=_threads(threads), drafter=spec)
     stream = dec.stream(prompt, gamma=_gamma(gamma), **kw)
     for piece in stream:
         if not as_json:
@@ -188,8 +186,8 @@ def generate_cmd(bundle: Path, prompt: str | None, prompt_ids: str | None, provi
 def bench_cmd(bundle: Path, gammas: str | None, drafters: str, adaptive: bool, temperatures: str, n_prompts: int, prompt_tokens: int,
               tokens: int, rounds: int, threads: int | None, out: Path | None) -> None:
     """Drafters and γ against γ = 0, side by side and interleaved, with Theorem 3.8's prediction."""
+    from specdec import bench
     from specdec.errors import ConfigError, InputError
-    from specdec.runtime import bench
     from specdec.runtime.decoder import SpeculativeDecoder
 
     for name, value in (("--prompts", n_prompts), ("--prompt-tokens", prompt_tokens), ("--tokens", tokens), ("--rounds", rounds)):
@@ -199,8 +197,7 @@ def bench_cmd(bundle: Path, gammas: str | None, drafters: str, adaptive: bool, t
     for d in names or [drafters]:
         if d not in DRAFTERS:
             raise ConfigError(f"--drafters {drafters!r}: {d!r} is not one of {', '.join(DRAFTERS)}")
-    _share_threads(threads)
-    dec = SpeculativeDecoder.load(bundle, threads=threads, drafter=names[0])
+    dec = SpeculativeDecoder.load(bundle, threads=_threads(threads), drafter=names[0])
     if dec.codec is None:
         raise InputError(f"bundle {bundle} has no tokenizer; specdec bench draws its prompts from text")
     decoders = {names[0]: dec, **{d: dec.fork(drafter=d) for d in names[1:]}}
@@ -236,14 +233,15 @@ def bench_cmd(bundle: Path, gammas: str | None, drafters: str, adaptive: bool, t
             click.echo("plots need matplotlib: pip install 'specdec[bench]'", err=True)
 
 
-def _share_threads(threads: int | None) -> None:
-    """The CLI owns its process: one ORT thread pool shared by the draft and target sessions."""
-    from specdec.engines.ort import share_threads
+def _threads(threads: int | None):
+    """The CLI owns its process, so it takes the fastest pooling here: ONE ONNX Runtime pool shared
+    by the draft and target sessions (``ThreadPolicy.shared``; process-wide, see engines.threads)."""
+    from specdec.engines.threads import ThreadPolicy
     from specdec.errors import InputError
 
     if threads is not None and threads < 1:
         raise InputError(f"--threads {threads}: expected an integer >= 1")
-    share_threads(threads)
+    return ThreadPolicy.shared(threads)
 
 
 def _gamma(text: str | None) -> int | str | None:
@@ -268,7 +266,7 @@ def _numbers(option: str, text: str, kind: type) -> list:
 
 
 @cli.command("demo")
-@click.option("--models", default=None, type=click.Path(file_okay=False, path_type=Path), help="Folder with target/ and draft/ [default: the checkout's models/demo].")
+@click.option("--models", default=None, envvar="SPECDEC_DEMO_MODELS", type=click.Path(file_okay=False, path_type=Path), help="Folder with target/ and draft/ [env SPECDEC_DEMO_MODELS; default: the checkout's models/demo].")
 @click.option("--prompt", default=None, help="Code to complete [default: a small Python prompt].")
 @click.option("--max-new-tokens", default=96, show_default=True, type=int)
 @click.option("--temperature", default=0.0, show_default=True, type=float, help="0 = greedy.")
@@ -284,8 +282,7 @@ def demo_cmd(models: Path | None, prompt: str | None, max_new_tokens: int, tempe
     bundle, made = _with_progress("exporting the demo pair (first run only)", lambda report: demo.bundle_for(models, report))
     if made:
         click.echo(f"exported the demo bundle to {bundle}", err=True)
-    _share_threads(threads)
-    dec = SpeculativeDecoder.load(bundle, threads=threads)
+    dec = SpeculativeDecoder.load(bundle, threads=_threads(threads))
     prompt = demo.PROMPT if prompt is None else prompt
     kw = dict(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
     dec.request(prompt, **kw)  # check before any work

@@ -1,8 +1,10 @@
 """The embedded demo pair: where it lives, and its bundle, exported once and cached.
 
-The checkpoints ship in the repository under ``models/demo/{target,draft}``. The bundle is
-derived data: it is exported on first use into a cache folder named by the checkpoints'
-content hash, so changed models never reuse a stale bundle.
+The checkpoints ship in the repository under ``models/demo/{target,draft}`` (not in the
+installed package): ``specdec demo --models DIR`` or ``SPECDEC_DEMO_MODELS=DIR`` points at
+them, and a checkout's ``models/demo`` is the fallback. The bundle is derived data: it is
+exported on first use into a cache folder named by the checkpoints' content hash and the
+manifest schema, so changed models or a newer specdec never reuse a stale bundle.
 """
 
 from __future__ import annotations
@@ -13,14 +15,27 @@ from pathlib import Path
 from typing import Callable
 
 from specdec.errors import ModelError
+from specdec.manifest import SCHEMA_VERSION
 
 DEMO_GAMMA = 4
 PROMPT = 'class Stack:\n    """A last-in, first-out stack."""\n\n    def __init__(self):\n'
 
 
+ENV = "SPECDEC_DEMO_MODELS"
+
+
 def default_models() -> Path:
-    """``models/demo`` of the checkout this package runs from."""
-    return Path(__file__).resolve().parents[1] / "models" / "demo"
+    """``$SPECDEC_DEMO_MODELS``, else ``models/demo`` of the checkout this package runs from;
+    a ModelError when neither holds the pair (e.g. installed from a wheel)."""
+    if os.environ.get(ENV):
+        return Path(os.environ[ENV])
+    checkout = Path(__file__).resolve().parents[1] / "models" / "demo"
+    if not (checkout / "target" / "config.json").is_file():
+        raise ModelError(
+            f"the demo pair is not installed with the package and {checkout} has none; pass --models DIR "
+            f"(a folder with target/ and draft/, e.g. a specdec checkout's models/demo) or set {ENV}=DIR"
+        )
+    return checkout
 
 
 def cache_root() -> Path:
@@ -42,7 +57,7 @@ def check_models(models: Path) -> None:
     for role in ("target", "draft"):
         if not (models / role / "config.json").is_file():
             raise ModelError(
-                f"demo {role} not found at {models / role}; run from a specdec checkout (models/demo) or pass --models DIR"
+                f"demo {role} not found at {models / role}; pass --models DIR (or set {ENV}) to a folder with target/ and draft/"
             )
 
 
@@ -50,7 +65,7 @@ def bundle_for(models: Path, report: Callable[[str], None] | None = None) -> tup
     """The cached bundle of ``models`` (exporting it first, reporting steps to ``report``) and
     whether it was made now. A cached bundle needs only the runtime."""
     check_models(models)
-    out = cache_root() / f"demo-{fingerprint(models)}"
+    out = cache_root() / f"demo-{fingerprint(models)}-v{SCHEMA_VERSION}"
     if (out / "manifest.json").is_file():
         return out, False
     try:

@@ -1,7 +1,9 @@
 """The bundle manifest: the one contract between export, engines and runtime.
 
 ``specdec-export`` writes ``manifest.json`` next to the graphs; engines and the runtime read
-every graph's input/output names, dtypes and shapes from here and never hard-code them.
+every graph's input/output names, dtypes and shapes, and which tensor plays which part
+(``GraphIO``), from here and never hard-code them. The runtime picks graphs by
+(model, role, flavour) with ``Manifest.graph``.
 Loading checks that every path stays inside the bundle and that each graph file exists and
 has the recorded sha256. Pure Python: no torch, no ONNX.
 """
@@ -16,9 +18,12 @@ from typing import Any
 
 from specdec.errors import BundleError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: graphs carry their I/O roles; role "prefill" became "dynamic"
 MANIFEST_NAME = "manifest.json"
 DTYPES = ("float32", "float16", "int64", "int32", "bool")
+MODELS = ("target", "draft")
+ROLES = ("dynamic", "verify", "step")
+FLAVOURS = ("ort", "portable")
 
 
 @dataclass(frozen=True)
@@ -36,12 +41,45 @@ class TensorSpec:
 
 
 @dataclass(frozen=True)
+class GraphIO:
+    """Which tensor of a graph plays which part: engines bind by these names.
+
+    Every graph: ``ids`` int64 [1, S], ``positions`` int64 [1, S], ``logits`` float [1, S, V],
+    and per layer a (key, value) pair of ``past`` inputs (the cache buffers) and ``present``
+    outputs. The length scalars depend on the flavour: "ort" graphs take ``seqlens``
+    (int32 [1], rows visible - 1) and ``total`` (int32 [], rows visible) and write the full
+    buffer in place; "portable" graphs take ``past_length`` (int64 [], committed rows) and
+    return only the S new rows.
+    """
+
+    ids: str
+    positions: str
+    logits: str
+    past: tuple[tuple[str, str], ...]
+    present: tuple[tuple[str, str], ...]
+    seqlens: str | None = None
+    total: str | None = None
+    past_length: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("past", "present"):
+            object.__setattr__(self, name, tuple(tuple(pair) for pair in getattr(self, name)))
+
+    def names(self) -> set[str]:
+        """Every tensor name this mapping refers to."""
+        out = {self.ids, self.positions, self.logits, self.seqlens, self.total, self.past_length}
+        out |= {n for pair in (*self.past, *self.present) for n in pair}
+        return out - {None}
+
+
+@dataclass(frozen=True)
 class GraphSpec:
     """One ONNX graph in the bundle.
 
-    ``role``: "verify" (target, K tokens per call), "step" (draft, 1 token per call) or
-    "prefill" (dynamic length). ``tokens`` is the static number of new tokens per call, or
-    None when it is dynamic. ``data`` lists external-data files the graph reads.
+    ``role``: "verify" (target, static K tokens per call), "step" (draft, static 1 token per
+    call) or "dynamic" (any length: prompts, 1-token target steps, short verify calls).
+    ``tokens`` is the static number of new tokens per call, or None when it is dynamic.
+    ``data`` lists external-data files the graph reads.
     """
 
     file: str
@@ -51,13 +89,20 @@ class GraphSpec:
     tokens: int | None
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
+    io: GraphIO
     data: tuple[str, ...] = ()
-    flavour: str = "ort"  # "ort": contrib ops allowed; "portable": standard ops, static K (TensorRT)
+    flavour: str = "ort"  # "ort": contrib ops allowed; "portable": standard ops, static shapes
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "inputs", tuple(t if isinstance(t, TensorSpec) else TensorSpec(**t) for t in self.inputs))
         object.__setattr__(self, "outputs", tuple(t if isinstance(t, TensorSpec) else TensorSpec(**t) for t in self.outputs))
+        object.__setattr__(self, "io", self.io if isinstance(self.io, GraphIO) else GraphIO(**self.io))
         object.__setattr__(self, "data", tuple(self.data))
+        if (self.model, self.role, self.flavour) not in {(m, r, f) for m in MODELS for r in ROLES for f in FLAVOURS}:
+            raise BundleError(f"graph {self.file}: model/role/flavour {self.model}/{self.role}/{self.flavour} is not one this specdec reads; re-export the bundle")
+        unknown = self.io.names() - {t.name for t in (*self.inputs, *self.outputs)}
+        if unknown:
+            raise BundleError(f"graph {self.file}: I/O roles name tensors {sorted(unknown)} it does not have; re-export the bundle")
 
 
 @dataclass(frozen=True)
@@ -111,6 +156,14 @@ class Manifest:
         """Tokens per verify call, γ + 1."""
         return self.gamma + 1
 
+    def graph(self, model: str, role: str, flavour: str = "ort") -> tuple[str, GraphSpec]:
+        """The (name, spec) of ``model``'s graph for ``role`` in ``flavour``."""
+        for name, g in self.graphs.items():
+            if (g.model, g.role, g.flavour) == (model, role, flavour):
+                return name, g
+        have = sorted(f"{g.model}/{g.role}/{g.flavour}" for g in self.graphs.values())
+        raise BundleError(f"bundle has no {model} {role} graph of flavour {flavour!r} (it has {', '.join(have)}); re-export it with specdec-export")
+
     def files(self) -> list[str]:
         """Every file the manifest names, relative to the bundle."""
         out = []
@@ -125,6 +178,9 @@ class Manifest:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Manifest:
+        version = d.get("schema_version")
+        if version != SCHEMA_VERSION:  # checked first: an old manifest lacks newer fields
+            raise BundleError(f"manifest schema_version={version}; this specdec reads {SCHEMA_VERSION}: re-export the bundle with specdec-export")
         try:
             d = dict(d)
             d["target"] = ModelSpec(**d["target"])

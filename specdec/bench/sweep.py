@@ -1,51 +1,20 @@
-"""Side-by-side decoding benchmark of one bundle: drafters and γ against γ = 0.
+"""One interleaved sweep: drafters and γ against γ = 0 on the same prompts, summed and summarized.
 
 Every configuration (a drafter at a fixed γ, or adaptive γ) decodes the same prompts in
-interleaved rounds, so machine noise hits all alike. Per configuration it reports tokens/s,
-the speedup over γ = 0, α (the maximum-likelihood estimate from accepted and rejected drafts),
-the measured cost c (draft time per drafted token / 1-token target call) and v (verify call /
-1-token target call), and, for a fixed γ, Theorem 3.8's prediction E[tokens] / (γc + v) from
-those, like the paper's Table 4. Runtime only: NumPy, ONNX Runtime, tokenizers.
+interleaved rounds, so machine noise hits all alike. Per configuration: tokens/s, the speedup
+over γ = 0, α (the maximum-likelihood estimate from accepted and rejected drafts), the measured
+cost c (draft time per drafted token / 1-token target call) and v (verify call / 1-token target
+call), and, for a fixed γ, Theorem 3.8's prediction E[tokens] / (γc + v) from those, like the
+paper's Table 4.
 """
 
 from __future__ import annotations
 
-import hashlib
-import sysconfig
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from specdec.runtime.analysis import expected_tokens, optimal_gamma
 from specdec.runtime.stats import COUNTERS
-
-EXCLUDED = {"site-packages", "test", "tests", "idle_test"}
-
-
-def stdlib_files(held_out: bool) -> list[Path]:
-    """CPython stdlib ``.py`` files (no site-packages, no test packages), split by file: a file
-    is held out when the sha256 of its relative path is 0 mod 20 (the demo pair's split)."""
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    out = []
-    for f in sorted(stdlib.rglob("*.py")):
-        rel = f.relative_to(stdlib)
-        if EXCLUDED & set(rel.parts):
-            continue
-        if (int(hashlib.sha256(str(rel).encode()).hexdigest(), 16) % 20 == 0) == held_out:
-            out.append(f)
-    return out
-
-
-def held_out_prompts(encode, count: int, length: int) -> list[list[int]]:
-    """``count`` prompts of ``length`` tokens: the opening of held-out files long enough."""
-    prompts = []
-    for f in stdlib_files(held_out=True):
-        ids = encode(f.read_text(encoding="utf-8", errors="replace"))
-        if len(ids) >= length * 2:
-            prompts.append(ids[:length])
-        if len(prompts) == count:
-            break
-    return prompts
 
 
 @dataclass
@@ -162,58 +131,3 @@ def planned_gamma(rows: list[Row], max_gamma: int, drafter: str = "model") -> in
         return None
     r = max(fixed, key=lambda r: r.gamma)
     return optimal_gamma(min(max(r.alpha, 1e-6), 1 - 1e-6), r.c, max_gamma, verify_cost=r.v)
-
-
-def markdown(title: str, rows: list[Row]) -> str:
-    lines = [f"**{title}**", "",
-             "| drafter | γ | tok/s | speedup vs γ=0 | predicted E[tokens]/(γc+v) | measured / predicted | α | c | v | drafted/call | time in engines |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in rows:
-        if r.gamma == 0:
-            lines.append(f"| – (autoregressive) | 0 | {r.tokens_per_s:.0f} | 1.00 | – | – | – | – | – | – | {r.engine_share:.0%} |")
-            continue
-        pred = f"{r.predicted:.2f} | {r.speedup / r.predicted:.2f}" if r.predicted else "– | –"
-        lines.append(f"| {r.drafter} | {r.gamma} | {r.tokens_per_s:.0f} | {r.speedup:.2f} | {pred} | "
-                     f"{r.alpha:.3f} | {r.c:.3f} | {r.v:.2f} | {r.mean_proposed:.2f} | {r.engine_share:.0%} |")
-    return "\n".join(lines) + "\n"
-
-
-def as_dict(rows: list[Row]) -> list[dict]:
-    return [asdict(r) for r in rows]
-
-
-def plot(results: dict[str, list[Row]], path: Path) -> None:
-    """Speedup against γ (measured and predicted; cf. the paper's Fig. 3) and acceptance per
-    draft position, one line per temperature. Needs matplotlib (``pip install 'specdec[bench]'``)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
-    for title, rows in results.items():
-        for drafter in dict.fromkeys(r.drafter for r in rows if r.gamma):
-            spec = [r for r in rows if r.drafter == drafter and isinstance(r.gamma, int)]
-            name = f"{title} {drafter}"
-            if spec:
-                line = a.plot([0] + [r.gamma for r in spec], [1.0] + [r.speedup for r in spec], marker="o", label=name)[0]
-                pred = [r for r in spec if r.predicted]
-                if pred:
-                    a.plot([r.gamma for r in pred], [r.predicted for r in pred], ls="--", color=line.get_color(), label=f"{name} predicted")
-                top = max(spec, key=lambda r: r.gamma)
-                b.plot(range(1, len(top.per_position) + 1), top.per_position, marker="o", color=line.get_color(), label=f"{name} (γ={top.gamma})")
-            for r in rows:
-                if r.drafter == drafter and r.gamma == "auto":
-                    a.axhline(r.speedup, ls=":", color=line.get_color() if spec else None, label=f"{name} adaptive γ")
-    from matplotlib.ticker import MaxNLocator
-
-    for ax in (a, b):
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    a.axhline(1.0, color="grey", lw=0.8)
-    a.set(xlabel="γ (draft tokens per target call)", ylabel="speedup over γ = 0", title="Walltime improvement")
-    b.set(xlabel="draft position i", ylabel="P(drafts 1..i all accepted)", title="Acceptance by draft position", ylim=(0, 1.05))
-    a.legend(fontsize=8)
-    b.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
