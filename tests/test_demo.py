@@ -13,6 +13,10 @@ pytest.importorskip("torch")
 from test_cli import SPECDEC  # noqa: E402
 
 from specdec import demo  # noqa: E402
+from specdec.errors import ModelError  # noqa: E402
+from specdec.manifest import SCHEMA_VERSION  # noqa: E402
+
+CHECKOUT_MODELS = demo.Path(demo.__file__).resolve().parents[1] / "models" / "demo"
 
 
 def run_demo(env_cache, *args):
@@ -33,7 +37,7 @@ def test_demo_exports_once_then_reuses_the_cache(llama_bundle, tmp_path):
     assert first.stdout.startswith(demo.PROMPT)
     assert "speedup" in first.stderr and "identical output" in first.stderr  # greedy: same tokens as autoregressive
     bundles = list((tmp_path / "cache").iterdir())
-    assert [b.name for b in bundles] == [f"demo-{demo.fingerprint(models)}"]
+    assert [b.name for b in bundles] == [f"demo-{demo.fingerprint(models)}-v{SCHEMA_VERSION}"]  # a newer schema re-exports
     second = run_demo(tmp_path / "cache", "--models", str(models), "--max-new-tokens", "24")
     assert second.returncode == 0 and "exported" not in second.stderr
     assert second.stdout == first.stdout
@@ -42,9 +46,23 @@ def test_demo_exports_once_then_reuses_the_cache(llama_bundle, tmp_path):
 def test_demo_without_models_exits_2(tmp_path):
     res = run_demo(tmp_path / "cache", "--models", str(tmp_path / "none"))
     assert res.returncode == 2 and "demo target not found" in res.stderr and res.stderr.count("\n") == 1
+    env = {**os.environ, "SPECDEC_CACHE": str(tmp_path / "cache"), demo.ENV: str(tmp_path / "elsewhere")}
+    cmd = [SPECDEC, "demo"] if SPECDEC else [sys.executable, "-m", "specdec", "demo"]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    assert res.returncode == 2 and str(tmp_path / "elsewhere") in res.stderr and res.stderr.count("\n") == 1
 
 
-@pytest.mark.skipif(not (demo.default_models() / "target" / "config.json").is_file(), reason="models/demo is not in this checkout")
+def test_demo_models_outside_a_checkout(tmp_path, monkeypatch):
+    """Installed without a checkout, the demo says where the models can come from; the env var wins."""
+    monkeypatch.delenv(demo.ENV, raising=False)
+    monkeypatch.setattr(demo, "__file__", str(tmp_path / "site-packages" / "specdec" / "demo.py"))
+    with pytest.raises(ModelError, match=f"--models DIR.*{demo.ENV}"):
+        demo.default_models()
+    monkeypatch.setenv(demo.ENV, str(tmp_path / "pair"))
+    assert demo.default_models() == tmp_path / "pair"
+
+
+@pytest.mark.skipif(not (CHECKOUT_MODELS / "target" / "config.json").is_file(), reason="models/demo is not in this checkout")
 def test_embedded_demo_pair_runs_the_quick_start_job(tmp_path):
     """The README's main job: `specdec demo` on the committed pair (greedy: output identical
     to autoregressive decoding, and the draft is accepted often)."""

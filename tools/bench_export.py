@@ -22,10 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).parent))
+import genai_baseline  # sibling tool: tools/ is this script's folder, first on sys.path
 
-import genai_baseline  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 TARGET = dict(hidden_size=512, intermediate_size=1024, num_hidden_layers=6, num_attention_heads=8,
               num_key_value_heads=4, vocab_size=32000, max_position_embeddings=2048, tie_word_embeddings=True)
@@ -76,7 +75,7 @@ def our_runner(path: Path, k: int, past: int, threads: int):
     import onnx
 
     from specdec.engines.kv import KVCache
-    from specdec.engines.ort import decoder_for
+    from specdec.engines.ort import runner_for
     from specdec.export.graphs import signature
     from specdec.manifest import GraphSpec
 
@@ -84,14 +83,15 @@ def our_runner(path: Path, k: int, past: int, threads: int):
     layers = sum(1 for i in g.input if i.name.startswith("past_key_"))
     kv = [d.dim_value for d in next(i for i in g.input if i.name == "past_key_0").type.tensor_type.shape.dim]
     vocab = g.output[0].type.tensor_type.shape.dim[2].dim_value
-    inputs, outputs = signature(layers, kv[1], kv[3], vocab, MAX_SEQ, k, "float32")
-    spec = GraphSpec(path.name, "", "target", "verify", k, inputs, outputs)
+    inputs, outputs, io = signature(layers, kv[1], kv[3], vocab, MAX_SEQ, k, "float32")
+    spec = GraphSpec(file=path.name, sha256="", model="target", role="verify", tokens=k,
+                     inputs=inputs, outputs=outputs, io=io)
     cache = KVCache(layers, kv[1], MAX_SEQ, kv[3], "float32")
     rng = np.random.default_rng(0)
     for buf in (*cache.keys, *cache.values):
         buf[...] = rng.standard_normal(buf.shape, dtype=np.float32) * 0.5
     cache.length = past
-    dec = decoder_for(path.parent, path.stem, spec, cache, threads=threads)
+    dec = runner_for(path.parent, path.stem, spec, cache, threads=threads)
     ids = rng.integers(3, vocab, size=k)
     return lambda: dec.run(ids)
 

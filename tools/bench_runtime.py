@@ -10,7 +10,7 @@ The numbers to read are the *relation* between measured speedup and the paper's 
     python tools/bench_runtime.py [--tokens 200] [--rounds 3] [--residual 0.05] [--threads 2]
 
 Every γ runs the same prompts in interleaved rounds (so machine noise hits all alike; the
-measurement is ``specdec.runtime.bench``, as in ``specdec bench``); greedy and sampled (T = 1)
+measurement is ``specdec.bench``, as in ``specdec bench``); greedy and sampled (T = 1)
 decoding are both measured. Writes .bench/runtime/results.{json,md}.
 """
 
@@ -68,7 +68,8 @@ def main() -> None:
     import onnxruntime
 
     from specdec.export.pipeline import ExportConfig, export_bundle
-    from specdec.runtime import SpeculativeDecoder, bench
+    from specdec import bench
+    from specdec.runtime import SpeculativeDecoder
 
     WORK.mkdir(parents=True, exist_ok=True)
     target, draft = build_pair(WORK / f"pair-r{args.residual}", args.residual)

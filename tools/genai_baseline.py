@@ -106,9 +106,10 @@ def session(model_onnx: Path, threads: int) -> Any:
     """Their graph in a session with exactly the options specdec's engines use."""
     import onnxruntime as ort
 
-    from specdec.engines.ort import session_options
+    from specdec.engines.threads import ThreadPolicy
 
-    return ort.InferenceSession(str(model_onnx), session_options(threads), providers=["CPUExecutionProvider"])
+    options = ThreadPolicy.per_session(threads).session_options()
+    return ort.InferenceSession(str(model_onnx), options, providers=["CPUExecutionProvider"])
 
 
 def _int_dtype(sess: Any, name: str) -> type:

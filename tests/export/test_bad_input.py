@@ -87,24 +87,6 @@ def test_existing_out_needs_overwrite(llama_bundle):
     assert_one_line_error(res, "already exists", "--overwrite")
 
 
-def test_trt_without_tensorrt_or_gpu_is_clear(llama_bundle, tmp_path):
-    target, draft, _ = llama_bundle
-    res = export_cli("--target", str(target), "--draft", str(draft), "--out", str(tmp_path / "b"), "--trt")
-    assert_one_line_error(res, "--trt needs")
-    assert not (tmp_path / "b").exists()
-
-
-@pytest.mark.gpu
-def test_trt_builds_engines(llama_bundle, tmp_path):
-    """On a machine with TensorRT and a GPU: FP16 engines from the portable graphs, in the manifest."""
-    pytest.importorskip("tensorrt")
-    target, draft, _ = llama_bundle
-    m = export_bundle(ExportConfig(str(target), str(draft), tmp_path / "b", gamma=3, max_seq_len=64, trt=True))
-    for name in ("target_verify_trt", "draft_step_trt"):
-        assert m.graphs[name].flavour == "tensorrt" and (tmp_path / "b" / m.graphs[name].file).stat().st_size > 0
-    assert load_manifest(tmp_path / "b").graphs["target_verify_trt"].inputs == m.graphs["target_verify_portable"].inputs
-
-
 def test_failed_validation_leaves_no_bundle(llama_bundle, tmp_path, monkeypatch):
     """A validation failure names each output's difference and leaves nothing that looks complete."""
     target, draft, _ = llama_bundle
@@ -163,7 +145,15 @@ def test_corrupt_graph_is_refused(bundle_copy):
         load_manifest(bundle_copy)
 
 
-@pytest.mark.parametrize("damage", ["missing_manifest", "bad_json", "missing_graph", "old_schema", "not_a_folder"])
+def schema_1(m: dict) -> None:
+    """What a bundle of the previous specdec looks like: schema 1, no I/O roles, role "prefill"."""
+    m["schema_version"] = 1
+    for g in m["graphs"].values():
+        g.pop("io")
+        g["role"] = "prefill" if g["role"] == "dynamic" else g["role"]
+
+
+@pytest.mark.parametrize("damage", ["missing_manifest", "bad_json", "missing_graph", "old_schema", "schema_1", "bad_io_role", "not_a_folder"])
 def test_damaged_bundle_is_refused(bundle_copy, damage):
     path = bundle_copy
     if damage == "missing_manifest":
@@ -174,11 +164,19 @@ def test_damaged_bundle_is_refused(bundle_copy, damage):
         (bundle_copy / "target_verify.onnx.data").unlink()
     elif damage == "old_schema":
         edit_manifest(bundle_copy, lambda m: m.update(schema_version=0))
+    elif damage == "schema_1":
+        edit_manifest(bundle_copy, schema_1)
+    elif damage == "bad_io_role":
+        edit_manifest(bundle_copy, lambda m: m["graphs"]["draft_step"]["io"].update(logits="scores"))
     elif damage == "not_a_folder":
         path = bundle_copy / "manifest.json"
     with pytest.raises(BundleError) as err:
         load_manifest(path)
     assert "\n" not in str(err.value)
+    if damage in ("old_schema", "schema_1", "bad_io_role"):
+        assert "re-export" in str(err.value), err.value
+    if damage == "bad_io_role":
+        assert "'scores'" in str(err.value)
 
 
 def test_engine_refuses_a_graph_that_differs_from_the_manifest(bundle_copy):

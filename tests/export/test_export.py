@@ -18,21 +18,20 @@ torch = pytest.importorskip("torch")
 from models import save_pair  # noqa: E402
 
 from specdec.engines.kv import KVCache  # noqa: E402
-from specdec.engines.ort import PortableDecoder, decoder_for  # noqa: E402
+from specdec.engines.ort import PortableRunner, runner_for  # noqa: E402
 from specdec.export.pipeline import ExportConfig, export_bundle  # noqa: E402
 from specdec.manifest import load_manifest  # noqa: E402
 
 ATOL = 1e-4  # the issue's float32 bound; measured figures are ~1e-5 (fp32 rounding of these models)
 
 
-def decoders(bundle, manifest, role: str, suffix: str = ""):
-    """The model's cache, its prefill engine and its decode engine (``suffix`` picks a flavour)."""
+def runners(bundle, manifest, role: str, flavour: str = "ort"):
+    """The model's cache, its dynamic-length runner and its static runner (in ``flavour``)."""
     spec = getattr(manifest, role)
     cache = KVCache(spec.num_layers, spec.num_kv_heads, manifest.max_seq_len, spec.head_dim, manifest.dtype)
-    decode = ("target_verify" if role == "target" else "draft_step") + suffix
-    prefill = decoder_for(bundle, f"{role}_prefill", manifest.graphs[f"{role}_prefill"], cache)
-    step = decoder_for(bundle, decode, manifest.graphs[decode], cache)
-    return cache, prefill, step
+    dynamic = runner_for(bundle, *manifest.graph(role, "dynamic"), cache)
+    static = runner_for(bundle, *manifest.graph(role, "verify" if role == "target" else "step", flavour), cache)
+    return cache, dynamic, static
 
 
 def full_recompute(model, seq: list[int]) -> np.ndarray:
@@ -40,9 +39,9 @@ def full_recompute(model, seq: list[int]) -> np.ndarray:
         return model(torch.tensor([seq])).logits[0].numpy()
 
 
-def check_decode(model, bundle, manifest, role: str, rng, suffix: str = "") -> float:
+def check_decode(model, bundle, manifest, role: str, rng, flavour: str = "ort") -> float:
     """Prefill, then calls with partial acceptance and rollback; returns the max |Δ logits|."""
-    cache, prefill, step = decoders(bundle, manifest, role, suffix)
+    cache, prefill, step = runners(bundle, manifest, role, flavour)
     vocab = manifest.vocab_size
     seq = rng.integers(0, vocab, size=9).tolist()
     worst = float(np.abs(prefill.run(seq) - full_recompute(model, seq)).max())
@@ -98,7 +97,7 @@ def test_rollback_is_needed_for_exactness(llama_bundle):
     target, _, out = llama_bundle
     manifest = load_manifest(out)
     model = AutoModelForCausalLM.from_pretrained(target).eval()
-    cache, prefill, verify = decoders(out, manifest, "target")
+    cache, prefill, verify = runners(out, manifest, "target")
     seq = [5, 6, 7, 8, 9, 10]
     prefill.run(seq)
     cache.append(len(seq))
@@ -115,11 +114,16 @@ def test_bundle_contents(llama_bundle):
     m = load_manifest(out)
     assert (out / "tokenizer" / "tokenizer.json").is_file()
     assert m.eos_token_ids == (1,) and m.bos_token_id == 0
-    assert set(m.graphs) == {"target_prefill", "target_verify", "draft_prefill", "draft_step"}
+    assert set(m.graphs) == {"target_dynamic", "target_verify", "draft_dynamic", "draft_step"}
+    assert m.graph("target", "verify") == ("target_verify", m.graphs["target_verify"])
     for g in m.graphs.values():
         assert all((out / f).is_file() for f in (g.file, *g.data))
         names = [t.name for t in g.inputs]
         assert names[:4] == ["input_ids", "position_ids", "seqlens_k", "total_sequence_length"]
+        io = g.io  # every role names a real tensor of the graph; one KV pair per layer each way
+        assert (io.ids, io.positions, io.seqlens, io.total, io.logits) == (*names[:4], g.outputs[0].name)
+        assert len(io.past) == len(io.present) == getattr(m, g.model).num_layers
+        assert io.names() <= {t.name for t in (*g.inputs, *g.outputs)}
     raw = json.loads((out / "manifest.json").read_text())
     assert raw["validation"]["tolerance"]["max_abs"] == 1e-4
     assert {"torch", "transformers", "onnxruntime"} <= set(raw["tools"])
@@ -173,7 +177,7 @@ def test_float16_bundle_has_half_weights(llama_bundle, tmp_path):
 
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
 def test_portable_flavour_is_standard_ops_and_exact(family, tmp_path):
-    """--portable adds static-shape, standard-op graphs (TensorRT's input), exact like the ORT ones."""
+    """--portable adds static-shape, standard-op graphs, exact like the ORT ones."""
     import onnx
     from transformers import AutoModelForCausalLM
 
@@ -191,6 +195,6 @@ def test_portable_flavour_is_standard_ops_and_exact(family, tmp_path):
     rng = np.random.default_rng(1)
     for role, src in (("target", target), ("draft", draft)):
         model = AutoModelForCausalLM.from_pretrained(src).eval()
-        _, _, step = decoders(out, m, role, "_portable")
-        assert isinstance(step, PortableDecoder)
-        assert check_decode(model, out, m, role, rng, "_portable") <= ATOL
+        _, _, step = runners(out, m, role, "portable")
+        assert isinstance(step, PortableRunner) and step.spec.io.past_length == "past_length"
+        assert check_decode(model, out, m, role, rng, "portable") <= ATOL

@@ -218,7 +218,7 @@ def test_threads_share_one_decoder_or_fork(dec):
     kw = dict(max_new_tokens=25, temperature=0.8, ignore_eos=True)
     serial = [dec.generate(p, seed=i, **kw).tokens for i, p in enumerate(prompts)]
     forks = [dec.fork() for _ in prompts]
-    assert forks[0]._sessions is dec._sessions and forks[0].seq is not dec.seq
+    assert forks[0].sessions is dec.sessions and forks[0].seq is not dec.seq
     for pool in ([dec] * len(prompts), forks):
         got = [None] * len(prompts)
 
@@ -239,18 +239,18 @@ def test_engine_steps_allocate_nothing(dec):
     t, d = dec.models["target"], dec.models["draft"]
     dec.generate(PROMPT, max_new_tokens=5)
     seq = dec.seq
-    pointers = [t.decode.logits.ctypes.data, *[p for pair in t.cache.pointers() for p in pair]]
-    row = t.decode.logits.shape[-1] * 4  # bytes in one float32 logits row
+    pointers = [t.static.logits.ctypes.data, *[p for pair in t.cache.pointers() for p in pair]]
+    row = t.static.logits.shape[-1] * 4  # bytes in one float32 logits row
 
     def steps(n, extra=None):
         for _ in range(n):
             t.cache.rewind_to(3)
             d.cache.rewind_to(3)
-            out = t.decode.run(seq[2:7])
+            out = t.static.run(seq[2:7])
             t.cache.append(5)
-            d.decode.run(seq[3:4])
+            d.static.run(seq[3:4])
             d.cache.append(1)
-            t.prefill.run(seq[7:8])
+            t.dynamic.run(seq[7:8])
             t.cache.append(1)
             if extra:
                 extra(out)
@@ -270,8 +270,8 @@ def test_engine_steps_allocate_nothing(dec):
         tracemalloc.stop()
     assert quiet < row, f"engine steps allocated {quiet} bytes"
     assert control > row, "the measurement cannot see a copied logits buffer"
-    assert [t.decode.logits.ctypes.data, *[p for pair in t.cache.pointers() for p in pair]] == pointers
-    assert np.shares_memory(t.decode.run(seq[2:4]), t.decode.logits)
+    assert [t.static.logits.ctypes.data, *[p for pair in t.cache.pointers() for p in pair]] == pointers
+    assert np.shares_memory(t.static.run(seq[2:4]), t.static.logits)
 
 
 def test_greedy_step_memory_does_not_grow(dec):
@@ -288,8 +288,8 @@ def test_greedy_step_memory_does_not_grow(dec):
     from specdec.runtime.stats import Stats
 
     req = dec.request(PROMPT, max_new_tokens=110, ignore_eos=True)
-    dec._acquire()
-    gen = dec._decode(req, Stats(gamma=req.gamma))
+    dec.acquire()
+    gen = dec.iterations(req, Stats(gamma=req.gamma))
     peaks, positions = [], []
     tracemalloc.start()
     try:
@@ -304,8 +304,8 @@ def test_greedy_step_memory_does_not_grow(dec):
     finally:
         tracemalloc.stop()
         gen.close()
-        dec._release()
-    k, v = dec.models["target"].decode.logits.shape[1:]
+        dec.release()
+    k, v = dec.models["target"].static.logits.shape[1:]
     early, late = peaks[5:25], peaks[-20:]
     assert positions[-20] - positions[24] >= 40, positions  # the windows are far apart in the sequence
     assert max(peaks[5:]) < k * v * 4, peaks
@@ -345,17 +345,28 @@ print("ok")
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
 
 
-def test_share_threads_runs_both_models_on_one_pool(llama_bundle):
-    """Without it every session has its own pool (a worker each); with it the process gains one pool."""
+def test_shared_thread_policy_runs_both_models_on_one_pool(llama_bundle):
+    """Per-session pools give every session a worker; ThreadPolicy.shared gives the process one
+    pool, after which a per-session policy is refused with a typed error naming the fix; the
+    stats record the policy."""
     code = (
         "import os, sys\n"
-        "from specdec.engines.ort import share_threads\n"
-        "from specdec.runtime import SpeculativeDecoder\n"
+        "from specdec.errors import EngineError\n"
+        "from specdec.runtime import SpeculativeDecoder, ThreadPolicy\n"
         "before = len(os.listdir('/proc/self/task'))\n"
-        "if sys.argv[1] == 'shared': share_threads(2)\n"
-        "dec = SpeculativeDecoder.load(sys.argv[2], threads=2)\n"
-        "dec.generate([5, 6, 7], max_new_tokens=8)\n"
-        "print(len(os.listdir('/proc/self/task')) - before)\n"
+        "policy = ThreadPolicy.shared(2) if sys.argv[1] == 'shared' else ThreadPolicy.per_session(2)\n"
+        "dec = SpeculativeDecoder.load(sys.argv[2], threads=policy)\n"
+        "stats = dec.generate([5, 6, 7], max_new_tokens=8).stats\n"
+        "assert stats.threads == policy.label and stats.threads in stats.line(), stats.threads\n"
+        "grown = len(os.listdir('/proc/self/task')) - before\n"
+        "if sys.argv[1] == 'shared':\n"
+        "    try:\n"
+        "        SpeculativeDecoder.load(sys.argv[2], threads=2)\n"
+        "    except EngineError as e:\n"
+        "        assert 'ThreadPolicy.shared' in str(e), e\n"
+        "    else:\n"
+        "        raise SystemExit('a per-session pool after the shared one was not refused')\n"
+        "print(grown)\n"
     )
     import subprocess
     import sys

@@ -17,8 +17,10 @@ import pytest
 
 from specdec.errors import BundleError, ConfigError
 from specdec.runtime import SpeculativeDecoder
+from specdec.ngram_table import NgramTable
 from specdec.runtime.adaptive import AdaptiveGamma
-from specdec.runtime.drafters import DRAFTERS, BigramCounts, LookupDrafter, NgramDrafter, NgramTable
+from specdec.runtime.drafters import DRAFTERS, BigramCounts, LookupDrafter, NgramDrafter
+from specdec.runtime.stats import Iteration
 
 torch = pytest.importorskip("torch")
 from test_decoder_exact import P_MIN, PROMPTS, chi_square_p, exact_first_two, first_diff, load_model, torch_greedy  # noqa: E402
@@ -136,10 +138,10 @@ def test_adaptive_gamma_greedy_matches(family_bundle):
     ref = torch_greedy(model, PROMPTS[0], 120)
     res = dec.generate(PROMPTS[0], max_new_tokens=120, gamma="auto", ignore_eos=True)
     assert res.tokens == ref and res.stats.adaptive
-    (policy,) = dec._policies.values()  # kept for the next request at this sampling setting
-    assert policy.draft_call > 0 and not dec.fork()._policies
+    (policy,) = dec.policies.values()  # kept for the next request at this sampling setting
+    assert policy.draft_call > 0 and not dec.fork().policies
     again = dec.generate(PROMPTS[0], max_new_tokens=120, gamma="auto", ignore_eos=True, temperature=0.0)
-    assert again.tokens == ref and len(dec._policies) == 1
+    assert again.tokens == ref and len(dec.policies) == 1
 
 
 def feed(policy: AdaptiveGamma, alpha: float, draft: float, line: tuple[float, float], rng, steps: int = 300) -> list[int]:
@@ -152,7 +154,7 @@ def feed(policy: AdaptiveGamma, alpha: float, draft: float, line: tuple[float, f
         n = 0
         while n < g and rng.random() < alpha:
             n += 1
-        policy.update(g, n, g, g * draft, line[0] + line[1] * g)
+        policy.update(Iteration(g, n, g, g * draft, line[0] + line[1] * g, 0.0))
     return chosen
 
 

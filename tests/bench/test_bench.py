@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from specdec.runtime import bench
+from specdec import bench
 
 
 def test_stdlib_split_is_disjoint_and_stable():
