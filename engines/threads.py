@@ -6,7 +6,8 @@ their worker threads wait between calls matters (measurements: README "ONNX Runt
 
 - ``ThreadPolicy.per_session(n)`` (the default): each session has its own pool of n threads
   that spin while a call runs and stop spinning when it returns, so the idle model's workers
-  never compete with the busy one's. Touches no process-wide state.
+  never compete with the busy one's. Touches no process-wide state. ``spin=False`` makes the
+  workers sleep between ops too (no busy-waiting at all: for machines shared with other work).
 - ``ThreadPolicy.shared(n)``: every specdec session runs on ONE process-wide pool that may
   spin, since only one session runs at a time. Faster on a small CPU, but process-wide: ONNX
   Runtime creates that pool once per process and from then on refuses any session with a
@@ -32,6 +33,7 @@ class ThreadPolicy:
 
     threads: int | None = None
     shared_pool: bool = False
+    spin: bool = True  # per-session pools: spin while a call runs (never between calls)
 
     def __post_init__(self) -> None:
         t = self.threads
@@ -39,8 +41,8 @@ class ThreadPolicy:
             raise InputError(f"threads={t!r}: expected an integer >= 1, or None for one per core")
 
     @classmethod
-    def per_session(cls, threads: int | None = None) -> ThreadPolicy:
-        return cls(threads, False)
+    def per_session(cls, threads: int | None = None, spin: bool = True) -> ThreadPolicy:
+        return cls(threads, False, spin)
 
     @classmethod
     def shared(cls, threads: int | None = None) -> ThreadPolicy:
@@ -54,7 +56,8 @@ class ThreadPolicy:
     @property
     def label(self) -> str:
         """What the stats record, e.g. "per-session x2" or "shared x(cores)"."""
-        return f"{'shared' if self.shared_pool else 'per-session'} x{self.threads or '(cores)'}"
+        kind = "shared" if self.shared_pool else "per-session" if self.spin else "per-session, no spin"
+        return f"{kind} x{self.threads or '(cores)'}"
 
     def session_options(self) -> ort.SessionOptions:
         """Options for one session under this policy (creates the shared pool on first use)."""
@@ -72,7 +75,10 @@ class ThreadPolicy:
             )
         if self.threads:
             so.intra_op_num_threads = self.threads
-        so.add_session_config_entry("session.force_spinning_stop", "1")  # spin within a call, sleep after it
+        if self.spin:
+            so.add_session_config_entry("session.force_spinning_stop", "1")  # spin within a call, sleep after it
+        else:
+            so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         return so
 
 

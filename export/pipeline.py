@@ -166,35 +166,42 @@ def export_bundle(cfg: ExportConfig, progress: Progress | None = None) -> Manife
         check({k: v for k, v in figures.items() if not k.endswith("_portable")}, tol)
         check({k: v for k, v in figures.items() if k.endswith("_portable")}, TOLERANCES[(cfg.dtype, None)])
 
+        target = sources["target"]
         tokenizer = None
-        if sources["target"].tokenizer is not None:
-            sources["target"].tokenizer.save_pretrained(tmp / "tokenizer")
+        if target.tokenizer is not None:
+            target.tokenizer.save_pretrained(tmp / "tokenizer")
             tokenizer = "tokenizer"
-        target_src = sources["target"]
         ngram = None
         if cfg.ngram_corpus is not None:
             progress("count n-grams")
-            ngram = write_table(cfg.ngram_corpus, target_src.tokenizer, target_src.config.vocab_size, tmp)
-        manifest = Manifest(
-            gamma=cfg.gamma,
-            max_seq_len=max_seq,
-            vocab_size=target_src.config.vocab_size,
-            dtype=cfg.dtype,
-            quantization=cfg.quantize,
-            bos_token_id=target_src.config.bos_token_id,
-            eos_token_ids=target_src.eos_ids(),
-            pad_token_id=getattr(target_src.config, "pad_token_id", None),
-            target=specs["target"],
-            draft=specs["draft"],
-            graphs=graphs,
-            tokenizer=tokenizer,
-            ngram=ngram,
-            validation={"tolerance": {"max_abs": tol.max_abs if math.isfinite(tol.max_abs) else None, "min_top1": tol.min_top1}, **figures},
-            tools=_tools(),
-        )
+            ngram = write_table(cfg.ngram_corpus, target.tokenizer, target.config.vocab_size, tmp)
+        validation = {"tolerance": {"max_abs": tol.max_abs if math.isfinite(tol.max_abs) else None, "min_top1": tol.min_top1}, **figures}
+        manifest = _manifest(cfg, target, specs, graphs, max_seq, tokenizer=tokenizer, ngram=ngram, validation=validation)
         progress("write bundle")
         commit(tmp, cfg.out, manifest)
     return manifest
+
+
+def _manifest(cfg: ExportConfig, target: Source, specs: dict[str, ModelSpec], graphs: dict[str, GraphSpec], max_seq: int, *,
+              tokenizer: str | None, ngram: dict | None, validation: dict) -> Manifest:  # fmt: skip
+    """The manifest of an exported bundle."""
+    return Manifest(
+        gamma=cfg.gamma,
+        max_seq_len=max_seq,
+        vocab_size=target.config.vocab_size,
+        dtype=cfg.dtype,
+        quantization=cfg.quantize,
+        bos_token_id=target.config.bos_token_id,
+        eos_token_ids=target.eos_ids(),
+        pad_token_id=getattr(target.config, "pad_token_id", None),
+        target=specs["target"],
+        draft=specs["draft"],
+        graphs=graphs,
+        tokenizer=tokenizer,
+        ngram=ngram,
+        validation=validation,
+        tools=_tools(),
+    )
 
 
 def _export_graph(plan: GraphPlan, cfg: ExportConfig, model, spec: ModelSpec, max_seq: int, tmp: Path, progress: Progress) -> GraphSpec:

@@ -19,7 +19,7 @@ from specdec.errors import BundleError, ConfigError
 from specdec.runtime import SpeculativeDecoder
 from specdec.ngram_table import NgramTable
 from specdec.runtime.adaptive import AdaptiveGamma
-from specdec.runtime.drafters import DRAFTERS, BigramCounts, LookupDrafter, NgramDrafter
+from specdec.runtime.drafters import DRAFTERS, BigramCounts, LookupDrafter, NgramDrafter, one_hot, register
 from specdec.runtime.stats import Iteration
 
 torch = pytest.importorskip("torch")
@@ -189,6 +189,52 @@ def test_hierarchical_proposes_what_the_draft_model_would(family_bundle):
     b = hier.generate(prompt, max_new_tokens=60, ignore_eos=True).stats
     assert (a.accepted, a.drafted, a.accepted_at) == (b.accepted, b.drafted, b.accepted_at)
     assert b.draft_calls < a.draft_calls, (a.draft_calls, b.draft_calls)
+
+
+class ScriptDrafter:
+    """A user's drafter (the README's example): proposes the tokens a known text has next, e.g. a
+    cached answer. Deterministic, so q is one-hot (``one_hot``)."""
+
+    name = "script"
+
+    def __init__(self, script: list[int]):
+        self.script, self.calls = np.asarray(script, dtype=np.int64), 0
+
+    def start(self, seq, length):
+        self.prompt_length = length
+
+    def propose(self, seq, length, gamma, cfg, rng, q):
+        self.calls += 1
+        at = length - self.prompt_length
+        k = max(0, min(gamma, len(self.script) - at))
+        seq[length : length + k] = self.script[at : at + k]
+        if not cfg.greedy:
+            one_hot(q, seq[length : length + k])
+        return k
+
+    def commit(self, seq, length, accepted):
+        pass
+
+
+def test_a_user_drafter_plugs_in(llama_bundle):
+    """Any object with the Drafter interface works, passed as is or registered by name; the output
+    stays the target's (greedy token for token), and an object without the interface is refused."""
+    target, _, out = llama_bundle
+    model = load_model(target)
+    ref = torch_greedy(model, PROMPTS[0], 40)
+    wrong = np.random.default_rng(0).random(len(ref)) < 0.25
+    script = [(t + 1) % 320 if w else t for t, w in zip(ref, wrong)]  # a quarter of the tokens are wrong
+    dec = SpeculativeDecoder.load(out, drafter=ScriptDrafter(script))
+    res = dec.generate(PROMPTS[0], max_new_tokens=40, ignore_eos=True)
+    assert res.tokens == ref and res.stats.drafter == "script"
+    assert res.stats.accepted >= 10 and res.stats.rejected >= 3, res.stats  # both paths crossed
+    register("script")(lambda ctx: ScriptDrafter(script))
+    try:
+        assert dec.fork(drafter="script").generate(PROMPTS[0], max_new_tokens=40, ignore_eos=True).tokens == ref
+    finally:
+        DRAFTERS.pop("script")
+    with pytest.raises(ConfigError, match="lacks the Drafter interface"):
+        SpeculativeDecoder.load(out, drafter=object())
 
 
 # -- sampling: chi-square on the first two tokens -----------------------------------------
