@@ -46,7 +46,9 @@ class KVCache:
 
     def append(self, n: int) -> None:
         """Commit the next ``n`` rows that the last call wrote."""
-        if not 0 <= self.length + n <= self.max_seq:
+        if n < 0:
+            raise InputError(f"KV cache append of {n} rows: expected a count >= 0 (use rewind_to to forget rows)")
+        if self.length + n > self.max_seq:
             raise InputError(f"KV cache append of {n} rows at length {self.length} exceeds max-seq-len {self.max_seq}")
         self.length += n
 

@@ -83,10 +83,10 @@ class GraphRunner:
         self.binding = self.session.io_binding()
         kv_spec = specs[spec.io.past[0][0]]
         self.kv_dtype = NP_DTYPES[kv_spec.dtype]
-        if self.kv_dtype != cache.dtype or len(spec.io.past) != len(cache.keys):
+        if self.kv_dtype != cache.dtype or len(spec.io.past) != len(cache.keys) or tuple(kv_spec.shape) != cache.shape:
             raise SignatureError(
-                f"graph {name} takes {len(spec.io.past)} layers of {kv_spec.dtype} KV, the cache holds {len(cache.keys)} of "
-                f"{np.dtype(cache.dtype).name}; rebuild the decoder from the manifest"
+                f"graph {name} takes {len(spec.io.past)} layers of {kv_spec.dtype} KV {list(kv_spec.shape)}, the cache holds "
+                f"{len(cache.keys)} of {np.dtype(cache.dtype).name} {list(cache.shape)}; rebuild the cache from the manifest"
             )
         for (k_name, v_name), ptrs in zip(spec.io.past, cache.pointers()):
             for tensor, ptr in zip((k_name, v_name), ptrs):

@@ -3,14 +3,14 @@
 1. onnxscript's ORT fusions: RMSNorm, skip-RMSNorm, rotary embedding, cos/sin cache.
 2. A tied LM head (the embedding matrix W [V, H] reused as the output projection) exports as
    MatMul(h, Wᵀ) on a transposed constant, which ORT runs as FusedMatMul(transB) and cannot
-   prepack; on a 30M model it was a third of a verify call. The head becomes a plain MatMul on
+   prepack (a large share of a verify call: docs/bench/notes.md). The head becomes a plain MatMul on
    a stored Wᵀ [H, V]:
 
        FusedMatMul(h, W, transB=1)    ->  MatMul(h, Wᵀ)
 
    The embedding lookup keeps W when W is small (<= DUPLICATE_LIMIT elements: the copy costs
-   little memory, while ORT's column gather costs ~0.15 ms a call on this CPU, 2-3% of a
-   30M model's verify call). Above that, no weight is duplicated and the lookup gathers Wᵀ's
+   little memory, while ORT's column gather costs a few percent of a small model's verify call).
+   Above that, no weight is duplicated and the lookup gathers Wᵀ's
    columns, which is negligible next to a large model's call:
 
        Gather(W, ids)                 ->  Transpose(Gather(Wᵀ, ids, axis=1), perm=[1, .., r, 0])

@@ -16,12 +16,11 @@
 The decoder keeps one policy per sampling setting and carries it from request to request
 (a fork starts afresh): every iteration updates it, so it follows a request's text, while the
 long memory (``decay`` 0.99 per iteration, about a hundred iterations) keeps one request's
-first noisy iterations from driving γ. Measured on the demo pair, per-request estimates with a
-short memory (decay 0.9) lost 10-25% to the best fixed γ: α̂ from a few short calls is noisy
-and the choice then sticks at small γ. The first call of each k (and the first draft call) is
-not timed: the first run of a graph is cold (measured: a first static verify call took 3.9x a
-warm one, and that one sample kept the policy at γ = 1 for two requests). A fresh policy opens
-with the bundle's γ, γ = 1, and both again, so the cost line has two timed points.
+first noisy iterations from driving γ (α̂ from a few short calls is noisy, and the choice then
+sticks at a small γ). The first call of each k (and the first draft call) is not timed: the
+first run of a graph is cold. A fresh policy opens with the bundle's γ, γ = 1, and both
+again, so the cost line has two timed points. The measurements behind these choices are in
+``docs/bench/notes.md``.
 """
 
 from __future__ import annotations
@@ -80,7 +79,7 @@ class AdaptiveGamma:
         drafted, accepted, draft_calls, draft_seconds, target_seconds = it[:5]
         d = self.decay
         self.calls[drafted] += 1
-        if self.calls[drafted] > 1:  # the first call of a graph is cold (measured: up to 3.9x a warm one)
+        if self.calls[drafted] > 1:  # the first call of a graph is cold (docs/bench/notes.md)
             self.fit = [d * s + x for s, x in zip(self.fit, (1.0, drafted, drafted * drafted, target_seconds, drafted * target_seconds))]
             old = self.times[drafted]
             self.times[drafted] = target_seconds if math.isnan(old) else 0.8 * old + 0.2 * min(target_seconds, SPIKE * old)

@@ -65,7 +65,6 @@ def test_negative_append_on_empty_cache_raises(cache):
     assert cache.length == 0
 
 
-@pytest.mark.xfail(strict=True, reason="library bug: KVCache.append(-1) at length > 0 silently rewinds (checks only 0 <= length + n)")
 def test_negative_append_on_nonempty_cache_raises(cache):
     """append commits rows a call wrote; a negative count is a caller bug, not a rewind."""
     cache.append(5)
