@@ -86,6 +86,8 @@ def verify_batch(
 
 def verify(draft: np.ndarray, q: np.ndarray, p: np.ndarray, rng: np.random.Generator, lenience: float = 1.0) -> Verdict:
     """Algorithm 1 for one sequence: draft [γ], q [γ, V], p [γ+1, V] -> Verdict of ints."""
+    if len(draft) == 0:  # γ = 0, a plain step: the bonus token alone (the same single uniform as below)
+        return Verdict(0, int(sample(np.asarray(p)[0], rng)))
     v = verify_batch(np.asarray(draft)[None], np.asarray(q)[None], np.asarray(p)[None], rng, lenience)
     return Verdict(int(v.accepted[0]), int(v.token[0]))
 
