@@ -139,7 +139,7 @@ def inspect_cmd(bundle: Path, as_json: bool) -> None:
 @click.option("--lenience", default=1.0, show_default=True, type=float, help="1 = exact. Below 1 accepts more drafts and CHANGES the output distribution (no token above p/lenience; paper App. A.5).")
 @click.option("--ignore-eos", is_flag=True, help="Keep going past end-of-sequence tokens.")
 @click.option("--provider", default="cpu", show_default=True, type=click.Choice(["cpu", "cuda"]))
-@click.option("--threads", default=None, type=int, help="ONNX Runtime threads, one pool shared by both models [default: one per core].")
+@click.option("--threads", default=None, type=int, help="ONNX Runtime intra-op threads per model session [default: one per core].")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with tokens, text and stats.")
 def generate_cmd(bundle: Path, prompt: str | None, prompt_ids: str | None, provider: str, threads: int | None, as_json: bool,
                  drafter: str, lookup_ngram: int, lookup_max_tokens: int | None, gamma: str | None, **kw) -> None:
@@ -181,7 +181,7 @@ def generate_cmd(bundle: Path, prompt: str | None, prompt_ids: str | None, provi
 @click.option("--prompt-tokens", default=64, show_default=True, type=int)
 @click.option("--tokens", default=128, show_default=True, type=int, help="New tokens per request.")
 @click.option("--rounds", default=2, show_default=True, type=int)
-@click.option("--threads", default=None, type=int, help="ONNX Runtime threads, one pool shared by both models [default: one per core].")
+@click.option("--threads", default=None, type=int, help="ONNX Runtime intra-op threads per model session [default: one per core].")
 @click.option("--out", default=None, type=click.Path(file_okay=False, path_type=Path), help="Write results.md, results.json and bench.png here.")
 def bench_cmd(bundle: Path, gammas: str | None, drafters: str, adaptive: bool, temperatures: str, n_prompts: int, prompt_tokens: int,
               tokens: int, rounds: int, threads: int | None, out: Path | None) -> None:
@@ -234,14 +234,13 @@ def bench_cmd(bundle: Path, gammas: str | None, drafters: str, adaptive: bool, t
 
 
 def _threads(threads: int | None):
-    """The CLI owns its process, so it takes the fastest pooling here: ONE ONNX Runtime pool shared
-    by the draft and target sessions (``ThreadPolicy.shared``; process-wide, see engines.threads)."""
+    """--threads: the library's default policy (a pool per session; see engines.threads)."""
     from specdec.engines.threads import ThreadPolicy
     from specdec.errors import InputError
 
     if threads is not None and threads < 1:
         raise InputError(f"--threads {threads}: expected an integer >= 1")
-    return ThreadPolicy.shared(threads)
+    return ThreadPolicy.per_session(threads)
 
 
 def _gamma(text: str | None) -> int | str | None:
@@ -271,7 +270,7 @@ def _numbers(option: str, text: str, kind: type) -> list:
 @click.option("--max-new-tokens", default=96, show_default=True, type=int)
 @click.option("--temperature", default=0.0, show_default=True, type=float, help="0 = greedy.")
 @click.option("--seed", default=0, show_default=True, type=int)
-@click.option("--threads", default=None, type=int, help="ONNX Runtime threads, one pool shared by both models [default: one per core].")
+@click.option("--threads", default=None, type=int, help="ONNX Runtime intra-op threads per model session [default: one per core].")
 def demo_cmd(models: Path | None, prompt: str | None, max_new_tokens: int, temperature: float, seed: int, threads: int | None) -> None:
     """Complete code with the embedded demo pair; compare with autoregressive decoding in the same run."""
     from specdec import demo

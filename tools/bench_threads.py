@@ -20,7 +20,7 @@ from pathlib import Path
 POLICIES = {
     "per-session (default)": "ThreadPolicy.per_session(THREADS)",
     "per-session, no spin": "ThreadPolicy.per_session(THREADS, spin=False)",
-    "shared (the CLI's)": "ThreadPolicy.shared(THREADS)",
+    "shared": "ThreadPolicy.shared(THREADS)",
 }
 CHILD = """
 import json, sys

@@ -12,7 +12,7 @@ from peers.hf import HFPeer
 from peers.optimum import OptimumPeer
 from peers.specdec import SpecdecPeer
 
-# In start order: specdec last, since its shared ORT pool forbids later per-session pools.
+# In start order (specdec last: it used to set a process-wide ORT pool; it no longer does).
 PEER_CLASSES: dict[str, type[Peer]] = {p.name: p for p in (HFPeer, OptimumPeer, GenaiPeer, SpecdecPeer)}
 PEERS = tuple(PEER_CLASSES)
 

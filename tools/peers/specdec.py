@@ -21,12 +21,11 @@ class SpecdecPeer(Peer):
                "ngram": "ngram", "hierarchical": "hierarchical"}
 
     def __init__(self, bundle: Path, threads: int, draft_tokens: int | None) -> None:
-        from specdec.engines.threads import ThreadPolicy
         from specdec.runtime import SpeculativeDecoder
 
-        # One process-wide ORT pool, as the specdec CLI uses; the peer starts last, since ORT
-        # then refuses sessions with pools of their own (optimum's).
-        base = SpeculativeDecoder.load(bundle, threads=ThreadPolicy.shared(threads))
+        # The library's default thread policy (a pool per session), as the specdec CLI uses: no
+        # process-wide ORT state, so the other peers' sessions are unaffected.
+        base = SpeculativeDecoder.load(bundle, threads=threads)
         self.decoders = {d: base.fork(drafter=d) for d in set(self.DRAFTER.values())}
         self.decoders["model"] = base
         self.k = draft_tokens or base.manifest.gamma
