@@ -32,6 +32,15 @@ class KVCache:
         self.max_seq = max_seq
         self.length = 0
 
+    @classmethod
+    def over(cls, keys: list[np.ndarray], values: list[np.ndarray]) -> KVCache:
+        """A cache over existing host buffers [1, kvH, MAX, D] per layer (e.g. one slot of a
+        ``SlotCache``), with its own committed length."""
+        cache = cls.__new__(cls)
+        cache.shape, cache.dtype, cache.device = tuple(keys[0].shape), keys[0].dtype.type, "cpu"
+        cache.keys, cache.values, cache.max_seq, cache.length = keys, values, keys[0].shape[2], 0
+        return cache
+
     def _buffer(self):
         if self.device == "cpu":
             return np.zeros(self.shape, dtype=self.dtype)  # [1, kvH, MAX, D]

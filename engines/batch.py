@@ -1,0 +1,111 @@
+"""Batched graph runs: many requests' rows in one ONNX Runtime call, each over its own cache slot.
+
+``SlotCache`` holds the KV cache of ``slots`` requests plus one scratch slot: per layer a key
+and a value buffer [slots + 1, kvH, MAX, D], allocated once. Slot s is a ``KVCache`` view over
+its block, with its own committed length, so the batch-1 runners (prompts, one request alone)
+run over a slot unchanged after ``GraphRunner.bind_cache``.
+
+``BatchRunner`` runs one batched graph (B rows, dynamic S; ``export/batched.py``): row r of a
+call feeds its tokens at its slot's committed length and writes their KV rows there in place;
+rows a call does not use point at the scratch slot. Row buffers are rebound only when the slot
+a row serves changes, token-sized buffers only when S changes.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import onnxruntime as ort
+
+from specdec.engines.kv import NP_DTYPES, KVCache
+from specdec.errors import InputError, SignatureError
+from specdec.manifest import GraphSpec
+
+
+class SlotCache:
+    """Per layer keys/values [slots + 1, kvH, MAX, D]; ``slot(s)`` is a KVCache view of slot s."""
+
+    def __init__(self, layers: int, kv_heads: int, max_seq: int, head_dim: int, dtype: str, slots: int):
+        shape = (slots + 1, kv_heads, max_seq, head_dim)
+        self.keys = [np.zeros(shape, dtype=NP_DTYPES[dtype]) for _ in range(layers)]  # [slots+1, kvH, MAX, D]
+        self.values = [np.zeros(shape, dtype=NP_DTYPES[dtype]) for _ in range(layers)]
+        self.views = [KVCache.over([k[s : s + 1] for k in self.keys], [v[s : s + 1] for v in self.values]) for s in range(slots + 1)]
+        self.scratch = slots  # the slot unused rows of a batched call write into (never read)
+        self.max_seq = max_seq
+
+    def slot(self, s: int) -> KVCache:
+        return self.views[s]
+
+
+class BatchRunner:
+    """Run one batched graph of a bundle over a ``SlotCache``.
+
+    ``run(slots, feeds)`` feeds row r the tokens ``feeds[r]`` at slot ``slots[r]``'s committed
+    length and returns logits [len(slots), S, V] (S = the longest feed; a shorter feed is padded
+    with its last token, and rows and logits past its length are never kept). The returned array
+    is a view of a buffer the next call overwrites. Committing is left to the caller.
+    """
+
+    def __init__(self, session: ort.InferenceSession, name: str, spec: GraphSpec, cache: SlotCache, max_tokens: int):
+        self.name, self.spec, self.cache, self.session, self.io = name, spec, cache, session, spec.io
+        self.rows, self.max_tokens = spec.batch, max_tokens  # B, and the most tokens a row feeds per call
+        specs = {t.name: t for t in (*spec.inputs, *spec.outputs)}
+        layers = len(cache.keys)
+        if len(spec.io.past) != self.rows * layers or tuple(specs[spec.io.past[0][0]].shape) != cache.views[0].shape:
+            raise SignatureError(f"graph {name} takes {len(spec.io.past)} KV pairs of {list(specs[spec.io.past[0][0]].shape)}, "
+                                 f"the slot cache holds {layers} layers of {list(cache.views[0].shape)}; rebuild it from the manifest")  # fmt: skip
+        vocab = specs[spec.io.logits].shape[-1]
+        cap = self.rows * max_tokens
+        self._ids = np.zeros((cap,), dtype=np.int64)  # [B * S] viewed as [B, S] per call
+        self._pos = np.zeros((cap,), dtype=np.int64)
+        self._logits = np.zeros((cap * vocab,), dtype=np.float32)  # [B * S * V]
+        self.seqlens = np.zeros((self.rows,), dtype=np.int32)  # [B]: rows visible after the call - 1
+        self.vocab, self.layers = vocab, layers
+        self.binding = session.io_binding()
+        self.binding.bind_input(self.io.seqlens, "cpu", 0, np.int32, [self.rows], self.seqlens.ctypes.data)
+        self.bound_slots = [-1] * self.rows
+        self.bound_tokens = 0
+        for r in range(self.rows):
+            self._bind_row(r, cache.scratch)
+
+    def _bind_row(self, r: int, slot: int) -> None:
+        view = self.cache.slot(slot)
+        for i, ptrs in enumerate(view.pointers()):
+            (k_in, v_in), (k_out, v_out) = self.io.past[r * self.layers + i], self.io.present[r * self.layers + i]
+            for tin, tout, ptr in ((k_in, k_out, ptrs[0]), (v_in, v_out, ptrs[1])):
+                self.binding.bind_input(tin, "cpu", 0, view.dtype, list(view.shape), ptr)
+                self.binding.bind_output(tout, "cpu", 0, view.dtype, list(view.shape), ptr)
+        self.bound_slots[r] = slot
+
+    def _bind_tokens(self, s: int) -> None:
+        b = self.binding
+        b.bind_input(self.io.ids, "cpu", 0, np.int64, [self.rows, s], self._ids.ctypes.data)
+        b.bind_input(self.io.positions, "cpu", 0, np.int64, [self.rows, s], self._pos.ctypes.data)
+        b.bind_output(self.io.logits, "cpu", 0, np.float32, [self.rows, s, self.vocab], self._logits.ctypes.data)
+        self.bound_tokens = s
+
+    def run(self, slots: Sequence[int], feeds: Sequence[np.ndarray]) -> np.ndarray:
+        n, s = len(slots), max(len(f) for f in feeds)
+        if not 0 < n <= self.rows or not 0 < s <= self.max_tokens:
+            raise InputError(f"{self.name}: {n} rows of up to {s} tokens; this runner takes 1..{self.rows} rows of 1..{self.max_tokens}")
+        ids, pos = self._ids[: self.rows * s].reshape(self.rows, s), self._pos[: self.rows * s].reshape(self.rows, s)
+        for r in range(self.rows):
+            slot = slots[r] if r < n else self.cache.scratch
+            start = self.cache.slot(slot).length
+            if start + s > self.cache.max_seq:
+                raise InputError(f"{self.name}: slot {slot} rows {start}..{start + s} exceed max-seq-len {self.cache.max_seq}")
+            if r < n:
+                k = len(feeds[r])
+                ids[r, :k] = feeds[r]
+                ids[r, k:] = ids[r, k - 1]  # padding: later rows, never kept
+            else:
+                ids[r] = 0
+            pos[r] = np.arange(start, start + s)
+            self.seqlens[r] = start + s - 1
+            if self.bound_slots[r] != slot:
+                self._bind_row(r, slot)
+        if s != self.bound_tokens:
+            self._bind_tokens(s)
+        self.session.run_with_iobinding(self.binding)
+        return self._logits[: self.rows * s * self.vocab].reshape(self.rows, s, self.vocab)[:n]
