@@ -88,14 +88,21 @@ class GraphRunner:
                 f"graph {name} takes {len(spec.io.past)} layers of {kv_spec.dtype} KV {list(kv_spec.shape)}, the cache holds "
                 f"{len(cache.keys)} of {np.dtype(cache.dtype).name} {list(cache.shape)}; rebuild the cache from the manifest"
             )
-        for (k_name, v_name), ptrs in zip(spec.io.past, cache.pointers()):
-            for tensor, ptr in zip((k_name, v_name), ptrs):
-                self.binding.bind_input(tensor, cache.device, 0, self.kv_dtype, list(cache.shape), ptr)
-        self._bind_kv_outputs()
         self._bind_scalars()
+        self.bind_cache(cache)
         self.bound_tokens = 0  # S the token-sized buffers are bound for
         self.rebinds = 0  # how often they were (re)bound: once for a static graph
         self._bind_tokens(self.capacity if self.static else 1)
+
+    def bind_cache(self, cache: KVCache) -> None:
+        """Run over ``cache`` from now on (another slot of the same shape): rebinds its buffers."""
+        if cache.shape != self.cache.shape or cache.dtype != self.cache.dtype:
+            raise SignatureError(f"graph {self.name}: a cache of {list(cache.shape)} cannot replace {list(self.cache.shape)}")
+        self.cache = cache
+        for (k_name, v_name), ptrs in zip(self.io_names.past, cache.pointers()):
+            for tensor, ptr in zip((k_name, v_name), ptrs):
+                self.binding.bind_input(tensor, cache.device, 0, self.kv_dtype, list(cache.shape), ptr)
+        self._bind_kv_outputs()
 
     def _bind_kv_outputs(self) -> None:
         """Present rows go straight into the cache: past and present are the same buffer."""

@@ -24,6 +24,18 @@ DTYPES = ("float32", "float16")
 DEFAULT_MAX_SEQ = 2048
 QUANTIZATIONS = (None, "int8")
 MAX_GAMMA = 15
+MAX_BATCH = 64
+
+
+def batch_sizes(max_batch: int) -> tuple[int, ...]:
+    """The batched graphs' row counts: powers of two below ``max_batch``, and ``max_batch``
+    (a call of n rows runs the smallest that fits; 1 row runs the batch-1 graphs)."""
+    sizes = {max_batch} if max_batch > 1 else set()
+    b = 2
+    while b < max_batch:
+        sizes.add(b)
+        b *= 2
+    return tuple(sorted(sizes))
 
 
 @dataclass(frozen=True)
@@ -38,6 +50,7 @@ class ExportConfig:
     dtype: str = "float32"
     quantize: str | None = None
     portable: bool = False
+    max_batch: int = 1  # > 1: also batched graphs for the continuous-batching engine
     overwrite: bool = False
     target_revision: str | None = None
     draft_revision: str | None = None
@@ -53,6 +66,8 @@ class ExportConfig:
             raise ConfigError(f"--gamma {self.gamma}: expected an integer in 1..{MAX_GAMMA} (draft tokens per target call)")
         if self.max_seq_len is not None and (not isinstance(self.max_seq_len, int) or self.max_seq_len < self.gamma + 2):
             raise ConfigError(f"--max-seq-len {self.max_seq_len}: expected an integer >= {self.gamma + 2} (gamma + 2)")
+        if isinstance(self.max_batch, bool) or not isinstance(self.max_batch, int) or not 1 <= self.max_batch <= MAX_BATCH:
+            raise ConfigError(f"--max-batch {self.max_batch}: expected an integer in 1..{MAX_BATCH} (requests decoded together)")
         if self.dtype not in DTYPES:
             raise ConfigError(f"--dtype {self.dtype}: expected one of {', '.join(DTYPES)}")
         if self.quantize not in QUANTIZATIONS:
@@ -115,6 +130,7 @@ class GraphPlan(NamedTuple):
     role: str  # "dynamic", "verify" or "step"
     tokens: int | str | None  # per call; None: dynamic; "K": gamma + 1
     flavour: str = "ort"
+    batch: int = 1  # rows per call
 
 
 GRAPHS = (
@@ -133,7 +149,8 @@ PORTABLE_GRAPHS = (
 
 
 def planned_graphs(cfg: ExportConfig) -> tuple[GraphPlan, ...]:
-    return GRAPHS + (PORTABLE_GRAPHS if cfg.portable else ())
+    batched = tuple(GraphPlan(f"{m}_batch{b}", m, "dynamic", None, batch=b) for b in batch_sizes(cfg.max_batch) for m in ("target", "draft"))
+    return GRAPHS + (PORTABLE_GRAPHS if cfg.portable else ()) + batched
 
 
 def export_bundle(cfg: ExportConfig, progress: Progress | None = None) -> Manifest:
@@ -163,7 +180,7 @@ def export_bundle(cfg: ExportConfig, progress: Progress | None = None) -> Manife
         graphs = {plan.name: _export_graph(plan, cfg, exported[plan.model], specs[plan.model], max_seq, tmp, progress) for plan in planned_graphs(cfg)}
         figures = _validate(cfg, models, specs, graphs, max_seq, tmp, progress)
         tol = TOLERANCES[(cfg.dtype, cfg.quantize)]
-        check({k: v for k, v in figures.items() if not k.endswith("_portable")}, tol)
+        check({k: v for k, v in figures.items() if not k.endswith("_portable")}, tol)  # batched graphs too
         check({k: v for k, v in figures.items() if k.endswith("_portable")}, TOLERANCES[(cfg.dtype, None)])
 
         target = sources["target"]
@@ -188,6 +205,7 @@ def _manifest(cfg: ExportConfig, target: Source, specs: dict[str, ModelSpec], gr
     return Manifest(
         gamma=cfg.gamma,
         max_seq_len=max_seq,
+        max_batch=cfg.max_batch,
         vocab_size=target.config.vocab_size,
         dtype=cfg.dtype,
         quantization=cfg.quantize,
@@ -206,6 +224,7 @@ def _manifest(cfg: ExportConfig, target: Source, specs: dict[str, ModelSpec], gr
 
 def _export_graph(plan: GraphPlan, cfg: ExportConfig, model, spec: ModelSpec, max_seq: int, tmp: Path, progress: Progress) -> GraphSpec:
     """Export, optimize (ORT flavour) and quantize (ORT flavour, --quantize) one graph."""
+    from specdec.export.batched import export_batched
     from specdec.export.graphs import export_decoder
     from specdec.export.optimize import optimize_for_cpu
     from specdec.export.quantize import external_files, quantize_int8
@@ -213,22 +232,31 @@ def _export_graph(plan: GraphPlan, cfg: ExportConfig, model, spec: ModelSpec, ma
     progress(f"export {plan.name}")
     tokens = cfg.gamma + 1 if plan.tokens == "K" else plan.tokens
     file = f"{plan.name}.onnx"
-    inputs, outputs, io = export_decoder(model, tmp / file, tokens, max_seq, spec.num_kv_heads, spec.head_dim, cfg.dtype, plan.flavour)
+    if plan.batch > 1:
+        inputs, outputs, io = export_batched(model, tmp / file, plan.batch, max_seq, spec.num_kv_heads, spec.head_dim, cfg.dtype)
+    else:
+        inputs, outputs, io = export_decoder(model, tmp / file, tokens, max_seq, spec.num_kv_heads, spec.head_dim, cfg.dtype, plan.flavour)
     if plan.flavour == "ort":  # the portable flavour stays standard-op and float
         progress(f"optimize {plan.name}")
         optimize_for_cpu(tmp / file, max_seq)
         if cfg.quantize == "int8":
             progress(f"quantize {plan.name}")
             quantize_int8(tmp / file)
-    return GraphSpec(file, sha256_of(tmp / file), plan.model, plan.role, tokens, inputs, outputs, io, external_files(tmp / file), plan.flavour)
+    return GraphSpec(file, sha256_of(tmp / file), plan.model, plan.role, tokens, inputs, outputs, io, external_files(tmp / file), plan.flavour, plan.batch)
 
 
 def _validate(cfg: ExportConfig, models, specs, graphs: dict[str, GraphSpec], max_seq: int, tmp: Path, progress: Progress) -> dict:
     """Figures per model (and per portable graph): each static graph after the model's ORT dynamic graph."""
-    from specdec.export.validate import validate_model
+    from specdec.export.validate import validate_batched, validate_model
 
     figures = {}
     for name, g in graphs.items():
+        if g.batch > 1:
+            progress(f"validate {name}")
+            s = specs[g.model]
+            kv = (s.num_layers, s.num_kv_heads, max_seq, s.head_dim, cfg.dtype)
+            figures[name] = validate_batched(models[g.model], tmp, (name, g), kv, cfg.gamma + 1, seed=cfg.seed)
+            continue
         if g.role == "dynamic":
             continue
         key = g.model + ("_portable" if g.flavour == "portable" else "")

@@ -92,6 +92,7 @@ class GraphSpec:
     io: GraphIO
     data: tuple[str, ...] = ()
     flavour: str = "ort"  # "ort": contrib ops allowed; "portable": standard ops, static shapes
+    batch: int = 1  # rows per call; > 1: a batched graph (export/batched.py), one KV pair per row and layer
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "inputs", tuple(t if isinstance(t, TensorSpec) else TensorSpec(**t) for t in self.inputs))
@@ -136,6 +137,7 @@ class Manifest:
     target: ModelSpec
     draft: ModelSpec
     graphs: dict[str, GraphSpec]
+    max_batch: int = 1  # requests a batched engine may run together (batched graphs for 2..max_batch rows)
     tokenizer: str | None = None  # relative folder holding tokenizer.json, or None
     ngram: dict[str, Any] | None = None  # {"file", "sha256", "corpus", "tokens"}: the n-gram drafter's table
     validation: dict[str, Any] = field(default_factory=dict)
@@ -156,13 +158,20 @@ class Manifest:
         """Tokens per verify call, γ + 1."""
         return self.gamma + 1
 
-    def graph(self, model: str, role: str, flavour: str = "ort") -> tuple[str, GraphSpec]:
-        """The (name, spec) of ``model``'s graph for ``role`` in ``flavour``."""
+    def graph(self, model: str, role: str, flavour: str = "ort", batch: int = 1) -> tuple[str, GraphSpec]:
+        """The (name, spec) of ``model``'s graph for ``role`` in ``flavour`` with ``batch`` rows."""
         for name, g in self.graphs.items():
-            if (g.model, g.role, g.flavour) == (model, role, flavour):
+            if (g.model, g.role, g.flavour, g.batch) == (model, role, flavour, batch):
                 return name, g
-        have = sorted(f"{g.model}/{g.role}/{g.flavour}" for g in self.graphs.values())
-        raise BundleError(f"bundle has no {model} {role} graph of flavour {flavour!r} (it has {', '.join(have)}); re-export it with specdec-export")
+        have = sorted(f"{g.model}/{g.role}/{g.flavour}/batch {g.batch}" for g in self.graphs.values())
+        raise BundleError(
+            f"bundle has no {model} {role} graph of flavour {flavour!r} with batch {batch} (it has {', '.join(have)}); "
+            "re-export it with specdec-export (--max-batch for batched graphs)"
+        )
+
+    def batch_sizes(self) -> tuple[int, ...]:
+        """Row counts of the batched graphs (the same for both models), ascending."""
+        return tuple(sorted({g.batch for g in self.graphs.values() if g.batch > 1}))
 
     def files(self) -> list[str]:
         """Every file the manifest names, relative to the bundle."""
