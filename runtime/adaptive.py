@@ -26,6 +26,7 @@ again, so the cost line has two timed points. The measurements behind these choi
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 from specdec.runtime.analysis import expected_tokens
 from specdec.runtime.stats import Iteration
@@ -76,27 +77,40 @@ class AdaptiveGamma:
 
     def update(self, it: Iteration) -> None:
         """Feed back one iteration: k drafted (0: a plain step), n kept, and the time each side took."""
-        drafted, accepted, draft_calls, draft_seconds, target_seconds = it[:5]
+        self.observe((it.drafted,), (it.accepted,), it.draft_calls, it.draft_seconds, it.target_seconds)
+
+    def observe(self, drafted: Sequence[int], accepted: Sequence[int], draft_calls: int, draft_seconds: float, target_seconds: float) -> None:
+        """Feed back one iteration of one or more rows (a batched call): per row k drafted and n
+        kept; the call is timed as a call of the widest row's k."""
+        width = max(drafted)
+        self._time_target(width, target_seconds)
         d = self.decay
-        self.calls[drafted] += 1
-        if self.calls[drafted] > 1:  # the first call of a graph is cold (docs/bench/notes.md)
-            self.fit = [d * s + x for s, x in zip(self.fit, (1.0, drafted, drafted * drafted, target_seconds, drafted * target_seconds))]
-            old = self.times[drafted]
-            self.times[drafted] = target_seconds if math.isnan(old) else 0.8 * old + 0.2 * min(target_seconds, SPIKE * old)
-        if drafted:
-            self.successes = d * self.successes + accepted
-            self.failures = d * self.failures + (accepted < drafted)
-            if draft_calls and not self.draft_seen:
-                self.draft_seen = True  # skip the first, cold, draft calls too
-            elif draft_calls:
-                per = draft_seconds / draft_calls
-                self.draft_call = per if self.draft_call is None else d * self.draft_call + (1 - d) * min(per, SPIKE * self.draft_call)
-        if self.draft_call is None or self.fit[0] == 0:
-            return
+        for k, n in zip(drafted, accepted):
+            if k:
+                self.successes = d * self.successes + n
+                self.failures = d * self.failures + (n < k)
+        if width and draft_calls and not self.draft_seen:
+            self.draft_seen = True  # skip the first, cold, draft calls too
+        elif width and draft_calls:
+            per = draft_seconds / draft_calls
+            self.draft_call = per if self.draft_call is None else d * self.draft_call + (1 - d) * min(per, SPIKE * self.draft_call)
+        if self.draft_call is not None and self.fit[0] > 0:
+            self.gamma = self._best()
+
+    def _time_target(self, k: int, seconds: float) -> None:
+        d = self.decay
+        self.calls[k] += 1
+        if self.calls[k] > 1:  # the first call of a graph is cold (docs/bench/notes.md)
+            self.fit = [d * s + x for s, x in zip(self.fit, (1.0, k, k * k, seconds, k * seconds))]
+            old = self.times[k]
+            self.times[k] = seconds if math.isnan(old) else 0.8 * old + 0.2 * min(seconds, SPIKE * old)
+
+    def _best(self) -> int:
+        """The γ with the most expected tokens per second (0: plain decoding)."""
         alpha = min(self.alpha, 1 - 1e-9)
         best, rate = 0, 1.0 / self.target_time(0)
         for g in range(1, self.max_gamma + 1):
             r = expected_tokens(alpha, g) / (g * self.draft_call + self.target_time(g))
             if r > rate:
                 best, rate = g, r
-        self.gamma = best
+        return best

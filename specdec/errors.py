@@ -50,3 +50,7 @@ class EngineError(SpecDecError, RuntimeError):
 
 class BusyError(SpecDecError, RuntimeError):
     """A decoder is asked for a second request while its first is still running in the same thread."""
+
+
+class QueueFullError(SpecDecError, RuntimeError):
+    """The batched engine's waiting queue is full: retry later (a server answers 503)."""

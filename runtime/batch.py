@@ -1,0 +1,310 @@
+"""BatchEngine: continuous batching; many requests share each graph call, each keeps its own exact output.
+
+    submit() ──► bounded queue ──► engine thread, each iteration:
+        admit:  waiting requests take free slots; each prompt runs alone (batch-1 dynamic graph)
+        width:  each row's γ: its request's, or the adaptive policy's for this many rows
+        draft:  draft model: one batched call per draft step for all rows still drafting;
+                prompt lookup / n-gram tables: per row
+        verify: ONE target call: row r feeds [last_r, x_1..x_k_r], padded to the widest row
+        accept: Algorithm 1 per row, with that row's sampling settings and RNG
+        commit: each slot keeps n_r + 1 rows, the draft slot forgets the rejected ones;
+                finished, failed and cancelled rows free their slot at once
+
+A row is the same state ``SpeculativeDecoder`` keeps for one request (token buffer, q rows,
+committed length), held per slot; padding rows and padded tokens write only past a slot's
+committed length or into a scratch slot, so they are never read. One row alone runs the
+batch-1 graphs, as fast as ``SpeculativeDecoder``.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from specdec.engines.batch import BatchRunner, SlotCache
+from specdec.engines.ort import STATIC_ROLE, GraphRunner, open_session, runner_for
+from specdec.engines.threads import ThreadPolicy
+from specdec.errors import ConfigError, InputError, QueueFullError, SpecDecError
+from specdec.manifest import load_manifest
+from specdec.runtime.adaptive import AdaptiveGamma
+from specdec.runtime.decoder import SpeculativeDecoder, clip
+from specdec.runtime.drafters import DrafterContext, check_drafter, make_drafter, needs_draft_model
+from specdec.runtime.handles import Handle
+from specdec.runtime.request import Limits, Request
+from specdec.runtime.sampling import sample, standardize
+from specdec.runtime.stats import Iteration, Stats
+from specdec.runtime.text import TextCodec
+
+clock = time.perf_counter
+
+
+class Forward:
+    """One model's logits [n, S, V] for n slots' feeds: one row runs the batch-1 graphs (the
+    static graph when the feed fills it), more rows the smallest batched graph that fits."""
+
+    def __init__(self, cache: SlotCache, dynamic: GraphRunner, static: GraphRunner, batched: dict[int, BatchRunner]):
+        self.cache, self.dynamic, self.static, self.batched = cache, dynamic, static, batched
+        self.calls = 0
+
+    def __call__(self, slots: Sequence[int], feeds: Sequence[np.ndarray]) -> np.ndarray:
+        self.calls += 1
+        if len(slots) == 1:
+            return self.one(slots[0], feeds[0])[None]
+        rows = min(b for b in self.batched if b >= len(slots))
+        return self.batched[rows].run(slots, feeds)
+
+    def one(self, slot: int, feed: np.ndarray) -> np.ndarray:
+        """Logits [len(feed), V] of one slot through a batch-1 graph."""
+        runner = self.static if len(feed) == self.static.capacity else self.dynamic
+        view = self.cache.slot(slot)
+        if runner.cache is not view:
+            runner.bind_cache(view)
+        return runner.run(feed)
+
+
+@dataclass
+class Row:
+    """One request in flight, in slot ``slot``."""
+
+    req: Request
+    handle: Handle
+    slot: int
+    seq: np.ndarray  # [MAX] committed + proposed tokens (this slot's row of BatchEngine.seqs)
+    q: np.ndarray  # [γ, V] the draft rows proposals were drawn from
+    rng: np.random.Generator
+    length: int  # L: committed tokens
+    left: int  # tokens still to emit
+
+
+class BatchEngine:
+    """Decode up to ``max_batch`` requests together on one bundle exported with ``--max-batch``.
+
+    ``submit`` is thread-safe and returns a ``Handle`` at once (bad requests raise their typed
+    error there, and a full queue raises ``QueueFullError``); one engine thread runs every
+    graph call. ``generate_many`` is the blocking convenience. ``close()`` stops the thread.
+    """
+
+    def __init__(self, bundle: str | Path, max_batch: int | None = None, drafter: str = "model",
+                 threads: ThreadPolicy | int | None = None, max_queue: int = 64):  # fmt: skip
+        bundle = Path(bundle)
+        m = self.manifest = load_manifest(bundle)
+        self.max_batch = m.max_batch if max_batch is None else max_batch
+        if not 1 <= self.max_batch <= m.max_batch or not isinstance(max_queue, int) or max_queue < 0:
+            raise ConfigError(f"max_batch={max_batch!r}, max_queue={max_queue!r}: expected 1..{m.max_batch} rows (the bundle's --max-batch) and a queue >= 0")
+        check_drafter(drafter)
+        if drafter == "hierarchical" or not isinstance(drafter, str):
+            raise ConfigError(f"drafter={drafter!r}: the batched engine runs model, ngram, unigram and lookup")
+        self.limits, self.codec, self.threads = Limits.of(m), TextCodec.from_bundle(bundle, m), ThreadPolicy.of(threads)
+        sessions = {n: open_session(bundle, n, g, "cpu", self.threads) for n, g in m.graphs.items() if g.flavour == "ort"}
+        self.target = self._forward(bundle, "target", sessions)
+        self.draft = self._forward(bundle, "draft", sessions) if needs_draft_model(drafter) else None
+        ctx = DrafterContext(bundle, m, None)
+        self.drafters = None if self.draft else [make_drafter(drafter, ctx) for _ in range(self.max_batch)]  # per slot
+        self.drafter_name = drafter
+        self.seqs = np.zeros((self.max_batch, m.max_seq_len), dtype=np.int64)  # [slots, MAX]
+        self.qs = np.zeros((self.max_batch, m.gamma, m.vocab_size), dtype=np.float64)  # [slots, γ, V]
+        self.rows: dict[int, Row] = {}  # slot -> row in flight
+        self.policies: dict[int, AdaptiveGamma] = {}  # adaptive γ per number of rows in a call
+        self.waiting: queue.Queue = queue.Queue(maxsize=max_queue or 1)
+        self.max_queue = max_queue
+        self.iterations = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="specdec-batch", daemon=True)
+        self._thread.start()
+
+    def _forward(self, bundle: Path, model: str, sessions: dict) -> Forward:
+        m, spec = self.manifest, getattr(self.manifest, model)
+        cache = SlotCache(spec.num_layers, spec.num_kv_heads, m.max_seq_len, spec.head_dim, m.dtype, self.max_batch)
+        dyn, static = (m.graph(model, role) for role in ("dynamic", STATIC_ROLE[model]))
+        runners = [runner_for(bundle, n, g, cache.slot(0), session=sessions[n]) for n, g in (dyn, static)]
+        batched = {}
+        for b in m.batch_sizes():
+            name, g = m.graph(model, "dynamic", batch=b)
+            batched[b] = BatchRunner(sessions[name], name, g, cache, m.k)
+        if self.max_batch > 1 and max(batched, default=0) < self.max_batch:
+            raise ConfigError(f"bundle has no batched graph for {self.max_batch} rows; re-export with --max-batch {self.max_batch}")
+        return Forward(cache, *runners, batched)
+
+    # -- the public interface ---------------------------------------------------------------
+
+    def submit(self, prompt: str | Sequence[int], max_new_tokens: int = 128, temperature: float = 0.0, top_k: int | None = None,
+               top_p: float | None = None, seed: int | None = None, gamma: int | str | None = None, ignore_eos: bool = False,
+               lenience: float = 1.0, block: bool = False) -> Handle:  # fmt: skip
+        """Check a request and queue it; raises its typed error, or ``QueueFullError`` when
+        ``max_queue`` requests already wait (``block=True`` waits for room instead)."""
+        if self._stop.is_set():
+            raise QueueFullError("the batch engine is closed; create a new one")
+        if isinstance(prompt, str):
+            if self.codec is None:
+                raise InputError("prompt is text but the bundle has no tokenizer; pass token ids instead")
+            prompt = self.codec.encode(prompt)
+        req = Request(prompt, self.limits, max_new_tokens, temperature, top_k, top_p, seed, gamma, ignore_eos, lenience)
+        stats = Stats(gamma=req.gamma, prompt_tokens=len(req.prompt), drafter=self.drafter_name, adaptive=req.adaptive,
+                      lenience=req.lenience, threads=self.threads.label)  # fmt: skip
+        handle = Handle(req, self.codec, stats)
+        try:
+            self.waiting.put((req, handle), block=block)
+        except queue.Full:
+            raise QueueFullError(f"{self.max_queue} requests are already waiting for {self.max_batch} slots; retry later") from None
+        return handle
+
+    def generate_many(self, prompts: Sequence[str | Sequence[int]], **kw) -> list:
+        """Decode every prompt (all in flight together, up to max_batch at a time); waits for all."""
+        handles = [self.submit(p, block=True, **kw) for p in prompts]
+        return [h.result() for h in handles]
+
+    def close(self) -> None:
+        """Stop the engine thread; requests in flight or waiting end with finish_reason "cancelled"."""
+        self._stop.set()
+        self._thread.join()
+        for row in list(self.rows.values()):
+            self._free(row, "cancelled")
+        while not self.waiting.empty():
+            self.waiting.get_nowait()[1]._finish("cancelled")
+
+    def __enter__(self) -> BatchEngine:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @property
+    def active(self) -> int:
+        return len(self.rows)
+
+    # -- the loop -------------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self._admit()
+            if not self.rows:
+                continue
+            try:
+                self.step()
+            except Exception as e:  # a failed graph call fails the rows in it, never the engine
+                for row in list(self.rows.values()):
+                    self._free(row, "error", e if isinstance(e, SpecDecError) else RuntimeError(f"decoding failed: {e}"))
+
+    def _admit(self) -> None:
+        """Fill free slots from the queue (waiting briefly when nothing runs)."""
+        while len(self.rows) < self.max_batch:
+            try:
+                req, handle = self.waiting.get(timeout=0.05) if not self.rows else self.waiting.get_nowait()
+            except queue.Empty:
+                return
+            if handle.cancelled.is_set():
+                handle._finish("cancelled")
+                continue
+            slot = next(s for s in range(self.max_batch) if s not in self.rows)
+            try:
+                self._start(req, handle, slot)
+            except Exception as e:
+                handle._finish("error", RuntimeError(f"prefill failed: {e}"))
+
+    def _start(self, req: Request, handle: Handle, slot: int) -> None:
+        """Prefill ``req`` into ``slot`` (its prompt alone through the batch-1 dynamic graphs)."""
+        t0, L, seq = clock(), len(req.prompt), self.seqs[slot]
+        seq[:L] = req.prompt
+        for fwd in (self.target, self.draft) if self.draft else (self.target,):
+            view = fwd.cache.slot(slot)
+            view.reset()
+            if L > 1:
+                fwd.one(slot, seq[: L - 1])
+                view.append(L - 1)
+        if self.drafters:
+            self.drafters[slot].start(seq, L)
+        row = Row(req, handle, slot, seq, self.qs[slot], np.random.default_rng(req.seed), L, req.max_new_tokens)
+        handle.stats.prefill_seconds = clock() - t0
+        handle.start_time = t0
+        self.rows[slot] = row
+
+    def step(self) -> None:
+        """One iteration for every row in flight: draft, one batched verify, accept, commit, emit."""
+        for row in [r for r in self.rows.values() if r.handle.cancelled.is_set()]:
+            self._free(row, "cancelled")
+        rows = list(self.rows.values())
+        if not rows:
+            return
+        policy = self._policy(len(rows)) if any(r.req.adaptive for r in rows) else None
+        width = policy.next() if policy else 0
+        gammas = [min(width if r.req.adaptive else r.req.gamma, r.left - 1) for r in rows]
+        t0, calls = clock(), self.draft.calls if self.draft else 0
+        ks = self._draft(rows, gammas)
+        t1 = clock()
+        logits = self.target([r.slot for r in rows], [r.seq[r.length - 1 : r.length + k] for r, k in zip(rows, ks)])  # [n, S, V]
+        t2 = clock()
+        verdicts = [SpeculativeDecoder._accept(r.seq[r.length : r.length + k], r.q[:k], logits[i, : k + 1], r.req, r.rng)
+                    for i, (r, k) in enumerate(zip(rows, ks))]  # fmt: skip
+        for r, k, (n, token) in zip(rows, ks, verdicts):
+            self._commit(r, k, n, token)
+        t3 = clock()
+        draft_calls = (self.draft.calls - calls) if self.draft else sum(1 for k in ks if k)
+        if policy:
+            policy.observe(ks, [v[0] for v in verdicts], draft_calls, t1 - t0, t2 - t1)
+        self.iterations += 1
+        for r, k, (n, _) in zip(rows, ks, verdicts):
+            r.handle.stats.record(Iteration(k, n, draft_calls, t1 - t0, t2 - t1, t3 - t2))
+            self._emit(r, n)
+
+    def _policy(self, rows: int) -> AdaptiveGamma:
+        if rows not in self.policies:
+            self.policies[rows] = AdaptiveGamma(self.manifest.gamma)
+        return self.policies[rows]
+
+    def _draft(self, rows: list[Row], gammas: list[int]) -> list[int]:
+        """Write each row's proposals at seq[L:L+k] (and its q rows); returns each k."""
+        if self.drafters:
+            return [self.drafters[r.slot].propose(r.seq, r.length, g, r.req.sampling, r.rng, r.q) if g else 0 for r, g in zip(rows, gammas)]
+        drafting = [(r, g) for r, g in zip(rows, gammas) if g]
+        for j in range(max((g for _, g in drafting), default=0)):
+            step = [(r, g) for r, g in drafting if g > j]
+            feeds = [self._draft_feed(r, j) for r, _ in step]
+            logits = self.draft([r.slot for r, _ in step], feeds)  # [n, S, V]
+            for i, ((r, _), feed) in enumerate(zip(step, feeds)):
+                self.draft.cache.slot(r.slot).append(len(feed))
+                row, cfg = logits[i, len(feed) - 1], r.req.sampling
+                if cfg.greedy:
+                    r.seq[r.length + j] = row.argmax()
+                else:
+                    r.q[j] = standardize(row, cfg)
+                    r.seq[r.length + j] = sample(r.q[j], r.rng)
+        return gammas
+
+    def _draft_feed(self, r: Row, j: int) -> np.ndarray:
+        """What the draft model is fed at draft step j: the tokens its slot has not seen up to
+        the last proposal (a long backlog after plain steps is caught up alone first)."""
+        view, end = self.draft.cache.slot(r.slot), r.length + j
+        if end - view.length > self.manifest.k:
+            self.draft.one(r.slot, r.seq[view.length : end - 1])
+            view.append(end - 1 - view.length)
+        return r.seq[view.length : end]
+
+    def _commit(self, r: Row, k: int, n: int, token: int) -> None:
+        self.target.cache.slot(r.slot).append(n + 1)  # rows for seq[L-1] and x_1..x_n
+        r.seq[r.length + n] = token
+        if self.draft:
+            view = self.draft.cache.slot(r.slot)
+            view.rewind_to(min(view.length, r.length + n))
+        else:
+            self.drafters[r.slot].commit(r.seq, r.length, n)
+
+    def _emit(self, r: Row, n: int) -> None:
+        emitted, stopped = clip(r.seq[r.length : r.length + n + 1], r.left, r.req.stop)
+        r.length, r.left = r.length + n + 1, r.left - len(emitted)
+        stats = r.handle.stats
+        r.handle._push(emitted)
+        stats.new_tokens += len(emitted)
+        stats.total_seconds = clock() - r.handle.start_time
+        if stopped or r.left == 0:
+            self._free(r, "eos" if stopped else "length")
+
+    def _free(self, r: Row, reason: str, error: BaseException | None = None) -> None:
+        self.rows.pop(r.slot, None)
+        r.handle.stats.total_seconds = clock() - r.handle.start_time
+        r.handle._finish(reason, error)

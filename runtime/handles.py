@@ -1,0 +1,75 @@
+"""A submitted request's handle: the engine thread pushes tokens, the caller's thread reads pieces.
+
+Thread-safe by construction: the engine only calls ``_push`` / ``_finish``; the caller iterates,
+waits on ``result()`` or calls ``cancel()``. Text is decoded on the caller's side, so the engine
+thread spends no time in the tokenizer.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Iterator
+
+from specdec.runtime.decoder import GenerationResult, Piece
+from specdec.runtime.request import Request
+from specdec.runtime.stats import Stats
+from specdec.runtime.text import Detokenizer, TextCodec
+
+_END = object()
+
+
+class Handle:
+    """One request in a ``BatchEngine``: iterate for ``Piece``s as tokens are accepted,
+    ``result()`` to wait for the whole output, ``cancel()`` to stop it (its slot is freed within
+    one engine iteration; the result then has ``finish_reason == "cancelled"``)."""
+
+    def __init__(self, request: Request, codec: TextCodec | None, stats: Stats):
+        self.request, self.codec, self.stats = request, codec, stats
+        self.tokens: list[int] = []  # filled by the engine thread
+        self.error: BaseException | None = None  # set when the engine failed this request
+        self.start_time = 0.0  # when the engine took it (perf_counter)
+        self.cancelled = threading.Event()
+        self.done = threading.Event()
+        self._pieces: queue.SimpleQueue = queue.SimpleQueue()
+
+    # -- engine side ----------------------------------------------------------------------
+
+    def _push(self, tokens: list[int]) -> None:
+        self.tokens += tokens
+        self._pieces.put(tokens)
+
+    def _finish(self, reason: str | None = None, error: BaseException | None = None) -> None:
+        if reason:
+            self.stats.finish_reason = reason
+        self.error = error
+        self.done.set()
+        self._pieces.put(_END)
+
+    # -- caller side ----------------------------------------------------------------------
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+    def __iter__(self) -> Iterator[Piece]:
+        detok = Detokenizer(self.codec) if self.codec else None
+        while True:
+            item = self._pieces.get()
+            if item is _END:
+                break
+            yield Piece(item, detok.push(item) if detok else None)
+        if detok:
+            tail = detok.flush()
+            if tail:
+                yield Piece([], tail)
+        if self.error is not None:
+            raise self.error
+
+    def result(self, timeout: float | None = None) -> GenerationResult:
+        """Wait for the end (``TimeoutError`` after ``timeout`` seconds); raises the engine's error if it failed."""
+        if not self.done.wait(timeout):
+            raise TimeoutError(f"request not finished after {timeout} s")
+        if self.error is not None:
+            raise self.error
+        text = self.codec.decode(self.tokens) if self.codec else None
+        return GenerationResult(list(self.tokens), text, self.stats)
