@@ -21,6 +21,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -113,7 +114,7 @@ class BatchEngine:
         self.policies: dict[int, AdaptiveGamma] = {}  # adaptive γ per number of rows in a call
         self.waiting: queue.Queue = queue.Queue(maxsize=max_queue or 1)
         self.max_queue = max_queue
-        self.iterations = 0
+        self.occupancy: Counter = Counter()  # rows per iteration -> iterations
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="specdec-batch", daemon=True)
         self._thread.start()
@@ -247,7 +248,7 @@ class BatchEngine:
         draft_calls = (self.draft.calls - calls) if self.draft else sum(1 for k in ks if k)
         if policy:
             policy.observe(ks, [v[0] for v in verdicts], draft_calls, t1 - t0, t2 - t1)
-        self.iterations += 1
+        self.occupancy[len(rows)] += 1
         for r, k, (n, _) in zip(rows, ks, verdicts):
             r.handle.stats.record(Iteration(k, n, draft_calls, t1 - t0, t2 - t1, t3 - t2))
             self._emit(r, n)

@@ -109,7 +109,7 @@ class SpeculativeDecoder:
         manifest = load_manifest(bundle)
         check_drafter(drafter)
         policy = ThreadPolicy.of(threads)
-        sessions = {name: open_session(bundle, name, g, provider, policy) for name, g in manifest.graphs.items() if g.flavour == "ort"}
+        sessions = {name: open_session(bundle, name, g, provider, policy) for name, g in manifest.graphs.items() if g.flavour == "ort" and g.batch == 1}
         return cls(bundle, manifest, sessions, TextCodec.from_bundle(bundle, manifest), provider, drafter, policy)
 
     def fork(self, drafter: str | Drafter | None = None) -> SpeculativeDecoder:

@@ -49,7 +49,8 @@ FAMILIES = ["llama", "qwen2", "mistral", "gpt2", "opt", "gpt_neox"]
 @pytest.fixture(scope="session", params=FAMILIES)
 def family_bundle(request, tmp_path_factory):
     """Per family: a target, a near draft (a noisy copy, so decoding accepts and rejects), and
-    their bundle (γ = 4, max-seq-len 192). Shared by the export and runtime tests."""
+    their bundle (γ = 4, max-seq-len 192, batched graphs for 2 and 4 rows). Shared by the
+    export and runtime tests."""
     pytest.importorskip("torch")
     from models import save_pair
 
@@ -58,5 +59,5 @@ def family_bundle(request, tmp_path_factory):
     root = tmp_path_factory.mktemp(request.param)
     target, draft = save_pair(root, request.param, near=0.1)
     out = root / "bundle"
-    manifest = export_bundle(ExportConfig(str(target), str(draft), out, gamma=4, max_seq_len=192))
+    manifest = export_bundle(ExportConfig(str(target), str(draft), out, gamma=4, max_seq_len=192, max_batch=4))
     return request.param, target, draft, out, manifest

@@ -69,9 +69,12 @@ def test_family_exports_exactly(family_bundle):
     assert manifest.k == 5 and manifest.graphs["target_verify"].tokens == 5
     assert manifest.graphs["draft_step"].tokens == 1
     assert manifest.graphs["target_verify"].outputs[0].shape == (1, 5, manifest.vocab_size)  # all K positions
-    for role in ("target", "draft"):
-        recorded = manifest.validation[role]
-        assert recorded["logits"] <= ATOL and recorded["top1_agreement"] == 1.0
+    assert manifest.max_batch == 4 and manifest.batch_sizes() == (2, 4)
+    for role in ("target", "draft", "target_batch2", "draft_batch2", "target_batch4", "draft_batch4"):
+        recorded = manifest.validation[role]  # batched graphs: every row against PyTorch on its own sequence
+        assert recorded["logits"] <= ATOL and recorded["top1_agreement"] == 1.0, (role, recorded)
+    rows = manifest.graphs["target_batch4"]
+    assert rows.batch == 4 and rows.inputs[0].shape == (4, "S") and len(rows.io.past) == 4 * manifest.target.num_layers
     rng = np.random.default_rng(0)
     for role, src in (("target", target), ("draft", draft)):
         model = AutoModelForCausalLM.from_pretrained(src).eval()

@@ -1,0 +1,129 @@
+"""BatchEngine: every request's output is the target's, whatever shares its batch.
+
+Greedy: token for token against a PyTorch argmax loop per row, for every family, with more
+requests than slots (rows join and leave mid-way), prompts of different lengths, and rows
+differing in γ (fixed, adaptive, 0) and max tokens. Sampling: first-two-token marginals over
+thousands of seeded requests decoded four at a time (chi-square, as for batch 1).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from specdec.errors import ConfigError, InputError, QueueFullError, SamplingError
+from specdec.runtime import SamplingConfig, SpeculativeDecoder
+from specdec.runtime.batch import BatchEngine
+
+torch = pytest.importorskip("torch")
+from test_decoder_exact import P_MIN, PROMPTS, chi_square_p, exact_first_two, first_diff, load_model, torch_greedy  # noqa: E402
+
+REQUESTS = [  # (prompt, max_new_tokens, gamma): 7 requests for 4 slots
+    (PROMPTS[0], 60, 4), (PROMPTS[1], 25, "auto"), (PROMPTS[2], 80, 2), ([9, 8, 7, 6, 5, 4, 3, 250, 17], 40, 0),
+    ([77], 50, 4), ([12, 250, 12, 250, 12], 70, 3), (PROMPTS[0][:3], 33, "auto"),
+]
+
+
+@pytest.mark.parametrize("drafter", ["model", "lookup"])
+def test_batched_greedy_matches_target_per_row(family_bundle, drafter):
+    family, target, _, out, _ = family_bundle
+    model = load_model(target)
+    with BatchEngine(out, drafter=drafter) as engine:
+        handles = [engine.submit(p, max_new_tokens=n, gamma=g, ignore_eos=True) for p, n, g in REQUESTS]
+        results = [h.result(timeout=300) for h in handles]
+        occupancy = dict(engine.occupancy)
+    accepted = rejected = 0
+    for (prompt, n, gamma), res in zip(REQUESTS, results):
+        ref = torch_greedy(model, prompt, n)
+        assert res.tokens == ref, f"{family} {drafter} gamma={gamma} prompt={prompt}: first difference at {first_diff(res.tokens, ref)}"
+        assert res.stats.finish_reason == "length" and res.stats.new_tokens == n
+        accepted += res.stats.accepted
+        rejected += res.stats.rejected
+    assert max(occupancy) == 4 and 3 in occupancy and 1 in occupancy, occupancy  # full, padded (3 of 4) and lone calls
+    assert accepted >= 20 and rejected >= 10, (family, drafter, accepted, rejected)
+
+
+@pytest.mark.parametrize("family_bundle", ["llama"], indirect=True)
+def test_batched_sampling_follows_the_target(family_bundle):
+    """4000 seeded requests, four in flight at a time and joining as others leave."""
+    family, target, draft, out, manifest = family_bundle
+    runs, prompt, kw = 4000, PROMPTS[2], dict(temperature=1.0)
+    p1, p2 = exact_first_two(load_model(target), prompt, SamplingConfig(1.0))
+    counts = np.zeros((2, manifest.vocab_size), dtype=np.int64)
+    with BatchEngine(out, max_queue=runs) as engine:
+        handles = [engine.submit(prompt, max_new_tokens=4 + seed % 3, seed=seed, ignore_eos=True, **kw) for seed in range(runs)]
+        results = [h.result(timeout=600) for h in handles]
+        assert engine.occupancy[4] > runs / 8, engine.occupancy  # most calls ran full batches
+    accepted = drafted = 0
+    for res in results:
+        counts[0, res.tokens[0]] += 1
+        counts[1, res.tokens[1]] += 1
+        accepted += res.stats.accepted_at[0] + res.stats.accepted_at[1]
+        drafted += res.stats.drafted_at[0] + res.stats.drafted_at[1]
+    assert 0.1 < accepted / drafted < 0.9, f"acceptance {accepted}/{drafted} does not exercise both paths"
+    for i, p in enumerate((p1, p2)):
+        assert counts[i][p == 0].sum() == 0, f"token {i + 1}: emitted a token the target cannot produce"
+        assert chi_square_p(counts[i], p) > P_MIN, f"token {i + 1}: differs from the target"
+    assert counts[0].max() < 0.95 * runs  # power: not a constant
+
+
+@pytest.mark.parametrize("family_bundle", ["llama"], indirect=True)
+def test_a_lone_seeded_request_equals_the_single_request_decoder(family_bundle):
+    """Alone in the engine, a seeded sampled request at fixed γ draws the same numbers as
+    SpeculativeDecoder: the same tokens (reproducible for a given schedule)."""
+    out = family_bundle[3]
+    dec = SpeculativeDecoder.load(out)
+    with BatchEngine(out) as engine:
+        for seed in range(5):
+            kw = dict(max_new_tokens=30, temperature=0.9, top_k=40, seed=seed, gamma=3, ignore_eos=True)
+            assert engine.submit(PROMPTS[0], **kw).result(timeout=60).tokens == dec.generate(PROMPTS[0], **kw).tokens
+
+
+@pytest.mark.parametrize("family_bundle", ["llama"], indirect=True)
+def test_cancel_frees_the_slot_and_bad_requests_disturb_nothing(family_bundle):
+    family, target, _, out, manifest = family_bundle
+    model = load_model(target)
+    ref = torch_greedy(model, PROMPTS[0], 60)
+    with BatchEngine(out, max_batch=2, max_queue=4) as engine:
+        long = engine.submit(PROMPTS[1], max_new_tokens=150, ignore_eos=True)
+        good = engine.submit(PROMPTS[0], max_new_tokens=60, ignore_eos=True)
+        first = next(iter(long))  # long is decoding
+        assert first.tokens
+        bad = [(dict(prompt=[5, manifest.vocab_size]), InputError), (dict(prompt=[5] * 200), InputError),
+               (dict(prompt=[5], temperature=-1), SamplingError), (dict(prompt=[5], top_p=2.0), SamplingError),
+               (dict(prompt=[5], gamma=9), ConfigError), (dict(prompt=[], max_new_tokens=3), InputError)]  # fmt: skip
+        for kw, err in bad:
+            with pytest.raises(err) as e:
+                engine.submit(**kw)
+            assert "\n" not in str(e.value)
+        long.cancel()
+        done = long.result(timeout=30)
+        assert done.stats.finish_reason == "cancelled" and len(done.tokens) < 150
+        after = engine.submit(PROMPTS[2], max_new_tokens=20, ignore_eos=True)  # takes the freed slot
+        assert after.result(timeout=60).tokens == torch_greedy(model, PROMPTS[2], 20)
+        assert good.result(timeout=60).tokens == ref  # the bad requests and the cancel did not disturb it
+        assert engine.active == 0
+
+
+@pytest.mark.parametrize("family_bundle", ["llama"], indirect=True)
+def test_queue_overflow_raises_the_typed_error(family_bundle):
+    out = family_bundle[3]
+    with BatchEngine(out, max_batch=1, max_queue=2) as engine:
+        running = engine.submit(PROMPTS[0], max_new_tokens=170, ignore_eos=True)
+        deadline = time.monotonic() + 30
+        while engine.active == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        queued = [engine.submit(PROMPTS[1], max_new_tokens=5) for _ in range(2)]
+        with pytest.raises(QueueFullError, match="retry later"):
+            engine.submit(PROMPTS[1], max_new_tokens=5)
+        running.cancel()
+        assert all(h.result(timeout=60).stats.finish_reason in ("eos", "length") for h in queued)  # the queue drains
+    with pytest.raises(QueueFullError, match="closed"):
+        engine.submit(PROMPTS[1])
+
+
+def test_engine_refuses_more_rows_than_the_bundle_has(llama_bundle):
+    with pytest.raises(ConfigError, match="--max-batch"):
+        BatchEngine(llama_bundle[2], max_batch=2)  # exported without batched graphs
