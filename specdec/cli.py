@@ -241,6 +241,50 @@ def bench_cmd(bundle: Path, gammas: str | None, drafters: str, adaptive: bool, t
             click.echo("plots need matplotlib: pip install 'specdec[bench]'", err=True)
 
 
+@cli.command("bench-batch")
+@click.argument("bundle", type=click.Path(path_type=Path))
+@click.option("--concurrency", default="1,2,4,8,16", show_default=True, help="Comma-separated numbers of concurrent clients.")
+@click.option("--temperatures", default="0,1", show_default=True, help="Comma-separated sampling temperatures.")
+@click.option("--requests", default=2, show_default=True, type=int, help="Requests per client per configuration.")
+@click.option("--prompt-tokens", default=64, show_default=True, type=int)
+@click.option("--tokens", default=128, show_default=True, type=int, help="New tokens per request.")
+@click.option("--threads", default=None, type=int, help="ONNX Runtime intra-op threads per model session [default: one per core].")
+@click.option("--timeout", default=300.0, show_default=True, type=float, help="Seconds a configuration may run before its clients stop.")
+@click.option("--out", default=None, type=click.Path(file_okay=False, path_type=Path), help="Write results.md, results.json and load.png here.")
+def bench_batch_cmd(bundle: Path, concurrency: str, temperatures: str, requests: int, prompt_tokens: int, tokens: int,
+                    threads: int | None, timeout: float, out: Path | None) -> None:  # fmt: skip
+    """The batched engine under N concurrent clients: adaptive, fixed and no speculation, and fork per thread."""
+    from specdec.bench import held_out_prompts
+    from specdec.bench.load import markdown, plot, sweep
+    from specdec.errors import InputError
+    from specdec.manifest import load_manifest
+    from specdec.runtime.text import TextCodec
+
+    counts = _numbers("--concurrency", concurrency, int)
+    for name, value in (("--requests", requests), ("--prompt-tokens", prompt_tokens), ("--tokens", tokens), *(("--concurrency", c) for c in counts)):
+        if value < 1:
+            raise InputError(f"{name} {value}: expected an integer >= 1")
+    m = load_manifest(bundle)
+    codec = TextCodec.from_bundle(bundle, m)
+    if codec is None:
+        raise InputError(f"bundle {bundle} has no tokenizer; specdec bench-batch draws its prompts from text")
+    prompts = held_out_prompts(codec.encode, 8, prompt_tokens)
+    rows = sweep(bundle, counts, _numbers("--temperatures", temperatures, float), prompts, tokens, requests, _threads(threads), timeout,
+                 report=lambda r: click.echo(f"{r['mode']:>18} clients={r['concurrency']:<3} T={r['temperature']:g}: {r['tok_s']:.0f} tok/s", err=True))  # fmt: skip
+    header = (f"bundle {bundle}: max-batch {m.max_batch}, γ {m.gamma}; {requests} requests per client of {prompt_tokens} prompt + {tokens} new "
+              "tokens (held-out stdlib prompts), EOS ignored; modes interleaved at each concurrency")
+    md = markdown(rows, header)
+    click.echo(md)
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "results.md").write_text(md)
+        (out / "results.json").write_text(json.dumps(rows, indent=1))
+        try:
+            plot(rows, out / "load.png")
+        except ImportError:
+            click.echo("plots need matplotlib: pip install 'specdec[bench]'", err=True)
+
+
 def _threads(threads: int | None):
     """--threads: the library's default policy (a pool per session; see engines.threads)."""
     from specdec.engines.threads import ThreadPolicy

@@ -41,7 +41,7 @@ def test_batched_greedy_matches_target_per_row(family_bundle, drafter):
         assert res.stats.finish_reason == "length" and res.stats.new_tokens == n
         accepted += res.stats.accepted
         rejected += res.stats.rejected
-    assert max(occupancy) == 4 and 3 in occupancy and 1 in occupancy, occupancy  # full, padded (3 of 4) and lone calls
+    assert max(occupancy) == 4 and min(occupancy) < 4, occupancy  # full calls, and rows joining and leaving
     assert accepted >= 20 and rejected >= 10, (family, drafter, accepted, rejected)
 
 
