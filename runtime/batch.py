@@ -111,7 +111,7 @@ class BatchEngine:
         self.seqs = np.zeros((self.max_batch, m.max_seq_len), dtype=np.int64)  # [slots, MAX]
         self.qs = np.zeros((self.max_batch, m.gamma, m.vocab_size), dtype=np.float64)  # [slots, γ, V]
         self.rows: dict[int, Row] = {}  # slot -> row in flight
-        self.policies: dict[int, AdaptiveGamma] = {}  # adaptive γ per number of rows in a call
+        self.policies: dict[int, AdaptiveGamma] = {}  # adaptive γ per graph row count (see _policy)
         self.waiting: queue.Queue = queue.Queue(maxsize=max_queue or 1)
         self.max_queue = max_queue
         self.occupancy: Counter = Counter()  # rows per iteration -> iterations
@@ -246,17 +246,20 @@ class BatchEngine:
             self._commit(r, k, n, token)
         t3 = clock()
         draft_calls = (self.draft.calls - calls) if self.draft else sum(1 for k in ks if k)
-        if policy:
-            policy.observe(ks, [v[0] for v in verdicts], draft_calls, t1 - t0, t2 - t1)
+        if policy:  # a batch's acceptance step (per-row standardizing) is part of what verifying k costs
+            policy.observe(ks, [v[0] for v in verdicts], draft_calls, t1 - t0, t3 - t1)
         self.occupancy[len(rows)] += 1
         for r, k, (n, _) in zip(rows, ks, verdicts):
             r.handle.stats.record(Iteration(k, n, draft_calls, t1 - t0, t2 - t1, t3 - t2))
             self._emit(r, n)
 
     def _policy(self, rows: int) -> AdaptiveGamma:
-        if rows not in self.policies:
-            self.policies[rows] = AdaptiveGamma(self.manifest.gamma)
-        return self.policies[rows]
+        """The adaptive-γ policy for calls of ``rows`` rows, kept per graph the call runs (1 row,
+        or the batched graph's row count): the costs it learns are that graph's."""
+        graph = 1 if rows == 1 else min(b for b in self.target.batched if b >= rows)
+        if graph not in self.policies:
+            self.policies[graph] = AdaptiveGamma(self.manifest.gamma)
+        return self.policies[graph]
 
     def _draft(self, rows: list[Row], gammas: list[int]) -> list[int]:
         """Write each row's proposals at seq[L:L+k] (and its q rows); returns each k."""
