@@ -36,14 +36,31 @@ from specdec.runtime.stats import Iteration
 SPIKE = 1.5
 
 
+class Acceptance:
+    """Decayed counts of accepted and rejected drafts; ``alpha`` is their maximum-likelihood α.
+    Policies that share one (the batch engine's, one per graph) pool what they see."""
+
+    def __init__(self, decay: float = 0.99):
+        self.decay = decay
+        self.successes, self.failures = 1.0, 1.0  # a weak prior: α̂ = 0.5
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        self.successes = self.decay * self.successes + accepted
+        self.failures = self.decay * self.failures + (accepted < drafted)
+
+    @property
+    def alpha(self) -> float:
+        return self.successes / (self.successes + self.failures)
+
+
 class AdaptiveGamma:
     """``next()`` gives the γ to draft now, ``update`` feeds back one iteration."""
 
-    def __init__(self, max_gamma: int, decay: float = 0.99, probe_every: int = 8):
+    def __init__(self, max_gamma: int, decay: float = 0.99, probe_every: int = 8, acceptance: Acceptance | None = None):
         self.max_gamma, self.decay, self.probe_every = max_gamma, decay, probe_every
         self.plan = [max_gamma, 1] * 2 if max_gamma > 1 else [max_gamma] * 2  # the opening moves
         self.gamma = max_gamma
-        self.successes, self.failures = 1.0, 1.0  # a weak prior: α̂ = 0.5
+        self.acceptance = acceptance or Acceptance(decay)
         self.draft_call: float | None = None  # seconds per draft call, decayed mean
         self.fit = [0.0] * 5  # decayed sums of w, k, k², t, k·t for t(k) = a + b·k
         self.times = [math.nan] * (max_gamma + 1)  # decayed mean seconds of a call verifying k tokens
@@ -53,7 +70,7 @@ class AdaptiveGamma:
 
     @property
     def alpha(self) -> float:
-        return self.successes / (self.successes + self.failures)
+        return self.acceptance.alpha
 
     def target_time(self, k: int) -> float:
         """t(k): measured when a call of k tokens was seen, else from the line (flat until two
@@ -87,8 +104,7 @@ class AdaptiveGamma:
         d = self.decay
         for k, n in zip(drafted, accepted):
             if k:
-                self.successes = d * self.successes + n
-                self.failures = d * self.failures + (n < k)
+                self.acceptance.observe(k, n)
         if width and draft_calls and not self.draft_seen:
             self.draft_seen = True  # skip the first, cold, draft calls too
         elif width and draft_calls:

@@ -33,7 +33,7 @@ from specdec.engines.ort import STATIC_ROLE, GraphRunner, open_session, runner_f
 from specdec.engines.threads import ThreadPolicy
 from specdec.errors import ConfigError, InputError, QueueFullError, SpecDecError
 from specdec.manifest import load_manifest
-from specdec.runtime.adaptive import AdaptiveGamma
+from specdec.runtime.adaptive import Acceptance, AdaptiveGamma
 from specdec.runtime.decoder import SpeculativeDecoder, clip
 from specdec.runtime.drafters import DrafterContext, check_drafter, make_drafter, needs_draft_model
 from specdec.runtime.handles import Handle
@@ -96,8 +96,8 @@ class BatchEngine:
         bundle = Path(bundle)
         m = self.manifest = load_manifest(bundle)
         self.max_batch = m.max_batch if max_batch is None else max_batch
-        if not 1 <= self.max_batch <= m.max_batch or not isinstance(max_queue, int) or max_queue < 0:
-            raise ConfigError(f"max_batch={max_batch!r}, max_queue={max_queue!r}: expected 1..{m.max_batch} rows (the bundle's --max-batch) and a queue >= 0")
+        if not 1 <= self.max_batch <= m.max_batch or not isinstance(max_queue, int) or max_queue < 1:
+            raise ConfigError(f"max_batch={max_batch!r}, max_queue={max_queue!r}: expected 1..{m.max_batch} rows (the bundle's --max-batch) and a queue >= 1")
         check_drafter(drafter)
         if drafter == "hierarchical" or not isinstance(drafter, str):
             raise ConfigError(f"drafter={drafter!r}: the batched engine runs model, ngram, unigram and lookup")
@@ -112,7 +112,8 @@ class BatchEngine:
         self.qs = np.zeros((self.max_batch, m.gamma, m.vocab_size), dtype=np.float64)  # [slots, γ, V]
         self.rows: dict[int, Row] = {}  # slot -> row in flight
         self.policies: dict[int, AdaptiveGamma] = {}  # adaptive γ per graph row count (see _policy)
-        self.waiting: queue.Queue = queue.Queue(maxsize=max_queue or 1)
+        self.acceptance = Acceptance()  # shared by the policies: α does not depend on the batch
+        self.waiting: queue.Queue = queue.Queue(maxsize=max_queue)
         self.max_queue = max_queue
         self.occupancy: Counter = Counter()  # rows per iteration -> iterations
         self._stop = threading.Event()
@@ -258,7 +259,7 @@ class BatchEngine:
         or the batched graph's row count): the costs it learns are that graph's."""
         graph = 1 if rows == 1 else min(b for b in self.target.batched if b >= rows)
         if graph not in self.policies:
-            self.policies[graph] = AdaptiveGamma(self.manifest.gamma)
+            self.policies[graph] = AdaptiveGamma(self.manifest.gamma, acceptance=self.acceptance)
         return self.policies[graph]
 
     def _draft(self, rows: list[Row], gammas: list[int]) -> list[int]:

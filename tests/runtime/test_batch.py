@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import time
 
-import numpy as np
 import pytest
 
 from specdec.errors import ConfigError, InputError, QueueFullError, SamplingError
@@ -18,7 +17,7 @@ from specdec.runtime import SamplingConfig, SpeculativeDecoder
 from specdec.runtime.batch import BatchEngine
 
 torch = pytest.importorskip("torch")
-from test_decoder_exact import P_MIN, PROMPTS, chi_square_p, exact_first_two, first_diff, load_model, torch_greedy  # noqa: E402
+from test_decoder_exact import PROMPTS, check_first_two, exact_first_two, first_diff, load_model, torch_greedy  # noqa: E402
 
 REQUESTS = [  # (prompt, max_new_tokens, gamma): 7 requests for 4 slots
     (PROMPTS[0], 60, 4), (PROMPTS[1], 25, "auto"), (PROMPTS[2], 80, 2), ([9, 8, 7, 6, 5, 4, 3, 250, 17], 40, 0),
@@ -51,21 +50,11 @@ def test_batched_sampling_follows_the_target(family_bundle):
     family, target, draft, out, manifest = family_bundle
     runs, prompt, kw = 4000, PROMPTS[2], dict(temperature=1.0)
     p1, p2 = exact_first_two(load_model(target), prompt, SamplingConfig(1.0))
-    counts = np.zeros((2, manifest.vocab_size), dtype=np.int64)
     with BatchEngine(out, max_queue=runs) as engine:
         handles = [engine.submit(prompt, max_new_tokens=4 + seed % 3, seed=seed, ignore_eos=True, **kw) for seed in range(runs)]
         results = [h.result(timeout=600) for h in handles]
         assert engine.occupancy[4] > runs / 8, engine.occupancy  # most calls ran full batches
-    accepted = drafted = 0
-    for res in results:
-        counts[0, res.tokens[0]] += 1
-        counts[1, res.tokens[1]] += 1
-        accepted += res.stats.accepted_at[0] + res.stats.accepted_at[1]
-        drafted += res.stats.drafted_at[0] + res.stats.drafted_at[1]
-    assert 0.1 < accepted / drafted < 0.9, f"acceptance {accepted}/{drafted} does not exercise both paths"
-    for i, p in enumerate((p1, p2)):
-        assert counts[i][p == 0].sum() == 0, f"token {i + 1}: emitted a token the target cannot produce"
-        assert chi_square_p(counts[i], p) > P_MIN, f"token {i + 1}: differs from the target"
+    counts = check_first_two(results, p1, p2, (0.1, 0.9), "batched")
     assert counts[0].max() < 0.95 * runs  # power: not a constant
 
 

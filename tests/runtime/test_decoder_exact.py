@@ -105,6 +105,24 @@ def chi_square_p(counts: np.ndarray, probs: np.ndarray) -> float:
     return float(scipy_stats.chisquare(obs, exp * (n / exp.sum())).pvalue)
 
 
+def check_first_two(results, p1: np.ndarray, p2: np.ndarray, acceptance: tuple[float, float], label: str) -> np.ndarray:
+    """Chi-square of the first two tokens of ``results`` against the target's P(t1), P(t2), after
+    checking that the acceptance rate of drafts 1-2 lies in ``acceptance`` (both paths crossed).
+    Returns the counts [2, V]."""
+    counts = np.zeros((2, len(p1)), dtype=np.int64)
+    accepted = drafted = 0
+    for res in results:
+        counts[0, res.tokens[0]] += 1
+        counts[1, res.tokens[1]] += 1
+        accepted += res.stats.accepted_at[0] + res.stats.accepted_at[1]
+        drafted += res.stats.drafted_at[0] + res.stats.drafted_at[1]
+    assert acceptance[0] < accepted / drafted < acceptance[1], f"{label}: acceptance {accepted}/{drafted} does not exercise both paths"
+    for i, p in enumerate((p1, p2)):
+        assert counts[i][p == 0].sum() == 0, f"{label} token {i + 1}: emitted a token the target cannot produce"
+        assert chi_square_p(counts[i], p) > P_MIN, f"{label} token {i + 1}: differs from the target"
+    return counts
+
+
 SAMPLING = {
     "plain": dict(temperature=1.0),
     "temperature+top_k": dict(temperature=0.7, top_k=20),
