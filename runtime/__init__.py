@@ -20,6 +20,8 @@ from specdec.runtime.sampling import GREEDY, SamplingConfig, sample, softmax, st
 from specdec.runtime.speculative import Verdict, verify, verify_batch, verify_greedy, verify_greedy_batch
 
 __all__ = [
+    "BatchEngine",
+    "Handle",
     "GREEDY",
     "GenerationResult",
     "Limits",
@@ -59,6 +61,10 @@ def __getattr__(name: str):
         from specdec.runtime.stats import Stats
 
         return Stats
+    if name in ("BatchEngine", "Handle"):
+        from specdec.runtime import batch, handles
+
+        return getattr(batch if name == "BatchEngine" else handles, name)
     if name == "ThreadPolicy":
         from specdec.engines.threads import ThreadPolicy
 

@@ -1,7 +1,9 @@
 """BatchEngine: continuous batching; many requests share each graph call, each keeps its own exact output.
 
     submit() ──► bounded queue ──► engine thread, each iteration:
-        admit:  waiting requests take free slots; each prompt runs alone (batch-1 dynamic graph)
+        admit:  waiting requests take free slots; a joining row feeds its prompt in chunks of
+                PREFILL_CHUNK tokens, one chunk per iteration (batch-1 dynamic graph), and decodes
+                once it is fed, so a long prompt never stalls the rows in flight for long
         width:  each row's γ: its request's, or the adaptive policy's for this many rows
         draft:  draft model: one batched call per draft step for all rows still drafting;
                 prompt lookup / n-gram tables: per row
@@ -43,6 +45,7 @@ from specdec.runtime.stats import Iteration, Stats
 from specdec.runtime.text import TextCodec
 
 clock = time.perf_counter
+PREFILL_CHUNK = 32  # prompt tokens a joining row feeds per iteration (a 32-token call: a few ms on the demo target)
 
 
 class Forward:
@@ -81,6 +84,7 @@ class Row:
     rng: np.random.Generator
     length: int  # L: committed tokens
     left: int  # tokens still to emit
+    ready: bool = False  # prompt fed (see BatchEngine._prefill)
 
 
 class BatchEngine:
@@ -96,7 +100,8 @@ class BatchEngine:
         bundle = Path(bundle)
         m = self.manifest = load_manifest(bundle)
         self.max_batch = m.max_batch if max_batch is None else max_batch
-        if not 1 <= self.max_batch <= m.max_batch or not isinstance(max_queue, int) or max_queue < 1:
+        ok_batch = isinstance(self.max_batch, int) and not isinstance(self.max_batch, bool) and 1 <= self.max_batch <= m.max_batch
+        if not ok_batch or isinstance(max_queue, bool) or not isinstance(max_queue, int) or max_queue < 1:
             raise ConfigError(f"max_batch={max_batch!r}, max_queue={max_queue!r}: expected 1..{m.max_batch} rows (the bundle's --max-batch) and a queue >= 1")
         check_drafter(drafter)
         if drafter == "hierarchical" or not isinstance(drafter, str):
@@ -210,27 +215,38 @@ class BatchEngine:
                 handle._finish("error", RuntimeError(f"prefill failed: {e}"))
 
     def _start(self, req: Request, handle: Handle, slot: int) -> None:
-        """Prefill ``req`` into ``slot`` (its prompt alone through the batch-1 dynamic graphs)."""
-        t0, L, seq = clock(), len(req.prompt), self.seqs[slot]
+        """Give ``req`` the slot; its prompt is fed in chunks by the next iterations (``_prefill``)."""
+        L, seq = len(req.prompt), self.seqs[slot]
         seq[:L] = req.prompt
         for fwd in (self.target, self.draft) if self.draft else (self.target,):
-            view = fwd.cache.slot(slot)
-            view.reset()
-            if L > 1:
-                fwd.one(slot, seq[: L - 1])
-                view.append(L - 1)
-        if self.drafters:
-            self.drafters[slot].start(seq, L)
-        row = Row(req, handle, slot, seq, self.qs[slot], np.random.default_rng(req.seed), L, req.max_new_tokens)
-        handle.stats.prefill_seconds = clock() - t0
-        handle.start_time = t0
-        self.rows[slot] = row
+            fwd.cache.slot(slot).reset()
+        handle.start_time = clock()
+        self.rows[slot] = Row(req, handle, slot, seq, self.qs[slot], np.random.default_rng(req.seed), L, req.max_new_tokens)
+
+    def _prefill(self, r: Row) -> bool:
+        """Feed the next ``PREFILL_CHUNK`` prompt tokens of a joining row (prompt[:-1], alone
+        through the batch-1 dynamic graphs), so a long prompt stalls the rows in flight for one
+        chunk per iteration, not for the whole prompt. Returns whether the row is ready."""
+        t0, end = clock(), r.length - 1
+        views = [fwd.cache.slot(r.slot) for fwd in ((self.target, self.draft) if self.draft else (self.target,))]
+        done = views[0].length
+        if done < end:
+            stop = min(end, done + PREFILL_CHUNK)
+            for fwd, view in zip((self.target, self.draft), views):
+                fwd.one(r.slot, r.seq[done:stop])
+                view.append(stop - done)
+        ready = views[0].length == end
+        if ready and self.drafters:
+            self.drafters[r.slot].start(r.seq, r.length)
+        r.ready = ready
+        r.handle.stats.prefill_seconds += clock() - t0
+        return ready
 
     def step(self) -> None:
         """One iteration for every row in flight: draft, one batched verify, accept, commit, emit."""
         for row in [r for r in self.rows.values() if r.handle.cancelled.is_set()]:
             self._free(row, "cancelled")
-        rows = list(self.rows.values())
+        rows = [r for r in self.rows.values() if r.ready or self._prefill(r)]
         if not rows:
             return
         policy = self._policy(len(rows)) if any(r.req.adaptive for r in rows) else None

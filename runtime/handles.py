@@ -20,7 +20,7 @@ _END = object()
 
 
 class Handle:
-    """One request in a ``BatchEngine``: iterate for ``Piece``s as tokens are accepted,
+    """One request in a ``BatchEngine``: iterate (once) for ``Piece``s as tokens are accepted,
     ``result()`` to wait for the whole output, ``cancel()`` to stop it (its slot is freed within
     one engine iteration; the result then has ``finish_reason == "cancelled"``)."""
 

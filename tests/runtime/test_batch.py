@@ -2,7 +2,7 @@
 
 Greedy: token for token against a PyTorch argmax loop per row, for every family, with more
 requests than slots (rows join and leave mid-way), prompts of different lengths, and rows
-differing in γ (fixed, adaptive, 0) and max tokens. Sampling: first-two-token marginals over
+differing in γ (fixed, adaptive, 0) and max tokens, and a prompt fed over several iterations. Sampling: first-two-token marginals over
 thousands of seeded requests decoded four at a time (chi-square, as for batch 1).
 """
 
@@ -14,14 +14,15 @@ import pytest
 
 from specdec.errors import ConfigError, InputError, QueueFullError, SamplingError
 from specdec.runtime import SamplingConfig, SpeculativeDecoder
-from specdec.runtime.batch import BatchEngine
+from specdec.runtime.batch import PREFILL_CHUNK, BatchEngine
 
 torch = pytest.importorskip("torch")
 from test_decoder_exact import PROMPTS, check_first_two, exact_first_two, first_diff, load_model, torch_greedy  # noqa: E402
 
-REQUESTS = [  # (prompt, max_new_tokens, gamma): 7 requests for 4 slots
+REQUESTS = [  # (prompt, max_new_tokens, gamma): 8 requests for 4 slots; one prompt takes 3 prefill chunks
     (PROMPTS[0], 60, 4), (PROMPTS[1], 25, "auto"), (PROMPTS[2], 80, 2), ([9, 8, 7, 6, 5, 4, 3, 250, 17], 40, 0),
-    ([77], 50, 4), ([12, 250, 12, 250, 12], 70, 3), (PROMPTS[0][:3], 33, "auto"),
+    ([77], 50, 4), ([12, 250, 12, 250, 12], 70, 3), ([(7 * i) % 300 + 3 for i in range(2 * PREFILL_CHUNK + 6)], 40, "auto"),
+    (PROMPTS[0][:3], 33, "auto"),
 ]
 
 
