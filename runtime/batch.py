@@ -36,11 +36,12 @@ from specdec.engines.threads import ThreadPolicy
 from specdec.errors import ConfigError, InputError, QueueFullError, SpecDecError
 from specdec.manifest import load_manifest
 from specdec.runtime.adaptive import Acceptance, AdaptiveGamma
-from specdec.runtime.decoder import SpeculativeDecoder, clip
+from specdec.runtime.decoder import clip
 from specdec.runtime.drafters import DrafterContext, check_drafter, make_drafter, needs_draft_model
 from specdec.runtime.handles import Handle
 from specdec.runtime.request import Limits, Request
-from specdec.runtime.sampling import sample, standardize
+from specdec.runtime.sampling import draw
+from specdec.runtime.speculative import accept
 from specdec.runtime.stats import Iteration, Stats
 from specdec.runtime.text import TextCodec
 
@@ -257,7 +258,7 @@ class BatchEngine:
         t1 = clock()
         logits = self.target([r.slot for r in rows], [r.seq[r.length - 1 : r.length + k] for r, k in zip(rows, ks)])  # [n, S, V]
         t2 = clock()
-        verdicts = [SpeculativeDecoder._accept(r.seq[r.length : r.length + k], r.q[:k], logits[i, : k + 1], r.req, r.rng)
+        verdicts = [accept(r.seq[r.length : r.length + k], r.q[:k], logits[i, : k + 1], r.req.sampling, r.rng, r.req.lenience)
                     for i, (r, k) in enumerate(zip(rows, ks))]  # fmt: skip
         for r, k, (n, token) in zip(rows, ks, verdicts):
             self._commit(r, k, n, token)
@@ -289,12 +290,7 @@ class BatchEngine:
             logits = self.draft([r.slot for r, _ in step], feeds)  # [n, S, V]
             for i, ((r, _), feed) in enumerate(zip(step, feeds)):
                 self.draft.cache.slot(r.slot).append(len(feed))
-                row, cfg = logits[i, len(feed) - 1], r.req.sampling
-                if cfg.greedy:
-                    r.seq[r.length + j] = row.argmax()
-                else:
-                    r.q[j] = standardize(row, cfg)
-                    r.seq[r.length + j] = sample(r.q[j], r.rng)
+                r.seq[r.length + j] = draw(logits[i, len(feed) - 1], r.req.sampling, r.rng, r.q[j])
         return gammas
 
     def _draft_feed(self, r: Row, j: int) -> np.ndarray:

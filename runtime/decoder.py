@@ -33,8 +33,7 @@ from specdec.manifest import Manifest, load_manifest
 from specdec.runtime.adaptive import AdaptiveGamma
 from specdec.runtime.drafters import Drafter, DrafterContext, check_drafter, make_drafter, needs_draft_model
 from specdec.runtime.request import Limits, Request
-from specdec.runtime.sampling import standardize
-from specdec.runtime.speculative import Verdict, verify, verify_greedy
+from specdec.runtime.speculative import accept
 from specdec.runtime.stats import Iteration, Stats
 from specdec.runtime.text import Detokenizer, TextCodec
 
@@ -216,7 +215,7 @@ class SpeculativeDecoder:
             t1 = clock()
             logits = self._score(target, seq[L - 1 : L + k])  # [k + 1, V]: p_1..p_{k+1}
             t2 = clock()
-            n, token = self._accept(seq[L : L + k], q[:k], logits, req, rng)
+            n, token = accept(seq[L : L + k], q[:k], logits, cfg, rng, req.lenience)
             target.cache.append(n + 1)  # commit: rows for seq[L-1] and x_1..x_n
             seq[L + n] = token
             drafter.commit(seq, L, n)
@@ -259,13 +258,6 @@ class SpeculativeDecoder:
         else the dynamic graph with exactly k + 1 tokens (padding costs real time on a CPU)."""
         runner = target.static if len(tokens) == target.static.capacity else target.dynamic
         return runner.run(tokens)
-
-    @staticmethod
-    def _accept(draft: np.ndarray, q: np.ndarray, logits: np.ndarray, req: Request, rng: np.random.Generator) -> Verdict:
-        """Algorithm 1 on k drafts (k = 0: the target's own next token)."""
-        if req.sampling.greedy:
-            return verify_greedy(draft, logits, req.lenience)
-        return verify(draft, q, standardize(logits, req.sampling), rng, req.lenience)
 
 
 class Stream:

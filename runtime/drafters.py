@@ -41,7 +41,7 @@ import numpy as np
 
 from specdec.errors import ConfigError
 from specdec.ngram_table import NgramTable
-from specdec.runtime.sampling import SamplingConfig, sample, standardize
+from specdec.runtime.sampling import SamplingConfig, draw, standardize
 from specdec.runtime.speculative import verify, verify_greedy
 
 
@@ -217,11 +217,7 @@ class ModelDrafter:
         cache = self.model.cache
         row = self._run(seq[cache.length : length])[-1]  # [V]
         for i in range(gamma):
-            if cfg.greedy:
-                seq[length + i] = row.argmax()
-            else:
-                q[i] = standardize(row, cfg)
-                seq[length + i] = sample(q[i], rng)
+            seq[length + i] = draw(row, cfg, rng, q[i])
             if i < gamma - 1:
                 row = self._run(seq[length + i : length + i + 1])[0]
         return gamma

@@ -100,3 +100,12 @@ def sample(probs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     # u can round up to the total; never step past the last token with mass.
     last = probs.shape[-1] - 1 - np.argmax(probs[..., ::-1] > 0, axis=-1)
     return np.minimum(idx, last).astype(np.int64)
+
+
+def draw(logits: np.ndarray, cfg: SamplingConfig, rng: np.random.Generator, q: np.ndarray) -> int:
+    """One token from a logits row [V] under ``cfg``; unless greedy, ``q`` [V] receives the
+    standardized row it was drawn from (what Algorithm 1 needs of a draft token)."""
+    if cfg.greedy:
+        return int(logits.argmax())
+    q[:] = standardize(logits, cfg)
+    return int(sample(q, rng))

@@ -24,7 +24,7 @@ from typing import NamedTuple
 import numpy as np
 
 from specdec.errors import ConfigError
-from specdec.runtime.sampling import sample
+from specdec.runtime.sampling import SamplingConfig, sample, standardize
 
 
 class Verdict(NamedTuple):
@@ -121,3 +121,12 @@ def verify_greedy(draft: np.ndarray, logits: np.ndarray, lenience: float = 1.0) 
     """Argmax verification for one sequence: draft [γ], logits [γ+1, V] -> Verdict of ints."""
     v = verify_greedy_batch(np.asarray(draft)[None], np.asarray(logits)[None], lenience)
     return Verdict(int(v.accepted[0]), int(v.token[0]))
+
+
+def accept(draft: np.ndarray, q: np.ndarray, logits: np.ndarray, cfg: SamplingConfig, rng: np.random.Generator, lenience: float = 1.0) -> Verdict:
+    """Algorithm 1 on a target call's raw logits [k+1, V] for k drafts (k = 0: the target's own
+    next token): argmax verification when ``cfg`` is greedy, else speculative sampling of the
+    standardized rows."""
+    if cfg.greedy:
+        return verify_greedy(draft, logits, lenience)
+    return verify(draft, q, standardize(logits, cfg), rng, lenience)
