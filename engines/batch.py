@@ -61,6 +61,7 @@ class BatchRunner:
         self._pos = np.zeros((cap,), dtype=np.int64)
         self._logits = np.zeros((cap * vocab,), dtype=np.float32)  # [B * S * V]
         self.seqlens = np.zeros((self.rows,), dtype=np.int32)  # [B]: rows visible after the call - 1
+        self._arange = np.arange(max_tokens, dtype=np.int64)  # [S_max] position offsets
         self.vocab, self.layers = vocab, layers
         self.binding = session.io_binding()
         self.binding.bind_input(self.io.seqlens, "cpu", 0, np.int32, [self.rows], self.seqlens.ctypes.data)
@@ -101,7 +102,7 @@ class BatchRunner:
                 ids[r, k:] = ids[r, k - 1]  # padding: later rows, never kept
             else:
                 ids[r] = 0
-            pos[r] = np.arange(start, start + s)
+            np.add(self._arange[:s], start, out=pos[r])
             self.seqlens[r] = start + s - 1
             if self.bound_slots[r] != slot:
                 self._bind_row(r, slot)
