@@ -184,23 +184,36 @@ def export_bundle(cfg: ExportConfig, progress: Progress | None = None) -> Manife
         check({k: v for k, v in figures.items() if k.endswith("_portable")}, TOLERANCES[(cfg.dtype, None)])
 
         target = sources["target"]
-        tokenizer = None
+        tokenizer = chat_template = None
         if target.tokenizer is not None:
             target.tokenizer.save_pretrained(tmp / "tokenizer")
             tokenizer = "tokenizer"
+            chat_template = save_chat_template(target.tokenizer, tmp / "tokenizer")
         ngram = None
         if cfg.ngram_corpus is not None:
             progress("count n-grams")
             ngram = write_table(cfg.ngram_corpus, target.tokenizer, target.config.vocab_size, tmp)
         validation = {"tolerance": {"max_abs": tol.max_abs if math.isfinite(tol.max_abs) else None, "min_top1": tol.min_top1}, **figures}
-        manifest = _manifest(cfg, target, specs, graphs, max_seq, tokenizer=tokenizer, ngram=ngram, validation=validation)
+        manifest = _manifest(cfg, target, specs, graphs, max_seq, tokenizer=tokenizer, chat_template=chat_template, ngram=ngram, validation=validation)
         progress("write bundle")
         commit(tmp, cfg.out, manifest)
     return manifest
 
 
+def save_chat_template(tokenizer, folder: Path) -> str | None:
+    """Write the tokenizer's chat template (its default one, when it has several) as
+    ``chat_template.jinja`` in ``folder``; returns its bundle path, or None without one."""
+    template = getattr(tokenizer, "chat_template", None)
+    if isinstance(template, dict):
+        template = template.get("default")
+    if not isinstance(template, str) or not template.strip():
+        return None
+    (folder / "chat_template.jinja").write_text(template)
+    return f"{folder.name}/chat_template.jinja"
+
+
 def _manifest(cfg: ExportConfig, target: Source, specs: dict[str, ModelSpec], graphs: dict[str, GraphSpec], max_seq: int, *,
-              tokenizer: str | None, ngram: dict | None, validation: dict) -> Manifest:  # fmt: skip
+              tokenizer: str | None, chat_template: str | None, ngram: dict | None, validation: dict) -> Manifest:  # fmt: skip
     """The manifest of an exported bundle."""
     return Manifest(
         gamma=cfg.gamma,
@@ -216,6 +229,7 @@ def _manifest(cfg: ExportConfig, target: Source, specs: dict[str, ModelSpec], gr
         draft=specs["draft"],
         graphs=graphs,
         tokenizer=tokenizer,
+        chat_template=chat_template,
         ngram=ngram,
         validation=validation,
         tools=_tools(),

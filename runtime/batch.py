@@ -26,7 +26,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -94,19 +94,16 @@ class BatchEngine:
     ``submit`` is thread-safe and returns a ``Handle`` at once (bad requests raise their typed
     error there, and a full queue raises ``QueueFullError``); one engine thread runs every
     graph call. ``generate_many`` is the blocking convenience. ``close()`` stops the thread.
+
+    ``observer``, when set, is called by the engine thread after each iteration with one
+    ``Iteration`` per row decoded in it (what a metrics exporter counts); keep it quick.
     """
 
     def __init__(self, bundle: str | Path, max_batch: int | None = None, drafter: str = "model",
                  threads: ThreadPolicy | int | None = None, max_queue: int = 64):  # fmt: skip
         bundle = Path(bundle)
         m = self.manifest = load_manifest(bundle)
-        self.max_batch = m.max_batch if max_batch is None else max_batch
-        ok_batch = isinstance(self.max_batch, int) and not isinstance(self.max_batch, bool) and 1 <= self.max_batch <= m.max_batch
-        if not ok_batch or isinstance(max_queue, bool) or not isinstance(max_queue, int) or max_queue < 1:
-            raise ConfigError(f"max_batch={max_batch!r}, max_queue={max_queue!r}: expected 1..{m.max_batch} rows (the bundle's --max-batch) and a queue >= 1")
-        check_drafter(drafter)
-        if drafter == "hierarchical" or not isinstance(drafter, str):
-            raise ConfigError(f"drafter={drafter!r}: the batched engine runs model, ngram, unigram and lookup")
+        self.max_batch = self.check_options(m, max_batch, drafter, max_queue)
         self.limits, self.codec, self.threads = Limits.of(m), TextCodec.from_bundle(bundle, m), ThreadPolicy.of(threads)
         sessions = {n: open_session(bundle, n, g, "cpu", self.threads) for n, g in m.graphs.items() if g.flavour == "ort"}
         self.target = self._forward(bundle, "target", sessions)
@@ -122,9 +119,22 @@ class BatchEngine:
         self.waiting: queue.Queue = queue.Queue(maxsize=max_queue)
         self.max_queue = max_queue
         self.occupancy: Counter = Counter()  # rows per iteration -> iterations
+        self.observer: Callable[[list[Iteration]], None] | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="specdec-batch", daemon=True)
         self._thread.start()
+
+    @staticmethod
+    def check_options(m, max_batch: int | None, drafter: str, max_queue: int) -> int:
+        """Refuse options this bundle cannot run (a ``ConfigError``); returns the row count."""
+        rows = m.max_batch if max_batch is None else max_batch
+        ok_batch = isinstance(rows, int) and not isinstance(rows, bool) and 1 <= rows <= m.max_batch
+        if not ok_batch or isinstance(max_queue, bool) or not isinstance(max_queue, int) or max_queue < 1:
+            raise ConfigError(f"max_batch={max_batch!r}, max_queue={max_queue!r}: expected 1..{m.max_batch} rows (the bundle's --max-batch) and a queue >= 1")
+        check_drafter(drafter)
+        if drafter == "hierarchical" or not isinstance(drafter, str):
+            raise ConfigError(f"drafter={drafter!r}: the batched engine runs model, ngram, unigram and lookup")
+        return rows
 
     def _forward(self, bundle: Path, model: str, sessions: dict) -> Forward:
         m, spec = self.manifest, getattr(self.manifest, model)
@@ -143,7 +153,7 @@ class BatchEngine:
 
     def submit(self, prompt: str | Sequence[int], max_new_tokens: int = 128, temperature: float = 0.0, top_k: int | None = None,
                top_p: float | None = None, seed: int | None = None, gamma: int | str | None = None, ignore_eos: bool = False,
-               lenience: float = 1.0, block: bool = False) -> Handle:  # fmt: skip
+               lenience: float = 1.0, stop_token_ids: Sequence[int] = (), block: bool = False) -> Handle:  # fmt: skip
         """Check a request and queue it; raises its typed error, or ``QueueFullError`` when
         ``max_queue`` requests already wait (``block=True`` waits for room instead)."""
         if self._stop.is_set():
@@ -152,7 +162,7 @@ class BatchEngine:
             if self.codec is None:
                 raise InputError("prompt is text but the bundle has no tokenizer; pass token ids instead")
             prompt = self.codec.encode(prompt)
-        req = Request(prompt, self.limits, max_new_tokens, temperature, top_k, top_p, seed, gamma, ignore_eos, lenience)
+        req = Request(prompt, self.limits, max_new_tokens, temperature, top_k, top_p, seed, gamma, ignore_eos, lenience, stop_token_ids)
         stats = Stats(gamma=req.gamma, prompt_tokens=len(req.prompt), drafter=self.drafter_name, adaptive=req.adaptive,
                       lenience=req.lenience, threads=self.threads.label)  # fmt: skip
         handle = Handle(req, self.codec, stats)
@@ -267,9 +277,12 @@ class BatchEngine:
         if policy:  # a batch's acceptance step (per-row standardizing) is part of what verifying k costs
             policy.observe(ks, [v[0] for v in verdicts], draft_calls, t1 - t0, t3 - t1)
         self.occupancy[len(rows)] += 1
-        for r, k, (n, _) in zip(rows, ks, verdicts):
-            r.handle.stats.record(Iteration(k, n, draft_calls, t1 - t0, t2 - t1, t3 - t2))
-            self._emit(r, n)
+        its = [Iteration(k, n, draft_calls, t1 - t0, t2 - t1, t3 - t2) for k, (n, _) in zip(ks, verdicts)]
+        for r, it in zip(rows, its):
+            r.handle.stats.record(it)
+            self._emit(r, it.accepted)
+        if self.observer:
+            self.observer(its)
 
     def _policy(self, rows: int) -> AdaptiveGamma:
         """The adaptive-γ policy for calls of ``rows`` rows, kept per graph the call runs (1 row,

@@ -132,6 +132,7 @@ class SpeculativeDecoder:
         gamma: int | str | None = None,
         ignore_eos: bool = False,
         lenience: float = 1.0,
+        stop_token_ids: Sequence[int] = (),
     ) -> Request:
         """A checked ``Request`` (text is encoded with the bundle's tokenizer); raises a
         ``ValueError`` subclass naming the first bad argument. See ``Request`` for each one."""
@@ -139,7 +140,7 @@ class SpeculativeDecoder:
             if self.codec is None:
                 raise InputError(f"prompt is text but bundle {self.bundle} has no tokenizer; pass token ids instead")
             prompt = self.codec.encode(prompt)
-        return Request(prompt, self.limits, max_new_tokens, temperature, top_k, top_p, seed, gamma, ignore_eos, lenience)
+        return Request(prompt, self.limits, max_new_tokens, temperature, top_k, top_p, seed, gamma, ignore_eos, lenience, stop_token_ids)
 
     def generate(
         self,
@@ -152,9 +153,10 @@ class SpeculativeDecoder:
         gamma: int | str | None = None,
         ignore_eos: bool = False,
         lenience: float = 1.0,
+        stop_token_ids: Sequence[int] = (),
     ) -> GenerationResult:
         """Decode a whole request; arguments as ``Request``."""
-        req = self.request(prompt, max_new_tokens, temperature, top_k, top_p, seed, gamma, ignore_eos, lenience)
+        req = self.request(prompt, max_new_tokens, temperature, top_k, top_p, seed, gamma, ignore_eos, lenience, stop_token_ids)
         stream = Stream(self, req, incremental_text=False)  # text decoded once, at the end
         for _ in stream:
             pass
@@ -171,13 +173,14 @@ class SpeculativeDecoder:
         gamma: int | str | None = None,
         ignore_eos: bool = False,
         lenience: float = 1.0,
+        stop_token_ids: Sequence[int] = (),
     ) -> Stream:
         """An iterator of ``Piece`` as tokens are accepted; arguments as ``Request``.
 
         The request is checked here, before any work. The decoder is held from the first
         ``next`` until the stream is exhausted or closed.
         """
-        return Stream(self, self.request(prompt, max_new_tokens, temperature, top_k, top_p, seed, gamma, ignore_eos, lenience))
+        return Stream(self, self.request(prompt, max_new_tokens, temperature, top_k, top_p, seed, gamma, ignore_eos, lenience, stop_token_ids))
 
     def run(self, req: Request, incremental_text: bool = True) -> Stream:
         """A ``Stream`` of an already built ``Request`` (e.g. one checked ahead of time)."""

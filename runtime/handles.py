@@ -7,9 +7,10 @@ thread spends no time in the tokenizer.
 
 from __future__ import annotations
 
+import asyncio
 import queue
 import threading
-from typing import Iterator
+from typing import AsyncIterator, Callable, Iterator
 
 from specdec.runtime.decoder import GenerationResult, Piece
 from specdec.runtime.request import Request
@@ -32,12 +33,15 @@ class Handle:
         self.cancelled = threading.Event()
         self.done = threading.Event()
         self._pieces: queue.SimpleQueue = queue.SimpleQueue()
+        self._notify: Callable[[], None] | None = None  # set by __aiter__: wakes an asyncio reader
 
     # -- engine side ----------------------------------------------------------------------
 
     def _push(self, tokens: list[int]) -> None:
         self.tokens += tokens
         self._pieces.put(tokens)
+        if self._notify:
+            self._notify()
 
     def _finish(self, reason: str | None = None, error: BaseException | None = None) -> None:
         if reason:
@@ -45,6 +49,8 @@ class Handle:
         self.error = error
         self.done.set()
         self._pieces.put(_END)
+        if self._notify:
+            self._notify()
 
     # -- caller side ----------------------------------------------------------------------
 
@@ -64,6 +70,31 @@ class Handle:
                 yield Piece([], tail)
         if self.error is not None:
             raise self.error
+
+    async def __aiter__(self) -> AsyncIterator[Piece]:
+        """As ``__iter__``, for an asyncio reader: waits without blocking the event loop (the
+        engine thread wakes it through ``loop.call_soon_threadsafe``). Iterate once, either way."""
+        loop, wake = asyncio.get_running_loop(), asyncio.Event()
+        self._notify = lambda: loop.call_soon_threadsafe(wake.set)
+        detok = Detokenizer(self.codec) if self.codec else None
+        while True:
+            wake.clear()  # cleared before draining: a push after the drain sets it again
+            items = []
+            while True:
+                try:
+                    items.append(self._pieces.get_nowait())
+                except queue.Empty:
+                    break
+            for item in items:
+                if item is _END:
+                    if detok and (tail := detok.flush()):
+                        yield Piece([], tail)
+                    if self.error is not None:
+                        raise self.error
+                    return
+                yield Piece(item, detok.push(item) if detok else None)
+            if not items:
+                await wake.wait()
 
     def result(self, timeout: float | None = None) -> GenerationResult:
         """Wait for the end (``TimeoutError`` after ``timeout`` seconds); raises the engine's error if it failed."""

@@ -54,7 +54,8 @@ class Request:
     ``gamma``: draft tokens per target call, 0..the bundle's γ, None for the bundle's γ, or "auto"
     to choose it each iteration (§3.5) up to the bundle's γ; once built it holds the int ceiling
     and ``adaptive`` says whether it adapts. ``lenience``: 1 is exact; l < 1 accepts more drafts
-    and changes the output distribution (no token above p(x) / l; App. A.5).
+    and changes the output distribution (no token above p(x) / l; App. A.5). ``stop_token_ids``:
+    tokens that end the request besides EOS (``ignore_eos`` drops only EOS), as vLLM's field.
     """
 
     prompt: np.ndarray  # [P] int64 token ids (a list is converted)
@@ -67,6 +68,7 @@ class Request:
     gamma: int | str | None = None
     ignore_eos: bool = False
     lenience: float = 1.0
+    stop_token_ids: Sequence[int] = ()  # more tokens that end the request (kept), also with ignore_eos
     sampling: SamplingConfig = field(init=False)
     adaptive: bool = field(init=False)
     stop: frozenset[int] = field(init=False)  # tokens that end the request (kept in the output)
@@ -96,4 +98,9 @@ class Request:
                 f"({lim.max_gamma}) = {need} exceeds max-seq-len {lim.max_seq_len}; shorten the request or re-export "
                 f"with a larger --max-seq-len"
             )
-        put("stop", frozenset() if self.ignore_eos else frozenset(lim.eos_token_ids))
+        extra = self.stop_token_ids
+        if isinstance(extra, (str, bytes)) or not hasattr(extra, "__iter__") or not all(_is_int(t) and 0 <= t < lim.vocab_size for t in extra):
+            raise InputError(f"stop_token_ids={extra!r}: expected a list of token ids in [0, {lim.vocab_size})")
+        put("stop_token_ids", tuple(int(t) for t in extra))
+        eos = frozenset() if self.ignore_eos else frozenset(lim.eos_token_ids)
+        put("stop", eos | frozenset(self.stop_token_ids))

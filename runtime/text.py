@@ -28,9 +28,10 @@ class TextCodec:
         path = inside(bundle, manifest.tokenizer) / "tokenizer.json"
         return cls(path) if path.is_file() else None
 
-    def encode(self, text: str) -> list[int]:
-        """Token ids with the tokenizer's own special tokens (as transformers' default)."""
-        return self.tokenizer.encode(text, add_special_tokens=True).ids
+    def encode(self, text: str, special: bool = True) -> list[int]:
+        """Token ids, with the tokenizer's own special tokens added (as transformers' default)
+        unless ``special`` is False (text that has them already, such as a rendered chat)."""
+        return self.tokenizer.encode(text, add_special_tokens=special).ids
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)

@@ -7,13 +7,14 @@ Heavy modules are imported inside the commands that need them.
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from pathlib import Path
 
 import click
 
 from specdec import __version__
-from specdec.errors import SpecDecError
+from specdec.errors import ConfigError, SpecDecError
 from specdec.runtime.drafters import DRAFTERS
 
 
@@ -314,6 +315,30 @@ def _numbers(option: str, text: str, kind: type) -> list:
         return [kind(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise InputError(f"{option} {text!r}: expected comma-separated numbers such as 0,1,2") from None
+
+
+@cli.command("serve")
+@click.argument("bundle", type=click.Path(path_type=Path))
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind; anything but loopback should have --api-key.")
+@click.option("--port", default=8000, show_default=True, type=int)
+@click.option("--max-batch", default=None, type=int, help="Requests decoded together [default: the bundle's --max-batch].")
+@click.option("--max-queue", default=64, show_default=True, type=int, help="Requests waiting for a row; past it new requests get 503 + Retry-After.")
+@click.option("--drafter", default="model", show_default=True, type=click.Choice([d for d in DRAFTERS if d != "hierarchical"]))
+@click.option("--gamma", default=None, help="Draft tokens per target call: 0..bundle gamma, or auto [default: the bundle's].")
+@click.option("--served-model-name", default=None, help="The model name clients send [default: the bundle folder's name].")
+@click.option("--chat-template", default=None, type=click.Path(path_type=Path), help="Jinja chat template [default: the bundle's, from its tokenizer].")
+@click.option("--threads", default=None, type=int, help="ONNX Runtime intra-op threads per session [default: one per core].")
+@click.option("--api-key", default=None, envvar="SPECDEC_API_KEY", help="Require 'Authorization: Bearer KEY' on every route but /health [env: SPECDEC_API_KEY].")
+@click.option("--grace-period", default=30.0, show_default=True, type=float, help="Seconds SIGTERM lets requests in flight finish.")
+@click.option("--log-level", default="info", show_default=True, type=click.Choice(["critical", "error", "warning", "info", "debug"]))
+def serve_cmd(bundle: Path, gamma: str | None, **kw) -> None:
+    """An OpenAI-compatible server (completions, chat, SSE streaming, /metrics) over the batched engine."""
+    try:
+        from specdec.serve.server import ServeConfig, serve
+    except ImportError as e:
+        raise ConfigError(f"specdec serve needs the serve extra ({e.name} is missing): pip install 'specdec[serve]'") from None
+    logging.basicConfig(level=kw["log_level"].upper(), format="%(levelname)s: %(message)s")
+    sys.exit(serve(ServeConfig(bundle, gamma=_gamma(gamma), **kw)))
 
 
 @cli.command("demo")

@@ -139,6 +139,7 @@ class Manifest:
     graphs: dict[str, GraphSpec]
     max_batch: int = 1  # requests a batched engine may run together (batched graphs for 2..max_batch rows)
     tokenizer: str | None = None  # relative folder holding tokenizer.json, or None
+    chat_template: str | None = None  # relative path of the target tokenizer's Jinja chat template, or None
     ngram: dict[str, Any] | None = None  # {"file", "sha256", "corpus", "tokens"}: the n-gram drafter's table
     validation: dict[str, Any] = field(default_factory=dict)
     tools: dict[str, str] = field(default_factory=dict)
@@ -232,7 +233,7 @@ def load_manifest(bundle: str | Path, verify_hashes: bool = True) -> Manifest:
     if not isinstance(raw, dict):
         raise BundleError(f"{path} holds {type(raw).__name__}, expected an object; re-export the bundle")
     m = Manifest.from_dict(raw)
-    for rel in m.files() + ([m.tokenizer] if m.tokenizer else []):
+    for rel in m.files() + [r for r in (m.tokenizer, m.chat_template) if r]:
         if not inside(bundle, rel).exists():
             raise BundleError(f"bundle file {rel!r} is missing from {bundle}; re-export the bundle")
     if verify_hashes:

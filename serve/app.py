@@ -1,0 +1,347 @@
+"""The OpenAI-compatible HTTP application over one ``BatchEngine``.
+
+    POST /v1/completions, /v1/chat/completions ─► parse (protocol) ─► token ids ─► engine.submit
+        ─► Handle pieces (async) ─► stop strings (stops) ─► one JSON body, or SSE chunks + [DONE]
+    GET /v1/models, /health, /metrics
+
+Every failure is an OpenAI-style error body ``{"error": {"message", "type", "param", "code"}}``:
+400 for bad input, 401 without the API key, 404 for an unknown model or route, 503 while loading
+or when the queue is full (with Retry-After), 500 only for a server-side failure (no traceback).
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.exceptions import HTTPException
+
+from specdec.errors import QueueFullError
+from specdec.runtime.handles import Handle
+from specdec.runtime.stats import Stats
+from specdec.runtime.text import TextCodec
+from specdec.serve.chat import ChatTemplate
+from specdec.serve.metrics import Metrics
+from specdec.serve.protocol import ChatCompletionRequest, CompletionRequest, FieldError, parse
+from specdec.serve.stops import StopStrings
+
+log = logging.getLogger("specdec.serve")
+clock = time.perf_counter
+RETRY_AFTER = "1"  # seconds a refused client should wait (a row frees every few iterations)
+
+
+class Refused(Exception):
+    """A request answered with an error body: HTTP status, OpenAI error type and code."""
+
+    def __init__(self, status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None, outcome: str = "invalid", headers: dict | None = None):  # fmt: skip
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
+        self.outcome, self.headers = outcome, headers
+
+    def response(self) -> JSONResponse:
+        body = {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+        return JSONResponse(body, status_code=self.status, headers=self.headers)
+
+
+@dataclass
+class ServerState:
+    """What the routes share. ``engine`` is None until the bundle is loaded and warmed."""
+
+    model: str  # the served model name
+    max_seq_len: int
+    codec: TextCodec | None
+    chat: ChatTemplate | None
+    gamma: int | str | None  # each request's γ: an int, "auto", or None for the bundle's
+    api_key: str | None = None
+    engine: Any = None  # BatchEngine once ready
+    metrics: Metrics | None = None
+    failed: str | None = None  # why loading failed
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def ready(self):
+        if self.engine is None:
+            why = f"the model failed to load: {self.failed}" if self.failed else "the model is still loading"
+            raise Refused(503, f"{why}; retry later", "server_error", code="not_ready", outcome="rejected", headers={"Retry-After": RETRY_AFTER})
+        return self.engine
+
+    def check_key(self, request: Request) -> None:
+        if self.api_key is None:
+            return
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), self.api_key.encode()):
+            raise Refused(401, "missing or wrong API key: send the header 'Authorization: Bearer <key>'", code="invalid_api_key")
+
+
+# -- the two endpoints' differences --------------------------------------------------------------
+
+
+class Completions:
+    object, chunk_object, id_prefix = "text_completion", "text_completion", "cmpl"
+
+    @staticmethod
+    def prompt(state: ServerState, body: CompletionRequest) -> list[int]:
+        if isinstance(body.prompt, list):
+            return body.prompt  # the engine checks the ids against the vocabulary
+        if state.codec is None:
+            raise FieldError("prompt is text but the bundle has no tokenizer; send token ids", "prompt")
+        return state.codec.encode(body.prompt)
+
+    @staticmethod
+    def max_tokens(body: CompletionRequest) -> int | None:
+        return body.max_tokens
+
+    @staticmethod
+    def choice(text: str, finish: str | None, first: bool, stream: bool) -> dict:
+        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+
+
+class Chat:
+    object, chunk_object, id_prefix = "chat.completion", "chat.completion.chunk", "chatcmpl"
+
+    @staticmethod
+    def prompt(state: ServerState, body: ChatCompletionRequest) -> list[int]:
+        if state.chat is None:
+            raise FieldError("messages: this bundle has no chat template; start the server with --chat-template FILE, or use /v1/completions", "messages")
+        if state.codec is None:
+            raise FieldError("messages: the bundle has no tokenizer to encode a chat; use /v1/completions with token ids", "messages")
+        messages = [{"role": m.role, "content": m.text(), **({"name": m.name} if m.name else {})} for m in body.messages]
+        text = state.chat.render(messages, body.add_generation_prompt, **(body.chat_template_kwargs or {}))
+        return state.codec.encode(text, special=False)  # the template wrote the special tokens
+
+    @staticmethod
+    def max_tokens(body: ChatCompletionRequest) -> int | None:
+        return body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+
+    @staticmethod
+    def choice(text: str, finish: str | None, first: bool, stream: bool) -> dict:
+        if not stream:
+            return {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": finish}
+        delta = {"role": "assistant", "content": text} if first else ({"content": text} if text or finish is None else {})
+        return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+
+
+# -- one request's output ----------------------------------------------------------------------
+
+
+class Generation:
+    """Reads a handle's pieces on the event loop: applies stop strings, times tokens for the
+    metrics, and ends the request (cancelling it in the engine) when the reader stops early."""
+
+    def __init__(self, handle: Handle, stops: list[str], arrival: float, metrics: Metrics):
+        self.handle, self.arrival, self.metrics = handle, arrival, metrics
+        self.stops = StopStrings(stops) if stops else None
+        self.finish: str | None = None  # OpenAI finish_reason once ended: "stop" or "length"
+        self.last: float | None = None
+
+    async def deltas(self) -> AsyncIterator[tuple[str, list[int]]]:
+        """(text, tokens) as the engine accepts them; ``finish`` is set when this ends normally."""
+        outcome = "abort"
+        try:
+            async for piece in self.handle:
+                self._time(len(piece.tokens))
+                text = piece.text or ""
+                if self.stops:
+                    text = self.stops.push(text)
+                if text or piece.tokens:
+                    yield text, piece.tokens
+                if self.stops and self.stops.hit:
+                    self.handle.cancel()  # frees the row at the next iteration
+                    break
+            if self.stops and (tail := self.stops.flush()):
+                yield tail, []
+            reason = self.handle.stats.finish_reason
+            self.finish = "stop" if (self.stops and self.stops.hit) or reason == "eos" else "length"
+            outcome = self.finish
+        except Exception:  # the engine failed this request (GeneratorExit / CancelledError are an abort)
+            outcome = "error"
+            raise
+        finally:  # also when the client went away (the generator is closed or cancelled)
+            if outcome in ("abort", "error"):
+                self.handle.cancel()
+            self._record(outcome)
+
+    def _time(self, n: int) -> None:
+        if not n:
+            return
+        now = clock()
+        if self.last is None:
+            self.metrics.ttft.observe(now - self.arrival)
+        else:
+            for _ in range(n):  # an iteration's tokens arrive together: spread its gap over them
+                self.metrics.itl.observe((now - self.last) / n)
+        self.last = now
+
+    def _record(self, outcome: str) -> None:
+        m = self.metrics
+        m.requests.labels(outcome).inc()
+        m.prompt_tokens.inc(len(self.handle.request.prompt))
+        m.generation_tokens.inc(len(self.handle.tokens))
+        m.latency.observe(clock() - self.arrival)
+
+
+def speculative(stats: Stats) -> dict:
+    """The request's speculative-decoding figures (the response's ``speculative`` extension)."""
+    return {
+        "drafter": stats.drafter,
+        "gamma": stats.gamma,
+        "adaptive_gamma": stats.adaptive,
+        "target_calls": stats.target_calls,
+        "verify_calls": stats.verify_calls,
+        "drafted_tokens": stats.drafted,
+        "accepted_tokens": stats.accepted,
+        "acceptance_rate": stats.acceptance_rate,
+        "mean_accepted_tokens": stats.mean_accepted,
+    }
+
+
+def usage(handle: Handle) -> dict:
+    p, c = len(handle.request.prompt), len(handle.tokens)
+    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+
+
+# -- the application ---------------------------------------------------------------------------
+
+
+def build_app(state: ServerState, lifespan=None) -> FastAPI:
+    """The routes over ``state``; ``lifespan`` loads the engine (see ``server.serve``)."""
+    app = FastAPI(title="specdec", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+    app.state.specdec = state
+
+    @app.exception_handler(Refused)
+    async def _refused(request: Request, e: Refused):
+        return e.response()
+
+    @app.exception_handler(HTTPException)
+    async def _http(request: Request, e: HTTPException):
+        message = f"{request.method} {request.url.path}: {e.detail}"
+        return Refused(e.status_code, message, code="not_found" if e.status_code == 404 else None).response()
+
+    @app.exception_handler(Exception)
+    async def _crash(request: Request, e: Exception):
+        log.exception("request failed")
+        return Refused(500, f"internal error ({type(e).__name__}); the server log has the details", "server_error").response()
+
+    @app.get("/health")
+    async def health():
+        if state.engine is None:
+            return JSONResponse({"status": "failed" if state.failed else "loading", "reason": state.failed}, status_code=503, headers={"Retry-After": RETRY_AFTER})
+        return {"status": "ok"}
+
+    @app.get("/v1/models")
+    async def models(request: Request):
+        state.check_key(request)
+        card = {"id": state.model, "object": "model", "created": state.created, "owned_by": "specdec", "max_model_len": state.max_seq_len}
+        return {"object": "list", "data": [card]}
+
+    @app.get("/metrics")
+    async def metrics(request: Request):
+        state.check_key(request)
+        state.ready()
+        return Response(state.metrics.text(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await generate(request, CompletionRequest, Completions)
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        return await generate(request, ChatCompletionRequest, Chat)
+
+    async def generate(request: Request, cls, kind):
+        arrival = clock()
+        try:
+            handle, body = await admit(request, cls, kind)
+        except Refused as e:
+            if state.metrics:
+                state.metrics.requests.labels(e.outcome).inc()
+            return e.response()
+        gen = Generation(handle, body.stops, arrival, state.metrics)
+        rid, created = f"{kind.id_prefix}-{uuid.uuid4().hex}", int(time.time())
+        head = {"id": rid, "object": kind.object, "created": created, "model": state.model}
+        if body.stream:
+            return StreamingResponse(sse(gen, kind, body, {**head, "object": kind.chunk_object}), media_type="text/event-stream")
+        text, tokens = [], []
+        try:
+            async for t, ids in gen.deltas():
+                text.append(t)
+                tokens += ids
+        except Exception as e:  # the engine failed this request
+            log.error("request %s failed: %s", rid, e)
+            return Refused(500, f"decoding failed: {e}", "server_error").response()
+        out = {**head, "choices": [kind.choice("".join(text), gen.finish, True, False)], "usage": usage(handle), "speculative": speculative(handle.stats)}
+        if body.return_token_ids:
+            out["choices"][0]["token_ids"] = tokens
+            out["prompt_token_ids"] = handle.request.prompt.tolist()
+        return out
+
+    async def admit(request: Request, cls, kind) -> tuple[Handle, Any]:
+        """Parse, check and submit a request; a ``Refused`` says why not."""
+        state.check_key(request)
+        engine = state.ready()
+        try:
+            raw = json.loads(await request.body())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise Refused(400, f"request body is not valid JSON ({e})") from None
+        try:
+            body = parse(cls, raw)
+            if body.model != state.model:
+                raise Refused(404, f"model {body.model!r} is not served here; this server serves {state.model!r}", param="model", code="model_not_found")
+            prompt = kind.prompt(state, body)
+            max_tokens = kind.max_tokens(body)
+            if max_tokens is None:  # as much as fits
+                max_tokens = max(1, state.max_seq_len - len(prompt) - engine.limits.max_gamma)
+            handle = engine.submit(prompt, max_new_tokens=max_tokens, gamma=state.gamma, **body.sampling())
+        except QueueFullError as e:
+            raise Refused(503, str(e), "server_error", code="queue_full", outcome="rejected", headers={"Retry-After": RETRY_AFTER}) from None
+        except (FieldError, ValueError) as e:  # every specdec input error is a ValueError
+            raise Refused(400, str(e), param=getattr(e, "param", None)) from None
+        return handle, body
+
+    return app
+
+
+async def sse(gen: Generation, kind, body, head: dict) -> AsyncIterator[str]:
+    """Server-sent events: one chunk per accepted piece, a last one with finish_reason (and the
+    ``speculative`` figures), a usage chunk when asked, then ``data: [DONE]``."""
+    opts = body.stream_options
+    every = bool(opts and opts.continuous_usage_stats)
+    first = True
+
+    def chunk(text: str, ids: list[int], finish: str | None) -> dict:
+        nonlocal first
+        choice = kind.choice(text, finish, first, True)
+        if body.return_token_ids:
+            choice["token_ids"] = ids or []
+        out = {**head, "choices": [choice]}
+        if first and body.return_token_ids:
+            out["prompt_token_ids"] = gen.handle.request.prompt.tolist()
+        if every:
+            out["usage"] = usage(gen.handle)
+        first = False
+        return out
+
+    try:
+        async for text, ids in gen.deltas():
+            yield event(chunk(text, ids, None))
+    except Exception as e:  # the engine failed: tell the client in the stream, then end it
+        log.error("stream %s failed: %s", head["id"], e)
+        yield event({"error": {"message": f"decoding failed: {e}", "type": "server_error", "param": None, "code": None}})
+        yield "data: [DONE]\n\n"
+        return
+    yield event({**chunk("", [], gen.finish), "speculative": speculative(gen.handle.stats)})
+    if opts and opts.include_usage:
+        yield event({**head, "choices": [], "usage": usage(gen.handle), "speculative": speculative(gen.handle.stats)})
+    yield "data: [DONE]\n\n"
+
+
+def event(data: dict) -> str:
+    return f"data: {json.dumps(data)}\n\n"

@@ -1,0 +1,73 @@
+"""The server's Prometheus metrics, in the ``specdec_`` namespace (vLLM's names where they overlap).
+
+Engine-side counts (drafted, accepted, γ, occupancy) are added by the engine thread after each
+iteration (``observe_iteration``, the ``BatchEngine.observer``); request-side ones (outcome,
+tokens, latencies) by the request's handler when it ends. Each server has its own registry.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from specdec.runtime.stats import Iteration
+
+# Request outcomes: finished by a stop token or string, by max_tokens, by the client going away
+# (abort), by a server-side failure (error), refused for a full queue (rejected) or refused as
+# invalid (invalid: every 4xx).
+OUTCOMES = ("stop", "length", "abort", "error", "rejected", "invalid")
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+class Metrics:
+    def __init__(self, gamma: int, max_batch: int, running: Callable[[], int], waiting: Callable[[], int]):
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter("specdec_requests", "Requests by outcome: stop, length, abort, error, rejected (queue full), invalid (4xx)", ["outcome"], registry=r)
+        for o in OUTCOMES:
+            self.requests.labels(o)
+        self.prompt_tokens = Counter("specdec_prompt_tokens", "Prompt tokens of admitted requests", registry=r)
+        self.generation_tokens = Counter("specdec_generation_tokens", "Generated tokens", registry=r)
+        self.drafts = Counter("specdec_spec_decode_num_drafts", "Verify calls that checked at least one draft token", registry=r)
+        self.draft_tokens = Counter("specdec_spec_decode_num_draft_tokens", "Draft tokens proposed and verified", registry=r)
+        self.accepted_tokens = Counter("specdec_spec_decode_num_accepted_tokens", "Draft tokens accepted", registry=r)
+        self.draft_per_pos = Counter("specdec_spec_decode_num_draft_tokens_per_pos", "Draft tokens verified at each position 1..gamma", ["position"], registry=r)
+        self.accepted_per_pos = Counter("specdec_spec_decode_num_accepted_tokens_per_pos", "Draft tokens accepted at each position 1..gamma", ["position"], registry=r)
+        for i in range(1, gamma + 1):
+            self.draft_per_pos.labels(str(i))
+            self.accepted_per_pos.labels(str(i))
+        rate = Gauge("specdec_spec_decode_acceptance_rate", "Accepted / drafted tokens since start", registry=r)
+        self.totals = [0, 0, 0]  # drafts, drafted, accepted: written by the engine thread only
+        rate.set_function(lambda: self.totals[2] / self.totals[1] if self.totals[1] else 0.0)
+        mean = Gauge("specdec_spec_decode_mean_accepted_length", "Tokens per verify call since start: 1 + accepted / drafts (vLLM's mean acceptance length)", registry=r)
+        mean.set_function(lambda: 1.0 + (self.totals[2] / self.totals[0] if self.totals[0] else 0.0))
+        self.gamma = Histogram("specdec_spec_decode_gamma", "Draft tokens chosen per row and iteration (0: a plain step)", buckets=tuple(range(gamma + 1)), registry=r)
+        self.occupancy = Histogram("specdec_batch_occupancy", "Rows decoded per iteration", buckets=tuple(range(1, max_batch + 1)), registry=r)
+        Gauge("specdec_num_requests_running", "Requests holding a batch row", registry=r).set_function(running)
+        Gauge("specdec_num_requests_waiting", "Requests queued for a batch row", registry=r).set_function(waiting)
+        self.ttft = Histogram("specdec_time_to_first_token_seconds", "Arrival to first generated token", buckets=LATENCY_BUCKETS, registry=r)
+        self.itl = Histogram("specdec_inter_token_latency_seconds", "Time between generated tokens (an iteration's gap spread over its tokens)", buckets=LATENCY_BUCKETS, registry=r)
+        self.latency = Histogram("specdec_e2e_request_latency_seconds", "Arrival to last token", buckets=LATENCY_BUCKETS, registry=r)
+
+    def observe_iteration(self, its: Sequence[Iteration]) -> None:
+        """One engine iteration: one ``Iteration`` per row (called on the engine thread)."""
+        self.occupancy.observe(len(its))
+        drafts = drafted = accepted = 0
+        for it in its:
+            self.gamma.observe(it.drafted)
+            if it.drafted:
+                drafts, drafted, accepted = drafts + 1, drafted + it.drafted, accepted + it.accepted
+                for i in range(it.drafted):
+                    self.draft_per_pos.labels(str(i + 1)).inc()
+                    if i < it.accepted:
+                        self.accepted_per_pos.labels(str(i + 1)).inc()
+        if drafts:
+            self.drafts.inc(drafts)
+            self.draft_tokens.inc(drafted)
+            self.accepted_tokens.inc(accepted)
+            t = self.totals
+            self.totals = [t[0] + drafts, t[1] + drafted, t[2] + accepted]  # one new list: a reader never sees half an update
+
+    def text(self) -> bytes:
+        return generate_latest(self.registry)
+

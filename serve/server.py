@@ -1,0 +1,137 @@
+"""``specdec serve``: check the bundle, bind at once, load and warm the engine, serve until SIGTERM.
+
+The port answers from the start (``/health`` is 503 until the engine is loaded and warmed), so an
+orchestrator can tell "loading" from "dead". SIGTERM or Ctrl-C: uvicorn stops accepting
+connections, lets the requests in flight finish (up to ``grace_period`` seconds), then the
+engine is closed and the process exits 0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import logging
+import signal
+import socket
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from specdec.errors import ConfigError
+from specdec.manifest import inside, load_manifest
+from specdec.runtime.batch import BatchEngine
+from specdec.runtime.request import Limits, Request
+from specdec.runtime.text import TextCodec
+from specdec.serve.app import ServerState, build_app
+from specdec.serve.chat import ChatTemplate
+from specdec.serve.metrics import Metrics
+
+log = logging.getLogger("specdec.serve")
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    bundle: Path
+    host: str = "127.0.0.1"
+    port: int = 8000
+    max_batch: int | None = None  # None: the bundle's --max-batch
+    max_queue: int = 64
+    drafter: str = "model"
+    gamma: int | str | None = None  # None: the bundle's γ; "auto": adaptive
+    served_model_name: str | None = None  # None: the bundle folder's name
+    chat_template: Path | None = None  # None: the bundle's
+    threads: int | None = None
+    api_key: str | None = None
+    grace_period: float = 30.0  # seconds SIGTERM waits for requests in flight
+    log_level: str = "info"
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def prepare(cfg: ServeConfig) -> ServerState:
+    """Everything that can be refused before binding: the bundle, the chat template, the options."""
+    m = load_manifest(cfg.bundle)
+    if cfg.port < 0 or cfg.port > 65535:
+        raise ConfigError(f"--port {cfg.port}: expected 0..65535")
+    if cfg.grace_period < 0:
+        raise ConfigError(f"--grace-period {cfg.grace_period}: expected seconds >= 0")
+    codec = TextCodec.from_bundle(cfg.bundle, m)
+    chat = None
+    if cfg.chat_template is not None or m.chat_template:
+        path = cfg.chat_template or inside(cfg.bundle, m.chat_template)
+        name = (lambda i: codec.tokenizer.id_to_token(i) if codec and i is not None else None)  # noqa: E731
+        chat = ChatTemplate.from_file(path, name(m.bos_token_id), name(m.eos_token_ids[0] if m.eos_token_ids else None))
+    BatchEngine.check_options(m, cfg.max_batch, cfg.drafter, cfg.max_queue)
+    Request([0], Limits.of(m), 1, gamma=cfg.gamma)  # the --gamma every request will carry
+    model = cfg.served_model_name or Path(cfg.bundle).resolve().name
+    return ServerState(model=model, max_seq_len=m.max_seq_len, codec=codec, chat=chat, gamma=cfg.gamma, api_key=cfg.api_key)
+
+
+def load_engine(cfg: ServeConfig, state: ServerState):
+    """Load the batched engine, warm every graph it will run, then attach the metrics."""
+    engine = BatchEngine(cfg.bundle, max_batch=cfg.max_batch, drafter=cfg.drafter, threads=cfg.threads, max_queue=cfg.max_queue)
+    try:
+        warm = [0] * 4  # token 0 exists in every vocabulary
+        n = max(engine.limits.max_gamma * 2, 4)
+        engine.generate_many([warm], max_new_tokens=n, ignore_eos=True, gamma=cfg.gamma)  # the batch-1 graphs
+        for rows in engine.manifest.batch_sizes():  # each batched graph the engine may pick
+            if rows <= engine.max_batch:
+                engine.generate_many([warm] * rows, max_new_tokens=n, ignore_eos=True, gamma=cfg.gamma)
+    except Exception:
+        engine.close()
+        raise
+    state.metrics = Metrics(engine.manifest.gamma, engine.max_batch, lambda: engine.active, engine.waiting.qsize)
+    engine.observer = state.metrics.observe_iteration
+    return engine
+
+
+def serve(cfg: ServeConfig) -> int:
+    """Run the server until SIGTERM/SIGINT; returns the exit status (0 after a clean drain)."""
+    import uvicorn
+
+    state = prepare(cfg)
+    if not is_loopback(cfg.host) and not cfg.api_key:
+        log.warning("listening on %s without authentication: anyone who can reach it can use it; set --api-key or SPECDEC_API_KEY", cfg.host)
+    server = None
+
+    def loader():
+        try:
+            state.engine = load_engine(cfg, state)
+            log.info("specdec: %s ready (max batch %d, queue %d, drafter %s, gamma %s)", state.model, state.engine.max_batch, cfg.max_queue, cfg.drafter, cfg.gamma)
+        except Exception as e:
+            state.failed = str(e).splitlines()[0] if str(e) else type(e).__name__
+            log.error("specdec: loading %s failed: %s", cfg.bundle, state.failed)
+            server.should_exit = True
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app):
+        threading.Thread(target=loader, name="specdec-load", daemon=True).start()
+        yield
+        if state.engine is not None:
+            state.engine.close()
+
+    app = build_app(state, lifespan)
+    server = uvicorn.Server(uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level=cfg.log_level, timeout_graceful_shutdown=cfg.grace_period, access_log=False))
+    # uvicorn re-raises the signal it drained on once it is done; a handler here turns that into
+    # a normal return (exit status 0) instead of death by SIGTERM.
+    previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        server.run()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 1 if state.failed else 0
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port free on ``host`` now (for tests and benchmarks)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
