@@ -1,0 +1,428 @@
+"""``specdec serve`` end to end: a real server process, the official ``openai`` client, httpx for raw HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import numpy as np
+import pytest
+from conftest import KEY, Server
+from prometheus_client.parser import text_string_to_metric_families
+
+openai = pytest.importorskip("openai")
+
+PROMPTS = ["def add(a, b):", "class Stack:\n", "import os\n", "for i in range(10):", "with open(path) as f:",
+           "if __name__ == '__main__':", "    def push(self, x):", "print(i, i * i)"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def reference(chat_bundle):
+    """Greedy tokens of the single-request decoder (what ``specdec generate`` runs)."""
+    from specdec.runtime.decoder import SpeculativeDecoder
+
+    dec = SpeculativeDecoder.load(chat_bundle[1])
+    return lambda prompt, n, **kw: dec.generate(prompt, max_new_tokens=n, **kw)
+
+
+def metrics(url: str) -> dict[str, float]:
+    """/metrics as {sample name{labels}: value}, parsed by prometheus_client's own parser."""
+    text = httpx.get(url + "/metrics", headers={"Authorization": f"Bearer {KEY}"}).text
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
+            out[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
+    return out
+
+
+def extra(obj, name):
+    return (obj.model_extra or {})[name]
+
+
+# -- outputs are the target's ------------------------------------------------------------------
+
+
+def test_served_greedy_equals_specdec_generate(server, client, chat_bundle, reference):
+    """Text prompts and token-id prompts: served tokens equal the single-request decoder's, and
+    one prompt is checked against the ``specdec generate`` command itself."""
+    for prompt in PROMPTS[:3]:
+        r = client.completions.create(model="tiny", prompt=prompt, max_tokens=40, temperature=0,
+                                      extra_body={"return_token_ids": True, "ignore_eos": True})  # fmt: skip
+        ref = reference(prompt, 40, ignore_eos=True)
+        assert extra(r.choices[0], "token_ids") == ref.tokens
+        assert r.choices[0].text == ref.text and r.choices[0].finish_reason == "length"
+        assert r.usage.completion_tokens == 40 and r.usage.prompt_tokens == len(extra(r, "prompt_token_ids"))
+        spec = extra(r, "speculative")
+        assert spec["drafted_tokens"] > 0 and 0 <= spec["accepted_tokens"] <= spec["drafted_tokens"]
+    ids = [5, 17, 99, 3, 250, 42]
+    r = client.completions.create(model="tiny", prompt=ids, max_tokens=30, temperature=0, extra_body={"return_token_ids": True, "ignore_eos": True})
+    assert extra(r, "prompt_token_ids") == ids
+    assert extra(r.choices[0], "token_ids") == reference(ids, 30, ignore_eos=True).tokens
+    cli = subprocess.run([sys.executable, "-m", "specdec", "generate", str(chat_bundle[1]), "--prompt", PROMPTS[3], "--max-new-tokens", "40",
+                          "--ignore-eos", "--json"], capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert cli.returncode == 0, cli.stderr
+    r = client.completions.create(model="tiny", prompt=PROMPTS[3], max_tokens=40, temperature=0, extra_body={"return_token_ids": True, "ignore_eos": True})
+    assert extra(r.choices[0], "token_ids") == json.loads(cli.stdout)["tokens"]
+
+
+def test_eight_requests_in_flight_each_equal_their_own_greedy_output(server, reference):
+    """8 concurrent requests (4 rows, 4 queued; half streamed) with different lengths: each is
+    its own greedy output, token for token."""
+    lengths = [60, 25, 90, 40, 70, 30, 50, 80]
+
+    async def one(c, i):
+        kw = dict(model="tiny", prompt=PROMPTS[i], max_tokens=lengths[i], temperature=0, extra_body={"return_token_ids": True, "ignore_eos": True})
+        if i % 2:
+            ids = []
+            async for chunk in await c.completions.create(stream=True, **kw):
+                ids += extra(chunk.choices[0], "token_ids") if chunk.choices else []
+            return ids
+        return extra((await c.completions.create(**kw)).choices[0], "token_ids")
+
+    async def main():
+        c = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=120)
+        try:
+            return await asyncio.gather(*(one(c, i) for i in range(8)))
+        finally:
+            await c.close()
+
+    got = asyncio.run(main())
+    for i, ids in enumerate(got):
+        assert ids == reference(PROMPTS[i], lengths[i], ignore_eos=True).tokens, f"request {i}"
+
+
+def test_streaming_chunks_add_up_to_the_completion(client):
+    kw = dict(model="tiny", prompt=PROMPTS[0], max_tokens=50, temperature=0, extra_body={"return_token_ids": True, "ignore_eos": True})
+    whole = client.completions.create(**kw)
+    chunks = list(client.completions.create(stream=True, stream_options={"include_usage": True}, **kw))
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    ids = [t for c in chunks if c.choices for t in extra(c.choices[0], "token_ids")]
+    assert text == whole.choices[0].text and ids == extra(whole.choices[0], "token_ids")
+    assert len([c for c in chunks if c.choices]) > 2  # streamed, not one blob
+    last = [c for c in chunks if c.choices][-1]
+    assert last.choices[0].finish_reason == "length" and extra(last, "speculative")["drafted_tokens"] > 0
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 50
+    assert extra(chunks[0], "prompt_token_ids") == extra(whole, "prompt_token_ids")
+
+
+def test_chat_uses_the_bundles_template(server, client, chat_bundle, reference):
+    """The prompt is the source tokenizer's own ``apply_chat_template``; the reply its greedy output."""
+    from transformers import AutoTokenizer
+
+    messages = [{"role": "system", "content": "You write Python."}, {"role": "user", "content": "def add(a, b):"}]
+    want = AutoTokenizer.from_pretrained(chat_bundle[0]).apply_chat_template(messages, add_generation_prompt=True)
+    ref = reference(want, 30, ignore_eos=True)
+    r = client.chat.completions.create(model="tiny", messages=messages, max_tokens=30, temperature=0, extra_body={"return_token_ids": True, "ignore_eos": True})
+    assert extra(r, "prompt_token_ids") == list(want)
+    assert extra(r.choices[0], "token_ids") == ref.tokens
+    assert r.choices[0].message.role == "assistant" and r.choices[0].message.content == ref.text
+    chunks = list(client.chat.completions.create(model="tiny", messages=messages, max_tokens=30, temperature=0, stream=True, extra_body={"ignore_eos": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == ref.text
+    assert chunks[-1].choices[0].finish_reason == "length"
+
+
+def test_seeded_sampling_is_reproducible(client):
+    kw = dict(model="tiny", prompt=PROMPTS[1], max_tokens=40, temperature=1.0, extra_body={"return_token_ids": True, "ignore_eos": True})
+    a, b = (extra(client.completions.create(seed=7, **kw).choices[0], "token_ids") for _ in range(2))
+    assert a == b
+    others = [extra(client.completions.create(seed=s, **kw).choices[0], "token_ids") for s in (8, 9, 10)]
+    assert any(o != a for o in others)  # the seed is used
+
+
+def test_stop_strings_and_stop_token_ids(client, reference):
+    kw = dict(model="tiny", prompt=PROMPTS[0], max_tokens=60, temperature=0, extra_body={"return_token_ids": True, "ignore_eos": True})
+    full = client.completions.create(**kw).choices[0]
+    text, ids = full.text, extra(full, "token_ids")
+    stop = text[len(text) // 2 : len(text) // 2 + 3]
+    assert stop and text.find(stop) > 0
+    r = client.completions.create(stop=[stop, "\x00never"], **kw).choices[0]
+    assert r.text == text[: text.find(stop)] and r.finish_reason == "stop"
+    streamed = list(client.completions.create(stop=stop, stream=True, **kw))
+    assert "".join(c.choices[0].text for c in streamed) == r.text and streamed[-1].choices[0].finish_reason == "stop"
+    at = 10  # a token id that first appears at position `at` ends the request there (kept)
+    tok = ids[at]
+    first = ids.index(tok)
+    r = client.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=60, temperature=0, extra_body={"return_token_ids": True, "ignore_eos": True, "stop_token_ids": [tok]})
+    assert extra(r.choices[0], "token_ids") == ids[: first + 1] and r.choices[0].finish_reason == "stop"
+
+
+# -- metrics -------------------------------------------------------------------------------------
+
+
+def test_metrics_parse_and_add_up_to_the_requests_sent(server, client):
+    before = metrics(server.url)
+    sent = {"length": 0, "stop": 0, "invalid": 0}
+    completion = drafted = accepted = 0
+    for i in range(5):
+        r = client.completions.create(model="tiny", prompt=PROMPTS[i], max_tokens=20 + 5 * i, temperature=0, extra_body={"ignore_eos": True})
+        sent[r.choices[0].finish_reason] += 1
+        completion += r.usage.completion_tokens
+        drafted += extra(r, "speculative")["drafted_tokens"]
+        accepted += extra(r, "speculative")["accepted_tokens"]
+    for bad in ({"temperature": -1}, {"n": 3}, {"max_tokens": "ten"}):
+        with pytest.raises(openai.BadRequestError):
+            client.completions.create(model="tiny", prompt="x", extra_body=bad)
+        sent["invalid"] += 1
+    after = metrics(server.url)
+    d = lambda k: after[k] - before.get(k, 0.0)  # noqa: E731
+    for outcome, n in sent.items():
+        assert d(f"specdec_requests_total{{outcome={outcome}}}") == n
+    assert d("specdec_generation_tokens_total") == completion
+    assert d("specdec_spec_decode_num_draft_tokens_total") == drafted and d("specdec_spec_decode_num_accepted_tokens_total") == accepted
+    assert sum(d(f"specdec_spec_decode_num_accepted_tokens_per_pos_total{{position={p}}}") for p in range(1, 5)) == accepted
+    assert d("specdec_e2e_request_latency_seconds_count") == 5 and d("specdec_time_to_first_token_seconds_count") == 5
+    assert after["specdec_num_requests_running"] == 0 and after["specdec_num_requests_waiting"] == 0
+    assert 0 < after["specdec_spec_decode_acceptance_rate"] <= 1
+    assert after["specdec_spec_decode_gamma_count"] >= d("specdec_spec_decode_num_drafts_total") > 0
+
+
+# -- bad input -----------------------------------------------------------------------------------
+
+BAD = [  # (body or raw text, status, the field the message must name)
+    ("{not json", 400, "JSON"),
+    ([1, 2], 400, "object"),
+    ({"prompt": "x"}, 400, "model"),
+    ({"model": "tiny"}, 400, "prompt"),
+    ({"model": "nope", "prompt": "x"}, 404, "nope"),
+    ({"model": "tiny", "prompt": "x", "max_tokens": "5"}, 400, "max_tokens"),
+    ({"model": "tiny", "prompt": "x", "max_tokens": 0}, 400, "max_new_tokens"),
+    ({"model": "tiny", "prompt": "x", "temperature": "hot"}, 400, "temperature"),
+    ({"model": "tiny", "prompt": "x", "temperature": -0.5}, 400, "temperature"),
+    ({"model": "tiny", "prompt": "x", "top_p": 1.5}, 400, "top_p"),
+    ({"model": "tiny", "prompt": "x", "top_k": -3}, 400, "top_k"),
+    ({"model": "tiny", "prompt": "x", "seed": -1}, 400, "seed"),
+    ({"model": "tiny", "prompt": [1, 2, 99999]}, 400, "99999"),
+    ({"model": "tiny", "prompt": [1, "a"]}, 400, "prompt"),
+    ({"model": "tiny", "prompt": []}, 400, "empty"),
+    ({"model": "tiny", "prompt": ["a", "b"]}, 400, "list of prompts"),
+    ({"model": "tiny", "prompt": "x", "max_tokens": 600}, 400, "max-seq-len"),
+    ({"model": "tiny", "prompt": "x", "n": 2}, 400, "n=2"),
+    ({"model": "tiny", "prompt": "x", "best_of": 3}, 400, "best_of"),
+    ({"model": "tiny", "prompt": "x", "logprobs": 2}, 400, "logprobs"),
+    ({"model": "tiny", "prompt": "x", "echo": True}, 400, "echo"),
+    ({"model": "tiny", "prompt": "x", "presence_penalty": 0.5}, 400, "presence_penalty"),
+    ({"model": "tiny", "prompt": "x", "frobnicate": 1}, 400, "frobnicate"),
+    ({"model": "tiny", "prompt": "x", "stop_token_ids": [-1]}, 400, "stop_token_ids"),
+    ({"model": "tiny", "prompt": "x", "stream": "yes"}, 400, "stream"),
+]
+BAD_CHAT = [
+    ({"model": "tiny", "messages": []}, 400, "messages"),
+    ({"model": "tiny", "messages": [{"role": "wizard", "content": "hi"}]}, 400, "role"),
+    ({"model": "tiny", "messages": [{"role": "user", "content": 5}]}, 400, "content"),
+    ({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "tools": []}, 400, "tools"),
+    ({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "logprobs": True}, 400, "logprobs"),
+]
+
+
+def check_error(r: httpx.Response, status: int, names: str) -> None:
+    assert r.status_code == status, (r.status_code, r.text)
+    err = r.json()["error"]
+    assert names in err["message"] and err["type"] and "Traceback" not in r.text and "\n" not in err["message"]
+
+
+def test_bad_requests_get_4xx_error_bodies_and_disturb_nothing(server, reference):
+    """Every bad request, sent while a long greedy stream is in flight, answers 4xx with an
+    OpenAI error body; the stream's output is still exactly its greedy output."""
+    headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+    box = {}
+
+    def long_stream():
+        with httpx.stream("POST", server.url + "/v1/completions", headers=headers, timeout=120,
+                          json={"model": "tiny", "prompt": PROMPTS[2], "max_tokens": 300, "temperature": 0, "stream": True, "ignore_eos": True, "return_token_ids": True}) as r:  # fmt: skip
+            box["ids"] = [t for line in r.iter_lines() if line.startswith("data: {") for t in json.loads(line[6:])["choices"][0].get("token_ids", [])]
+
+    t = threading.Thread(target=long_stream)
+    t.start()
+    with httpx.Client(base_url=server.url, headers=headers, timeout=30) as c:
+        for body, status, names in BAD:
+            r = c.post("/v1/completions", content=body if isinstance(body, str) else json.dumps(body))
+            check_error(r, status, names)
+        for body, status, names in BAD_CHAT:
+            check_error(c.post("/v1/chat/completions", json=body), status, names)
+        check_error(c.get("/v1/nothing"), 404, "/v1/nothing")
+        check_error(c.get("/v1/completions"), 405, "GET")
+    t.join(120)
+    assert box["ids"] == reference(PROMPTS[2], 300, ignore_eos=True).tokens
+
+
+def test_api_key_guards_every_route_but_health(server):
+    assert httpx.get(server.url + "/health").json() == {"status": "ok"}
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}):
+        check_error(httpx.get(server.url + "/v1/models", headers=headers), 401, "API key")
+        check_error(httpx.get(server.url + "/metrics", headers=headers), 401, "API key")
+        check_error(httpx.post(server.url + "/v1/completions", headers=headers, json={"model": "tiny", "prompt": "x"}), 401, "API key")
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=server.url + "/v1", api_key="wrong", max_retries=0).models.list()
+    models = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0).models.list()
+    assert [m.id for m in models.data] == ["tiny"]
+
+
+# -- overload, disconnects, shutdown ----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def small_server(slow_bundle, tmp_path_factory):
+    """One row, one queue place, plain decoding of the slow bundle (~1 ms a token: requests
+    overlap and a disconnect lands mid-request); the bundle has no chat template."""
+    s = Server(slow_bundle, "--max-batch", "1", "--max-queue", "1", "--gamma", "0", "--served-model-name", "small",
+               log=tmp_path_factory.mktemp("logs") / "small.log")  # fmt: skip
+    yield s
+    s.close()
+
+
+def test_full_queue_answers_503_at_once_and_recovers(small_server):
+    body = {"model": "small", "prompt": [5, 6, 7], "max_tokens": 200, "temperature": 0, "ignore_eos": True}
+    before = metrics(small_server.url)
+
+    async def main():
+        async with httpx.AsyncClient(base_url=small_server.url, timeout=60) as c:
+            return await asyncio.gather(*(c.post("/v1/completions", json=body) for _ in range(8)))
+
+    t0 = time.monotonic()
+    got = asyncio.run(main())
+    codes = [r.status_code for r in got]
+    assert set(codes) <= {200, 503} and codes.count(503) >= 1 and codes.count(200) >= 2, codes
+    for r in got:
+        if r.status_code == 503:
+            assert r.headers["Retry-After"] and "retry" in r.json()["error"]["message"]
+        else:
+            assert r.json()["usage"]["completion_tokens"] == 200
+    assert time.monotonic() - t0 < 60
+    after = metrics(small_server.url)
+    assert after["specdec_requests_total{outcome=rejected}"] - before["specdec_requests_total{outcome=rejected}"] == codes.count(503)
+    r = httpx.post(small_server.url + "/v1/completions", json=body, timeout=60)  # recovered
+    assert r.status_code == 200
+
+
+def test_chat_without_a_template_is_refused(small_server):
+    r = httpx.post(small_server.url + "/v1/chat/completions", json={"model": "small", "messages": [{"role": "user", "content": "hi"}]})
+    check_error(r, 400, "chat template")
+
+
+def test_a_disconnect_mid_stream_frees_the_row(small_server):
+    """The client leaves after its first chunk of a 480-token request (~0.6 s of decoding): the
+    engine stops decoding it at once (it ran far fewer than 480 iterations, counted by the
+    engine's own occupancy metric well after the request would have ended), and the only row
+    takes the next request."""
+    before = metrics(small_server.url)
+    client = openai.OpenAI(base_url=small_server.url + "/v1", api_key="none", max_retries=0, timeout=60)
+    stream = client.completions.create(model="small", prompt=[5, 6, 7], max_tokens=480, temperature=0, stream=True, extra_body={"ignore_eos": True})
+    next(iter(stream))
+    stream.close()  # the client goes away after its first chunk
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        m = metrics(small_server.url)
+        if m["specdec_requests_total{outcome=abort}"] > before["specdec_requests_total{outcome=abort}"]:
+            break
+        time.sleep(0.05)
+    time.sleep(1.5)  # past the time the whole request would take
+    m = metrics(small_server.url)
+    assert m["specdec_requests_total{outcome=abort}"] - before["specdec_requests_total{outcome=abort}"] == 1
+    assert m["specdec_num_requests_running"] == 0
+    iterations = m["specdec_batch_occupancy_count"] - before["specdec_batch_occupancy_count"]
+    assert 0 < iterations < 240, iterations  # gamma 0: one token per iteration; 480 if never cancelled
+    r = client.completions.create(model="small", prompt=[5, 6, 7], max_tokens=20, temperature=0, extra_body={"ignore_eos": True})
+    assert r.usage.completion_tokens == 20  # the only row is free again
+
+
+def test_sigterm_drains_requests_in_flight_then_exits_0(slow_bundle, tmp_path):
+    s = Server(slow_bundle, "--max-batch", "1", "--gamma", "0", "--served-model-name", "small", log=tmp_path / "drain.log")
+    try:
+        client = openai.OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0, timeout=60)
+        stream = client.completions.create(model="small", prompt=[5, 6, 7], max_tokens=480, temperature=0, stream=True,
+                                           extra_body={"ignore_eos": True, "return_token_ids": True})  # fmt: skip
+        chunks = iter(stream)
+        ids = list(extra(next(chunks).choices[0], "token_ids"))
+        s.proc.send_signal(15)  # SIGTERM while the request is in flight
+        deadline = time.monotonic() + 5  # uvicorn closes its socket at its next tick (0.1 s)
+        while time.monotonic() < deadline:
+            try:
+                httpx.get(s.url + "/health", timeout=1)
+                time.sleep(0.02)
+            except httpx.TransportError:  # no longer accepting connections
+                break
+        else:
+            pytest.fail("still accepting connections 5 s after SIGTERM")
+        last = None
+        for c in chunks:
+            ids += extra(c.choices[0], "token_ids")
+            last = c
+        assert len(ids) == 480 and last.choices[0].finish_reason == "length"
+        assert s.proc.wait(30) == 0
+    finally:
+        s.close()
+
+
+# -- in-process pieces -----------------------------------------------------------------------------
+
+
+def test_health_and_requests_wait_for_the_engine():
+    """Before the engine is loaded and warmed: /health and requests answer 503 with Retry-After."""
+    from fastapi.testclient import TestClient
+
+    from specdec.serve.app import ServerState, build_app
+
+    state = ServerState(model="m", max_seq_len=64, codec=None, chat=None, gamma=None)
+    with TestClient(build_app(state)) as c:
+        r = c.get("/health")
+        assert r.status_code == 503 and r.json()["status"] == "loading" and r.headers["Retry-After"]
+        check_error(c.post("/v1/completions", json={"model": "m", "prompt": [1]}), 503, "loading")
+        state.failed = "no such file"
+        assert c.get("/health").json()["status"] == "failed"
+
+
+def test_stop_strings_hold_back_only_what_may_start_one():
+    from specdec.serve.stops import StopStrings
+
+    s = StopStrings(["END", "\n\n"])
+    assert [s.push(d) for d in ["abc", "E", "N", "x hello\n", "\nmore"]] == ["a", "b", "c", "ENx hell", "o"] and s.hit
+    assert s.flush() == ""
+    s = StopStrings(["stop"])
+    assert s.push("no st") + s.push("o") + s.push("p here") == "no " and s.hit
+    s = StopStrings(["zz"])
+    assert s.push("abc") + s.push("z") + s.flush() == "abcz" and not s.hit
+
+
+def test_serve_cli_refuses_bad_options_in_one_line(llama_bundle, tmp_path):
+    bundle = str(llama_bundle[2])
+    cases = [
+        ([str(tmp_path / "nothing")], "not a folder"),
+        ([bundle, "--gamma", "9"], "gamma=9"),
+        ([bundle, "--gamma", "x"], "--gamma"),
+        ([bundle, "--max-batch", "4"], "max_batch=4"),
+        ([bundle, "--max-queue", "0"], "max_queue=0"),
+        ([bundle, "--chat-template", str(tmp_path / "none.jinja")], "none.jinja"),
+        ([bundle, "--port", "70000"], "--port"),
+    ]
+    for args, names in cases:
+        r = subprocess.run([sys.executable, "-m", "specdec", "serve", *args], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2, (args, r.stderr)
+        assert names in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_chat_template_renders_as_transformers_does(chat_bundle):
+    from transformers import AutoTokenizer
+
+    from specdec.manifest import load_manifest
+    from specdec.serve.server import ServeConfig, prepare
+
+    m = load_manifest(chat_bundle[1])
+    assert m.chat_template == "tokenizer/chat_template.jinja"
+    state = prepare(ServeConfig(chat_bundle[1]))
+    tok = AutoTokenizer.from_pretrained(chat_bundle[0])
+    for messages in ([{"role": "user", "content": "hi"}], [{"role": "system", "content": "s"}, {"role": "user", "content": "a\nb"}, {"role": "assistant", "content": "c"}]):
+        for gen in (True, False):
+            assert state.chat.render(messages, gen) == tok.apply_chat_template(messages, add_generation_prompt=gen, tokenize=False)
+    assert np.array_equal(state.codec.encode(state.chat.render(messages, True), special=False), tok.apply_chat_template(messages, add_generation_prompt=True))
