@@ -11,6 +11,7 @@ or when the queue is full (with Retry-After), 500 only for a server-side failure
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
@@ -36,6 +37,8 @@ from specdec.serve.stops import StopStrings
 log = logging.getLogger("specdec.serve")
 clock = time.perf_counter
 RETRY_AFTER = "1"  # seconds a refused client should wait (a row frees every few iterations)
+DISCONNECT_POLL = 0.1  # seconds between checks that a non-streamed request's client is still there
+MAX_BODY = 8 << 20  # bytes of a request body; a prompt of the longest context is far smaller
 
 
 class Refused(Exception):
@@ -139,7 +142,7 @@ class Generation:
     def __init__(self, handle: Handle, stops: list[str], arrival: float, metrics: Metrics):
         self.handle, self.arrival, self.metrics = handle, arrival, metrics
         self.stops = StopStrings(stops) if stops else None
-        self.finish: str | None = None  # OpenAI finish_reason once ended: "stop" or "length"
+        self.finish: str | None = None  # OpenAI finish_reason once ended: "stop", "length" (or "abort")
         self.last: float | None = None
 
     async def deltas(self) -> AsyncIterator[tuple[str, list[int]]]:
@@ -158,8 +161,9 @@ class Generation:
                     break
             if self.stops and (tail := self.stops.flush()):
                 yield tail, []
-            reason = self.handle.stats.finish_reason
-            self.finish = "stop" if (self.stops and self.stops.hit) or reason == "eos" else "length"
+            reason = "eos" if self.stops and self.stops.hit else self.handle.stats.finish_reason
+            # the engine's reasons in OpenAI's words ("abort" as vLLM: the engine closed under it)
+            self.finish = {"eos": "stop", "length": "length"}.get(reason, "abort")
             outcome = self.finish
         except Exception:  # the engine failed this request (GeneratorExit / CancelledError are an abort)
             outcome = "error"
@@ -270,13 +274,26 @@ def build_app(state: ServerState, lifespan=None) -> FastAPI:
         if body.stream:
             return StreamingResponse(sse(gen, kind, body, {**head, "object": kind.chunk_object}), media_type="text/event-stream")
         text, tokens = [], []
-        try:
+
+        async def collect():
             async for t, ids in gen.deltas():
                 text.append(t)
-                tokens += ids
+                tokens.extend(ids)
+
+        task = asyncio.ensure_future(collect())
+        try:
+            while not task.done():  # a client that leaves cancels its request, as a stream's does
+                await asyncio.wait({task}, timeout=DISCONNECT_POLL)
+                if not task.done() and await request.is_disconnected():
+                    task.cancel()  # deltas' cleanup cancels the request in the engine
+                    await asyncio.gather(task, return_exceptions=True)
+                    return Response(status_code=499)  # nobody reads it (nginx's "client closed request")
+            task.result()
         except Exception as e:  # the engine failed this request
             log.error("request %s failed: %s", rid, e)
             return Refused(500, f"decoding failed: {e}", "server_error").response()
+        finally:
+            task.cancel()  # a no-op once done; ends it if this handler is cancelled
         out = {**head, "choices": [kind.choice("".join(text), gen.finish, True, False)], "usage": usage(handle), "speculative": speculative(handle.stats)}
         if body.return_token_ids:
             out["choices"][0]["token_ids"] = tokens
@@ -287,8 +304,11 @@ def build_app(state: ServerState, lifespan=None) -> FastAPI:
         """Parse, check and submit a request; a ``Refused`` says why not."""
         state.check_key(request)
         engine = state.ready()
+        data = await request.body()
+        if len(data) > MAX_BODY:
+            raise Refused(413, f"request body is {len(data)} bytes; the limit is {MAX_BODY}: send a shorter prompt")
         try:
-            raw = json.loads(await request.body())
+            raw = json.loads(data)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise Refused(400, f"request body is not valid JSON ({e})") from None
         try:

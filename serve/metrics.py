@@ -33,14 +33,13 @@ class Metrics:
         self.accepted_tokens = Counter("specdec_spec_decode_num_accepted_tokens", "Draft tokens accepted", registry=r)
         self.draft_per_pos = Counter("specdec_spec_decode_num_draft_tokens_per_pos", "Draft tokens verified at each position 1..gamma", ["position"], registry=r)
         self.accepted_per_pos = Counter("specdec_spec_decode_num_accepted_tokens_per_pos", "Draft tokens accepted at each position 1..gamma", ["position"], registry=r)
-        for i in range(1, gamma + 1):
-            self.draft_per_pos.labels(str(i))
-            self.accepted_per_pos.labels(str(i))
+        self._drafted_at = [self.draft_per_pos.labels(str(i)) for i in range(1, gamma + 1)]  # children, looked up once
+        self._accepted_at = [self.accepted_per_pos.labels(str(i)) for i in range(1, gamma + 1)]
         rate = Gauge("specdec_spec_decode_acceptance_rate", "Accepted / drafted tokens since start", registry=r)
-        self.totals = [0, 0, 0]  # drafts, drafted, accepted: written by the engine thread only
-        rate.set_function(lambda: self.totals[2] / self.totals[1] if self.totals[1] else 0.0)
+        self.totals = (0, 0, 0)  # drafts, drafted, accepted: replaced whole by the engine thread
+        rate.set_function(self._acceptance_rate)
         mean = Gauge("specdec_spec_decode_mean_accepted_length", "Tokens per verify call since start: 1 + accepted / drafts (vLLM's mean acceptance length)", registry=r)
-        mean.set_function(lambda: 1.0 + (self.totals[2] / self.totals[0] if self.totals[0] else 0.0))
+        mean.set_function(self._mean_accepted_length)
         self.gamma = Histogram("specdec_spec_decode_gamma", "Draft tokens chosen per row and iteration (0: a plain step)", buckets=tuple(range(gamma + 1)), registry=r)
         self.occupancy = Histogram("specdec_batch_occupancy", "Rows decoded per iteration", buckets=tuple(range(1, max_batch + 1)), registry=r)
         Gauge("specdec_num_requests_running", "Requests holding a batch row", registry=r).set_function(running)
@@ -53,20 +52,31 @@ class Metrics:
         """One engine iteration: one ``Iteration`` per row (called on the engine thread)."""
         self.occupancy.observe(len(its))
         drafts = drafted = accepted = 0
+        at_drafted, at_accepted = [0] * len(self._drafted_at), [0] * len(self._accepted_at)
         for it in its:
             self.gamma.observe(it.drafted)
             if it.drafted:
                 drafts, drafted, accepted = drafts + 1, drafted + it.drafted, accepted + it.accepted
                 for i in range(it.drafted):
-                    self.draft_per_pos.labels(str(i + 1)).inc()
-                    if i < it.accepted:
-                        self.accepted_per_pos.labels(str(i + 1)).inc()
+                    at_drafted[i] += 1
+                    at_accepted[i] += i < it.accepted
+        for child, n in zip(self._drafted_at + self._accepted_at, at_drafted + at_accepted):
+            if n:
+                child.inc(n)
         if drafts:
             self.drafts.inc(drafts)
             self.draft_tokens.inc(drafted)
             self.accepted_tokens.inc(accepted)
             t = self.totals
-            self.totals = [t[0] + drafts, t[1] + drafted, t[2] + accepted]  # one new list: a reader never sees half an update
+            self.totals = (t[0] + drafts, t[1] + drafted, t[2] + accepted)
+
+    def _acceptance_rate(self) -> float:
+        _, drafted, accepted = self.totals
+        return accepted / drafted if drafted else 0.0
+
+    def _mean_accepted_length(self) -> float:
+        drafts, _, accepted = self.totals
+        return 1.0 + (accepted / drafts if drafts else 0.0)
 
     def text(self) -> bytes:
         return generate_latest(self.registry)

@@ -13,6 +13,7 @@ import ipaddress
 import logging
 import signal
 import socket
+import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,6 +54,14 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def security_warning(host: str, api_key: str | None) -> str | None:
+    """What to print when the server can be reached from other machines without a key."""
+    if is_loopback(host) or api_key:
+        return None
+    return (f"WARNING: specdec serve is listening on {host} without authentication: anyone who can reach it can use it; "
+            "set --api-key or SPECDEC_API_KEY")  # fmt: skip
 
 
 def prepare(cfg: ServeConfig) -> ServerState:
@@ -97,8 +106,8 @@ def serve(cfg: ServeConfig) -> int:
     import uvicorn
 
     state = prepare(cfg)
-    if not is_loopback(cfg.host) and not cfg.api_key:
-        log.warning("listening on %s without authentication: anyone who can reach it can use it; set --api-key or SPECDEC_API_KEY", cfg.host)
+    if warning := security_warning(cfg.host, cfg.api_key):
+        print(warning, file=sys.stderr, flush=True)  # whatever the log level
     server = None
 
     def loader():

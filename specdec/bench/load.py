@@ -31,9 +31,26 @@ class Load:
     seconds: float = 0.0
     tokens: int = 0
     requests: int = 0
+    errors: int = 0  # requests that failed (an HTTP error, a refused or broken stream)
     ttft: list[float] = field(default_factory=list)
     itl: list[float] = field(default_factory=list)
     per_request: list[float] = field(default_factory=list)  # tokens/s of each request after its first token
+
+    def add(self, t0: float, arrivals: list[tuple[float, int]]) -> None:
+        """One finished request sent at ``t0`` whose tokens arrived as (time, count) pieces."""
+        arrivals = [(t, n) for t, n in arrivals if n]
+        count = sum(n for _, n in arrivals)
+        self.requests += 1
+        self.tokens += count
+        if not arrivals:
+            return
+        first, last = arrivals[0][0], arrivals[0][0]
+        self.ttft.append(first - t0)
+        for t, n in arrivals[1:]:
+            self.itl += [(t - last) / n] * n
+            last = t
+        if last > first:
+            self.per_request.append((count - 1) / (last - first))
 
     def row(self) -> dict:
         def q(xs: list[float], p: float) -> float:
@@ -41,7 +58,8 @@ class Load:
 
         return {
             "mode": self.mode, "concurrency": self.concurrency, "temperature": self.temperature,
-            "tok_s": self.tokens / self.seconds if self.seconds else 0.0, "requests": self.requests,
+            "tok_s": self.tokens / self.seconds if self.seconds else 0.0, "requests": self.requests, "errors": self.errors,
+            "req_s": self.requests / self.seconds if self.seconds else 0.0,
             "per_request_tok_s": statistics.median(self.per_request) if self.per_request else 0.0,
             "ttft_p50_ms": 1e3 * q(self.ttft, 50), "ttft_p99_ms": 1e3 * q(self.ttft, 99),
             "itl_p50_ms": 1e3 * q(self.itl, 50), "itl_p99_ms": 1e3 * q(self.itl, 99),
@@ -52,25 +70,10 @@ def _client(stream_of, prompts: list[list[int]], load: Load, lock: threading.Loc
     for prompt in prompts:
         if time.monotonic() > deadline:
             return
-        t0 = last = time.perf_counter()
-        first, gaps, n = None, [], 0
-        for piece in stream_of(prompt):
-            now = time.perf_counter()
-            if piece.tokens:
-                if first is None:
-                    first = now - t0
-                else:
-                    gaps += [(now - last) / len(piece.tokens)] * len(piece.tokens)
-                n += len(piece.tokens)
-                last = now
+        t0 = time.perf_counter()
+        arrivals = [(time.perf_counter(), len(piece.tokens)) for piece in stream_of(prompt)]
         with lock:
-            load.tokens += n
-            load.requests += 1
-            if first is not None:
-                load.ttft.append(first)
-                load.itl += gaps
-                if last - t0 > first:
-                    load.per_request.append((n - 1) / (last - t0 - first))
+            load.add(t0, arrivals)
 
 
 def run_load(stream_for, mode: str, concurrency: int, temperature: float, prompts: list[list[int]], timeout: float) -> Load:
@@ -118,11 +121,11 @@ def sweep(bundle: Path, concurrency: list[int], temperatures: list[float], promp
 
 
 def markdown(rows: list[dict], header: str) -> str:
-    lines = [header, "", "| T | clients | mode | aggregate tok/s | per-request tok/s | TTFT p50 / p99 ms | ITL p50 / p99 ms | requests |",
-             "|---:|---:|---|---:|---:|---:|---:|---:|"]
+    lines = [header, "", "| T | clients | mode | aggregate tok/s | requests/s | per-request tok/s | TTFT p50 / p99 ms | ITL p50 / p99 ms | requests | errors |",
+             "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        lines.append(f"| {r['temperature']:g} | {r['concurrency']} | {r['mode']} | {r['tok_s']:.0f} | {r['per_request_tok_s']:.0f} | "
-                     f"{r['ttft_p50_ms']:.1f} / {r['ttft_p99_ms']:.1f} | {r['itl_p50_ms']:.2f} / {r['itl_p99_ms']:.2f} | {r['requests']} |")
+        lines.append(f"| {r['temperature']:g} | {r['concurrency']} | {r['mode']} | {r['tok_s']:.0f} | {r['req_s']:.2f} | {r['per_request_tok_s']:.0f} | "
+                     f"{r['ttft_p50_ms']:.1f} / {r['ttft_p99_ms']:.1f} | {r['itl_p50_ms']:.2f} / {r['itl_p99_ms']:.2f} | {r['requests']} | {r.get('errors', 0)} |")
     return "\n".join(lines) + "\n"
 
 
