@@ -71,6 +71,7 @@ def prepare(cfg: ServeConfig) -> ServerState:
         raise ConfigError(f"--port {cfg.port}: expected 0..65535")
     if cfg.grace_period < 0:
         raise ConfigError(f"--grace-period {cfg.grace_period}: expected seconds >= 0")
+    check_bind(cfg.host, cfg.port)
     codec = TextCodec.from_bundle(cfg.bundle, m)
     chat = None
     if cfg.chat_template is not None or m.chat_template:
@@ -137,6 +138,22 @@ def serve(cfg: ServeConfig) -> int:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     return 1 if state.failed else 0
+
+
+def check_bind(host: str, port: int) -> None:
+    """Refuse at once an address that cannot be bound (in use, not ours) with a one-line
+    ``ConfigError``, rather than uvicorn's log line after loading."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as e:
+        raise ConfigError(f"--host {host!r}: cannot resolve it ({e.strerror}); pass an address such as 127.0.0.1") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            s.bind(address)
+        except OSError as e:
+            raise ConfigError(f"--host {host} --port {port}: cannot bind ({e.strerror}); choose a free port or another address") from None
 
 
 def free_port(host: str = "127.0.0.1") -> int:

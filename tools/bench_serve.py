@@ -20,7 +20,6 @@ import argparse
 import asyncio
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,34 +31,7 @@ from specdec.bench import held_out_prompts
 from specdec.bench.load import Load, markdown, plot, run_load
 from specdec.manifest import load_manifest
 from specdec.runtime.text import TextCodec
-from specdec.serve.server import free_port
-
-
-class ServerProcess:
-    def __init__(self, bundle: Path, gamma: str, max_queue: int, log: Path):
-        self.port, self.gamma = free_port(), gamma
-        self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "specdec", "serve", str(bundle), "--port", str(self.port), "--gamma", gamma,
-               "--max-queue", str(max_queue), "--served-model-name", "bench", "--log-level", "warning"]  # fmt: skip
-        self.proc = subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT)
-
-    def wait_ready(self, timeout: float = 300) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise SystemExit(f"server (gamma {self.gamma}) exited with {self.proc.returncode}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        raise SystemExit(f"server (gamma {self.gamma}) not ready after {timeout} s")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(60)
+from specdec.serve.process import ServerProcess
 
 
 async def one_request(client: httpx.AsyncClient, prompt: list[int], tokens: int, temperature: float, seed: int, load: Load, stream: bool) -> None:
@@ -165,7 +137,8 @@ def main() -> None:
     names = {g: ("plain (γ=0)" if g == "0" else "adaptive γ" if g == "auto" else f"γ={g}") for g in modes}
     logs = Path(tempfile.mkdtemp(prefix="specdec-bench-serve-"))  # the servers' logs
     print(f"server logs in {logs}", file=sys.stderr)
-    servers = {g: ServerProcess(a.bundle, g, max(levels) * 2, logs / f"server-gamma-{g}.log") for g in modes}
+    servers = {g: ServerProcess(a.bundle, "--gamma", g, "--max-queue", str(max(levels) * 2), "--served-model-name", "bench", "--log-level", "warning",
+                                log=logs / f"server-gamma-{g}.log") for g in modes}  # fmt: skip
     rows = []
     try:
         for s in servers.values():
@@ -181,7 +154,7 @@ def main() -> None:
         overhead = http_overhead(a, servers, names, work[: a.overhead_requests])
     finally:
         for s in servers.values():
-            s.stop()
+            s.close()
 
     header = (f"bundle {a.bundle}: max-batch {m.max_batch}, γ {m.gamma}; {a.requests} streamed requests per run of {a.prompt_tokens} prompt + "
               f"{a.tokens} new tokens (held-out stdlib prompts), EOS ignored, T={a.temperature:g}; one server per mode on 127.0.0.1, "

@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("fastapi")
-httpx = pytest.importorskip("httpx")
+from specdec.serve.process import ServerProcess  # noqa: E402
 
 KEY = "test-key-0123"
 # A template in the usual shape (role headers, special tokens written by the template itself).
@@ -22,45 +18,14 @@ TEMPLATE = (
 )
 
 
-class Server:
-    """``specdec serve BUNDLE ARGS`` in a subprocess, bound to 127.0.0.1 only; waits (bounded)
-    until /health answers 200. ``stop()`` sends SIGTERM and returns the exit status."""
+class Server(ServerProcess):
+    """A server for one test module: started with ``--log-level warning``, without the
+    environment's API key, ready (bounded wait) when built."""
 
     def __init__(self, bundle: Path, *args: str, log: Path, ready_within: float = 120.0):
-        from specdec.serve.server import free_port
-
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = log
-        cmd = [sys.executable, "-m", "specdec", "serve", str(bundle), "--host", "127.0.0.1", "--port", str(self.port),
-               "--log-level", "warning", *args]  # fmt: skip
         env = {k: v for k, v in os.environ.items() if k != "SPECDEC_API_KEY"}  # the key is an argument or nothing
-        self.proc = subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT, env=env)
-        deadline = time.monotonic() + ready_within
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{log.read_text()}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        self.close()
-        raise RuntimeError(f"server not ready after {ready_within} s:\n{log.read_text()}")
-
-    def stop(self, timeout: float = 60.0) -> int:
-        self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout)
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        super().__init__(bundle, "--log-level", "warning", *args, log=log, env=env)
+        self.wait_ready(ready_within)
 
 
 @pytest.fixture(scope="session")

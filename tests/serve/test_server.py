@@ -413,8 +413,15 @@ def test_stop_strings_hold_back_only_what_may_start_one():
 
 
 def test_serve_cli_refuses_bad_options_in_one_line(llama_bundle, tmp_path):
+    import socket
+
     bundle = str(llama_bundle[2])
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
     cases = [
+        ([bundle, "--port", str(taken.getsockname()[1])], "cannot bind"),
+        ([bundle, "--host", "no-such-host.invalid"], "--host"),
         ([str(tmp_path / "nothing")], "not a folder"),
         ([bundle, "--gamma", "9"], "gamma=9"),
         ([bundle, "--gamma", "x"], "--gamma"),
@@ -427,6 +434,7 @@ def test_serve_cli_refuses_bad_options_in_one_line(llama_bundle, tmp_path):
         r = subprocess.run([sys.executable, "-m", "specdec", "serve", *args], capture_output=True, text=True, timeout=60)
         assert r.returncode == 2, (args, r.stderr)
         assert names in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    taken.close()
 
 
 def test_chat_template_renders_as_transformers_does(chat_bundle):
