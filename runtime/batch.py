@@ -193,6 +193,11 @@ class BatchEngine:
         self.close()
 
     @property
+    def alive(self) -> bool:
+        """Whether the engine thread is running (False after ``close`` or if it died)."""
+        return self._thread.is_alive() and not self._stop.is_set()
+
+    @property
     def active(self) -> int:
         return len(self.rows)
 

@@ -68,6 +68,7 @@ class ServerState:
     engine: Any = None  # BatchEngine once ready
     metrics: Metrics | None = None
     failed: str | None = None  # why loading failed
+    fingerprint: str | None = None  # OpenAI's system_fingerprint: which server (or Ray replica) answered
     created: int = field(default_factory=lambda: int(time.time()))
 
     def ready(self):
@@ -270,7 +271,7 @@ def build_app(state: ServerState, lifespan=None) -> FastAPI:
             return e.response()
         gen = Generation(handle, body.stops, arrival, state.metrics)
         rid, created = f"{kind.id_prefix}-{uuid.uuid4().hex}", int(time.time())
-        head = {"id": rid, "object": kind.object, "created": created, "model": state.model}
+        head = {"id": rid, "object": kind.object, "created": created, "model": state.model, "system_fingerprint": state.fingerprint}
         if body.stream:
             return StreamingResponse(sse(gen, kind, body, {**head, "object": kind.chunk_object}), media_type="text/event-stream")
         text, tokens = [], []

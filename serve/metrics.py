@@ -70,6 +70,10 @@ class Metrics:
             t = self.totals
             self.totals = (t[0] + drafts, t[1] + drafted, t[2] + accepted)
 
+    def replica(self, name: str) -> None:
+        """Label this registry with the Ray Serve replica it belongs to."""
+        Gauge("specdec_replica_info", "The Ray Serve replica these metrics are from", ["replica"], registry=self.registry).labels(name).set(1)
+
     def _acceptance_rate(self) -> float:
         _, drafted, accepted = self.totals
         return accepted / drafted if drafted else 0.0

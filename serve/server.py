@@ -18,6 +18,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from specdec import __version__
 from specdec.errors import ConfigError
 from specdec.manifest import inside, load_manifest
 from specdec.runtime.batch import BatchEngine
@@ -64,14 +65,16 @@ def security_warning(host: str, api_key: str | None) -> str | None:
             "set --api-key or SPECDEC_API_KEY")  # fmt: skip
 
 
-def prepare(cfg: ServeConfig) -> ServerState:
-    """Everything that can be refused before binding: the bundle, the chat template, the options."""
+def prepare(cfg: ServeConfig, bind: bool = True) -> ServerState:
+    """Everything that can be refused before binding: the bundle, the chat template, the options
+    (and, with ``bind``, whether the address can be bound)."""
     m = load_manifest(cfg.bundle)
     if cfg.port < 0 or cfg.port > 65535:
         raise ConfigError(f"--port {cfg.port}: expected 0..65535")
     if cfg.grace_period < 0:
         raise ConfigError(f"--grace-period {cfg.grace_period}: expected seconds >= 0")
-    check_bind(cfg.host, cfg.port)
+    if bind:
+        check_bind(cfg.host, cfg.port)
     codec = TextCodec.from_bundle(cfg.bundle, m)
     chat = None
     if cfg.chat_template is not None or m.chat_template:
@@ -81,7 +84,8 @@ def prepare(cfg: ServeConfig) -> ServerState:
     BatchEngine.check_options(m, cfg.max_batch, cfg.drafter, cfg.max_queue)
     Request([0], Limits.of(m), 1, gamma=cfg.gamma)  # the --gamma every request will carry
     model = cfg.served_model_name or Path(cfg.bundle).resolve().name
-    return ServerState(model=model, max_seq_len=m.max_seq_len, codec=codec, chat=chat, gamma=cfg.gamma, api_key=cfg.api_key)
+    fingerprint = f"specdec-{__version__}"
+    return ServerState(model=model, max_seq_len=m.max_seq_len, codec=codec, chat=chat, gamma=cfg.gamma, api_key=cfg.api_key, fingerprint=fingerprint)
 
 
 def load_engine(cfg: ServeConfig, state: ServerState):

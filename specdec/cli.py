@@ -331,14 +331,30 @@ def _numbers(option: str, text: str, kind: type) -> list:
 @click.option("--api-key", default=None, envvar="SPECDEC_API_KEY", help="Require 'Authorization: Bearer KEY' on every route but /health [env: SPECDEC_API_KEY].")
 @click.option("--grace-period", default=30.0, show_default=True, type=float, help="Seconds SIGTERM lets requests in flight finish.")
 @click.option("--log-level", default="info", show_default=True, type=click.Choice(["critical", "error", "warning", "info", "debug"]))
-def serve_cmd(bundle: Path, gamma: str | None, **kw) -> None:
+@click.option("--ray", "use_ray", is_flag=True, help="Serve on Ray Serve: replicas behind Ray's HTTP proxy (the ray extra).")
+@click.option("--replicas", default=1, show_default=True, type=int, help="With --ray: replicas, each loading the bundle once.")
+@click.option("--autoscale", default=None, help="With --ray: MIN:MAX replicas, scaled on ongoing requests (instead of --replicas).")
+@click.option("--ray-address", default=None, help="With --ray: 'auto' or ADDR deploys onto a running cluster [default: start a local Ray instance].")
+@click.option("--replica-cpus", default=1.0, show_default=True, type=float, help="With --ray: CPUs Ray reserves per replica.")
+def serve_cmd(bundle: Path, gamma: str | None, use_ray: bool, replicas: int, autoscale: str | None, ray_address: str | None,
+              replica_cpus: float, **kw) -> None:  # fmt: skip
     """An OpenAI-compatible server (completions, chat, SSE streaming, /metrics) over the batched engine."""
     try:
         from specdec.serve.server import ServeConfig, serve
     except ImportError as e:
         raise ConfigError(f"specdec serve needs the serve extra ({e.name} is missing): pip install 'specdec[serve]'") from None
     logging.basicConfig(level=kw["log_level"].upper(), format="%(levelname)s: %(message)s")
-    sys.exit(serve(ServeConfig(bundle, gamma=_gamma(gamma), **kw)))
+    cfg = ServeConfig(bundle, gamma=_gamma(gamma), **kw)
+    if not use_ray:
+        if (replicas, autoscale, ray_address) != (1, None, None):
+            raise ConfigError("--replicas, --autoscale and --ray-address need --ray")
+        sys.exit(serve(cfg))
+    try:
+        from specdec.serve import ray_app
+    except ImportError as e:
+        raise ConfigError(f"specdec serve --ray needs the ray extra ({e.name} is missing): pip install 'specdec[ray]'") from None
+    scale = ray_app.parse_autoscale(autoscale) if autoscale else None
+    sys.exit(ray_app.run(cfg, replicas, scale, ray_address, replica_cpus))
 
 
 @cli.command("demo")

@@ -1,0 +1,148 @@
+"""specdec on Ray Serve: a local Ray instance (2 CPUs, loopback only), 2 replicas of the test bundle."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ray = pytest.importorskip("ray")
+openai = pytest.importorskip("openai")
+from ray import serve  # noqa: E402
+
+from specdec.serve.server import ServeConfig, free_port  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+PROMPTS = ["def add(a, b):", "class Stack:\n", "import os\n"]
+
+
+def ray_processes() -> list[str]:
+    out = subprocess.run(["pgrep", "-af", "raylet|gcs_server|ray::|ServeController|ServeReplica"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if "pgrep" not in line]
+
+
+@pytest.fixture(scope="module")
+def cluster(chat_bundle):
+    """A local Ray instance with 2 CPUs, Serve's proxy on a free 127.0.0.1 port, 2 replicas
+    (half a CPU and one ORT thread each). Torn down at the end (see the last test)."""
+    from specdec.serve.ray_app import application
+
+    assert not ray_processes(), "Ray is already running here"
+    port = free_port()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        cfg = ServeConfig(chat_bundle[1], host="127.0.0.1", port=port, threads=1, served_model_name="tiny", max_batch=4)
+        serve.run(application(cfg, replicas=2, num_cpus=0.5), name="specdec", route_prefix="/")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def reference(chat_bundle):
+    from specdec.runtime.decoder import SpeculativeDecoder
+
+    dec = SpeculativeDecoder.load(chat_bundle[1])
+    return lambda prompt, n: dec.generate(prompt, max_new_tokens=n, ignore_eos=True).tokens
+
+
+def replicas() -> dict[str, str]:
+    """Replica id -> actor name of the running specdec replicas."""
+    out = {}
+    for a in ray.util.list_named_actors(all_namespaces=True):
+        if a["namespace"] == "serve" and a["name"].startswith("SERVE_REPLICA::specdec#specdec#"):
+            out[a["name"].rsplit("#", 1)[1]] = a["name"]
+    return out
+
+
+def running() -> int:
+    return serve.status().applications["specdec"].deployments["specdec"].replica_states.get("RUNNING", 0)
+
+
+async def spread(url: str, n: int) -> list:
+    c = openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=120)
+    try:
+        return await asyncio.gather(*(c.completions.create(model="tiny", prompt=PROMPTS[i % 3], max_tokens=24, temperature=0,
+                                                           extra_body={"ignore_eos": True, "return_token_ids": True}) for i in range(n)))  # fmt: skip
+    finally:
+        await c.close()
+
+
+def test_replicas_serve_the_targets_greedy_tokens_and_share_the_load(cluster, reference):
+    client = openai.OpenAI(base_url=cluster + "/v1", api_key="x", max_retries=0, timeout=120)
+    for prompt in PROMPTS:
+        r = client.completions.create(model="tiny", prompt=prompt, max_tokens=40, temperature=0, extra_body={"ignore_eos": True, "return_token_ids": True})
+        assert r.choices[0].model_extra["token_ids"] == reference(prompt, 40)
+    chunks = list(client.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=40, temperature=0, stream=True,
+                                            extra_body={"ignore_eos": True, "return_token_ids": True}))  # fmt: skip
+    assert [t for c in chunks if c.choices for t in c.choices[0].model_extra["token_ids"]] == reference(PROMPTS[0], 40)
+    got = asyncio.run(spread(cluster, 16))
+    for i, r in enumerate(got):
+        assert r.choices[0].model_extra["token_ids"] == reference(PROMPTS[i % 3], 24)
+    per_replica = {fp: sum(r.system_fingerprint == fp for r in got) for fp in {r.system_fingerprint for r in got}}
+    assert len(per_replica) == 2 and all(n > 0 for n in per_replica.values()), per_replica
+    assert {fp.rsplit("-", 1)[1] for fp in per_replica} == set(replicas())
+
+
+def test_a_killed_replica_is_replaced_and_the_survivor_answers(cluster, reference):
+    before = replicas()
+    assert len(before) == 2
+    victim = sorted(before)[0]
+    ray.kill(ray.get_actor(before[victim], namespace="serve"), no_restart=True)
+    client = openai.OpenAI(base_url=cluster + "/v1", api_key="x", max_retries=0, timeout=120)
+    answered = 0
+    for i in range(6):  # right after the kill: the survivor answers (a request routed to the dead one may fail, with a 5xx)
+        try:
+            r = client.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=16, temperature=0, extra_body={"ignore_eos": True, "return_token_ids": True})
+        except openai.InternalServerError:
+            continue
+        assert r.choices[0].model_extra["token_ids"] == reference(PROMPTS[0], 16)
+        answered += 1
+    assert answered >= 4
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (running() == 2 and victim not in replicas() and len(replicas()) == 2):
+        time.sleep(0.5)
+    now = replicas()
+    assert running() == 2 and victim not in now and len(now) == 2, (before, now)
+    got = asyncio.run(spread(cluster, 16))  # the new replica takes requests too
+    assert {r.system_fingerprint.rsplit("-", 1)[1] for r in got} == set(now)
+
+
+def test_config_file_and_builder(chat_bundle):
+    """The documented ``serve run`` config names a builder that builds the application; bad
+    args are refused in one line."""
+    import yaml
+
+    from specdec.errors import ConfigError
+    from specdec.serve import ray_app
+
+    config = yaml.safe_load((ROOT / "docs/ray/serve_config.yaml").read_text())
+    app_cfg = config["applications"][0]
+    module, name = app_cfg["import_path"].split(":")
+    assert getattr(__import__(module, fromlist=[name]), name) is ray_app.app_builder
+    args = {**app_cfg["args"], "bundle": str(chat_bundle[1])}
+    assert isinstance(ray_app.app_builder(args), serve.Application)
+    for bad, names in (({**args, "colour": 1}, "colour"), ({k: v for k, v in args.items() if k != "bundle"}, "bundle"), ({**args, "autoscale": "4"}, "autoscale")):
+        with pytest.raises(ConfigError, match=names):
+            ray_app.app_builder(bad)
+
+
+def test_ray_options_need_ray(chat_bundle):
+    r = subprocess.run([sys.executable, "-m", "specdec", "serve", str(chat_bundle[1]), "--replicas", "2"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--ray" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_teardown_leaves_no_ray_processes(cluster):
+    """Last: shut Serve and Ray down; no Ray process is left (bounded wait)."""
+    serve.shutdown()
+    ray.shutdown()
+    deadline = time.monotonic() + 30
+    while ray_processes() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not ray_processes(), ray_processes()
