@@ -127,8 +127,19 @@ def run(cfg: ServeConfig, replicas: int = 1, autoscale: tuple[int, int] | None =
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
         stop.wait()
-        serve.shutdown()  # replicas finish what Ray Serve's graceful shutdown allows, then exit
+        # Replicas finish what Ray Serve's graceful shutdown allows. Bounded: when a service
+        # manager signals the whole process group, Ray's own processes may already be gone.
+        bounded(serve.shutdown, cfg.grace_period + 15)
     finally:
         if not address:
-            ray.shutdown()
+            bounded(ray.shutdown, 30)
     return 0
+
+
+def bounded(fn, seconds: float) -> None:
+    """Run ``fn`` in a daemon thread for at most ``seconds`` (a shutdown must not hang the exit)."""
+    import threading
+
+    t = threading.Thread(target=fn, daemon=True)
+    t.start()
+    t.join(seconds)
