@@ -4,7 +4,7 @@ Each replica is one ``SpecdecReplica`` actor: it checks the bundle (manifest, pa
 graph's sha256, as ``specdec serve`` does), loads and warms a ``BatchEngine``, and serves the
 app of ``specdec.serve.app`` over it (the same request handling, not a second implementation).
 Ray Serve routes requests to replicas, bounds their queues (``max_ongoing_requests``,
-``max_queued_requests``: past them the proxy answers 503), calls ``check_health`` (a replica
+``max_queued_requests``; see SLACK below), calls ``check_health`` (a replica
 whose engine thread died reports unhealthy and is replaced) and restarts dead replicas.
 
     specdec serve BUNDLE --ray --replicas 2              # a local Ray instance on this machine
@@ -23,12 +23,16 @@ from typing import Any
 from ray import serve
 
 from specdec.errors import ConfigError
+from specdec.manifest import load_manifest
 from specdec.serve.app import build_app
 from specdec.serve.server import ServeConfig, load_engine, prepare
 
-# What a Ray replica's engine and proxy get unless told otherwise.
-MAX_ONGOING = 16  # requests a replica holds (running + its engine's queue), beyond which the proxy queues
-MAX_QUEUED = 64  # requests the proxy queues per deployment before it answers 503
+# Back-pressure is the engine's, as in `specdec serve`: a replica takes every request its engine
+# can hold (rows + queue) plus SLACK that are being answered 503 at once, so a full engine answers
+# with the OpenAI error body and Retry-After. Ray's own proxy queue (MAX_QUEUED) is only a safety
+# net: past it Ray answers a plain-text 503.
+SLACK = 8
+MAX_QUEUED = 64
 
 
 @serve.ingress()
@@ -69,10 +73,14 @@ def parse_autoscale(text: str) -> tuple[int, int]:
 
 
 def application(cfg: ServeConfig, replicas: int = 1, autoscale: tuple[int, int] | None = None, num_cpus: float = 1.0,
-                max_ongoing: int = MAX_ONGOING, max_queued: int = MAX_QUEUED):  # fmt: skip
-    """The Ray Serve application: ``replicas`` copies (or autoscaling between ``autoscale``)."""
+                max_ongoing: int | None = None, max_queued: int = MAX_QUEUED):  # fmt: skip
+    """The Ray Serve application: ``replicas`` copies (or autoscaling between ``autoscale``).
+    ``max_ongoing`` (requests per replica) defaults to what its engine holds + SLACK."""
     if replicas < 1:
         raise ConfigError(f"--replicas {replicas}: expected >= 1")
+    if max_ongoing is None:
+        rows = cfg.max_batch or load_manifest(cfg.bundle, verify_hashes=False).max_batch
+        max_ongoing = rows + cfg.max_queue + SLACK
     scale: dict[str, Any] = {"num_replicas": replicas}
     if autoscale:
         scale = {"autoscaling_config": {"min_replicas": autoscale[0], "max_replicas": autoscale[1], "target_ongoing_requests": max(1, max_ongoing // 2)}}
@@ -91,7 +99,9 @@ def app_builder(args: dict[str, Any]):
     if "bundle" not in args:
         raise ConfigError("the application's args need a bundle: args: {bundle: /path/to/bundle}")
     kw = dict(replicas=int(args.pop("replicas", 1)), num_cpus=float(args.pop("num_cpus", 1.0)),
-              max_ongoing=int(args.pop("max_ongoing_requests", MAX_ONGOING)), max_queued=int(args.pop("max_queued_requests", MAX_QUEUED)))  # fmt: skip
+              max_queued=int(args.pop("max_queued_requests", MAX_QUEUED)))  # fmt: skip
+    if "max_ongoing_requests" in args:
+        kw["max_ongoing"] = int(args.pop("max_ongoing_requests"))
     if "autoscale" in args:
         kw["autoscale"] = parse_autoscale(str(args.pop("autoscale")))
     known = {f.name for f in dataclasses.fields(ServeConfig)}

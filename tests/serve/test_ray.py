@@ -114,6 +114,32 @@ def test_a_killed_replica_is_replaced_and_the_survivor_answers(cluster, referenc
     assert {r.system_fingerprint.rsplit("-", 1)[1] for r in got} == set(now)
 
 
+def test_a_full_replica_answers_503_with_the_servers_error_body(cluster, slow_bundle):
+    """Redeployed as 1 replica with 1 row and 1 queue place (slow bundle, plain decoding): of 8
+    concurrent requests the overflow gets the engine's 503 (OpenAI body, Retry-After), not Ray's
+    plain-text one, and the replica serves again afterwards."""
+    import httpx
+
+    from specdec.serve.ray_app import application
+
+    port = int(cluster.rsplit(":", 1)[1])
+    cfg = ServeConfig(slow_bundle, host="127.0.0.1", port=port, threads=1, served_model_name="tiny", max_batch=1, max_queue=1, gamma=0)
+    serve.run(application(cfg, replicas=1, num_cpus=0.5), name="specdec", route_prefix="/")
+    body = {"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 300, "ignore_eos": True}
+
+    async def main():
+        async with httpx.AsyncClient(base_url=cluster, timeout=60) as c:
+            return await asyncio.gather(*(c.post("/v1/completions", json=body) for _ in range(8)))
+
+    got = asyncio.run(main())
+    codes = [r.status_code for r in got]
+    assert set(codes) <= {200, 503} and codes.count(503) >= 5 and codes.count(200) >= 1, codes
+    for r in got:
+        if r.status_code == 503:
+            assert r.headers["Retry-After"] and r.json()["error"]["code"] == "queue_full"
+    assert httpx.post(cluster + "/v1/completions", json={**body, "max_tokens": 8}, timeout=60).status_code == 200
+
+
 def test_config_file_and_builder(chat_bundle):
     """The documented ``serve run`` config names a builder that builds the application; bad
     args are refused in one line."""
