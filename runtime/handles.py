@@ -75,7 +75,14 @@ class Handle:
         """As ``__iter__``, for an asyncio reader: waits without blocking the event loop (the
         engine thread wakes it through ``loop.call_soon_threadsafe``). Iterate once, either way."""
         loop, wake = asyncio.get_running_loop(), asyncio.Event()
-        self._notify = lambda: loop.call_soon_threadsafe(wake.set)
+
+        def notify() -> None:  # on the engine thread
+            try:
+                loop.call_soon_threadsafe(wake.set)
+            except RuntimeError:  # the reader's loop is closed: nobody waits, and the engine must go on
+                pass
+
+        self._notify = notify
         detok = Detokenizer(self.codec) if self.codec else None
         while True:
             wake.clear()  # cleared before draining: a push after the drain sets it again

@@ -117,3 +117,40 @@ def test_queue_overflow_raises_the_typed_error(family_bundle):
 def test_engine_refuses_more_rows_than_the_bundle_has(llama_bundle):
     with pytest.raises(ConfigError, match="--max-batch"):
         BatchEngine(llama_bundle[2], max_batch=2)  # exported without batched graphs
+
+
+def test_a_handle_is_read_from_asyncio_and_a_closed_loop_does_not_stop_the_engine(llama_bundle):
+    """``async for`` over a handle gives the same tokens as ``result()`` while the event loop
+    keeps running other tasks; a reader whose loop closes mid-request (its pushes then have
+    nowhere to go) leaves the engine serving the next request."""
+    import asyncio
+
+    with BatchEngine(llama_bundle[2], max_queue=4) as engine:
+
+        async def read(h, stop_after=None):
+            ticks, pieces = 0, []
+
+            async def ticker():
+                nonlocal ticks
+                while not h.done.is_set():
+                    ticks += 1
+                    await asyncio.sleep(0)
+
+            t = asyncio.create_task(ticker())
+            async for piece in h:
+                pieces.append(piece)
+                if stop_after and len(pieces) == stop_after:
+                    break
+            t.cancel()
+            return pieces, ticks
+
+        h = engine.submit([5, 6, 7], max_new_tokens=60, ignore_eos=True)
+        pieces, ticks = asyncio.run(read(h))
+        assert [t for p in pieces for t in p.tokens] == h.result().tokens and len(h.tokens) == 60
+        assert ticks > len(pieces)  # the loop ran other work while waiting
+        assert "".join(p.text for p in pieces) == h.result().text
+
+        h = engine.submit([5, 6, 7], max_new_tokens=100, ignore_eos=True)
+        asyncio.run(read(h, stop_after=1))  # the loop is closed while the engine still pushes
+        assert len(h.result(timeout=60).tokens) == 100 and engine.alive
+        assert len(engine.submit([8, 9], max_new_tokens=10, ignore_eos=True).result(timeout=60).tokens) == 10
