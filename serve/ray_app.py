@@ -78,12 +78,12 @@ def application(cfg: ServeConfig, replicas: int = 1, autoscale: tuple[int, int] 
     ``max_ongoing`` (requests per replica) defaults to what its engine holds + SLACK."""
     if replicas < 1:
         raise ConfigError(f"--replicas {replicas}: expected >= 1")
+    rows = cfg.max_batch or load_manifest(cfg.bundle, verify_hashes=False).max_batch
     if max_ongoing is None:
-        rows = cfg.max_batch or load_manifest(cfg.bundle, verify_hashes=False).max_batch
         max_ongoing = rows + cfg.max_queue + SLACK
     scale: dict[str, Any] = {"num_replicas": replicas}
     if autoscale:
-        scale = {"autoscaling_config": {"min_replicas": autoscale[0], "max_replicas": autoscale[1], "target_ongoing_requests": max(1, max_ongoing // 2)}}
+        scale = {"autoscaling_config": {"min_replicas": autoscale[0], "max_replicas": autoscale[1], "target_ongoing_requests": rows}}  # scale up once requests queue for rows
     config = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
     config["bundle"] = str(Path(cfg.bundle).resolve())  # replicas do not share the driver's working directory
     deployment = serve.deployment(SpecdecReplica, name="specdec", max_ongoing_requests=max_ongoing, max_queued_requests=max_queued,

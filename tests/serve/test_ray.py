@@ -154,6 +154,7 @@ def test_config_file_and_builder(chat_bundle):
     assert getattr(__import__(module, fromlist=[name]), name) is ray_app.app_builder
     args = {**app_cfg["args"], "bundle": str(chat_bundle[1])}
     assert isinstance(ray_app.app_builder(args), serve.Application)
+    assert isinstance(ray_app.app_builder({**args, "autoscale": "1:3"}), serve.Application)
     for bad, names in (({**args, "colour": 1}, "colour"), ({k: v for k, v in args.items() if k != "bundle"}, "bundle"), ({**args, "autoscale": "4"}, "autoscale")):
         with pytest.raises(ConfigError, match=names):
             ray_app.app_builder(bad)
