@@ -37,28 +37,28 @@ class StreamOptions(_Body):
 class _Sampling(_Body):
     model: str
     max_tokens: int | None = None
-    temperature: float = 1.0  # OpenAI's default: sampled
-    top_p: float = 1.0
+    temperature: float | None = 1.0  # OpenAI's default: sampled; null (as some clients send) means the default
+    top_p: float | None = 1.0
     top_k: int | None = None  # vLLM: -1 or 0 turn it off
     seed: int | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
-    stream: bool = False
+    stream: bool | None = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False
     return_token_ids: bool = False
     user: str | None = None  # metadata; not used
     # Accepted only at their "off" value (see ``_OFF``):
-    n: int = 1
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
+    n: int | None = 1
+    presence_penalty: float | None = 0.0
+    frequency_penalty: float | None = 0.0
     logit_bias: dict[str, float] | None = None
 
     def sampling(self) -> dict[str, Any]:
         """Keyword arguments of ``BatchEngine.submit`` (the engine checks their values)."""
         return dict(
-            temperature=self.temperature,
-            top_p=None if self.top_p == 1.0 else self.top_p,
+            temperature=1.0 if self.temperature is None else self.temperature,
+            top_p=None if self.top_p in (None, 1.0) else self.top_p,
             top_k=None if self.top_k in (None, 0, -1) else self.top_k,
             seed=self.seed,
             ignore_eos=self.ignore_eos,
@@ -75,7 +75,7 @@ class CompletionRequest(_Sampling):
     max_tokens: int | None = 16  # OpenAI's default for completions
     best_of: int | None = None
     logprobs: int | None = None
-    echo: bool = False
+    echo: bool | None = False
     suffix: str | None = None
 
 
@@ -107,14 +107,14 @@ class ChatCompletionRequest(_Sampling):
 _EXACT = "it would change the target's distribution, which specdec keeps exact"
 # field -> (values that mean "off", what to do instead)
 _OFF = {
-    "n": ((1,), "send one request per completion"),
+    "n": ((1, None), "send one request per completion"),
     "best_of": ((None, 1), "send several requests and pick"),
     "logprobs": ((None, False), "log-probabilities are not returned yet"),
     "top_logprobs": ((None,), "log-probabilities are not returned yet"),
-    "echo": ((False,), "prepend the prompt yourself"),
+    "echo": ((False, None), "prepend the prompt yourself"),
     "suffix": ((None,), "insertion is not supported"),
-    "presence_penalty": ((0.0,), _EXACT),
-    "frequency_penalty": ((0.0,), _EXACT),
+    "presence_penalty": ((0.0, None), _EXACT),
+    "frequency_penalty": ((0.0, None), _EXACT),
     "logit_bias": ((None, {}), _EXACT),
 }
 _TYPE_NAMES = {"str", "int", "float", "bool", "dict", "list", "none"}

@@ -171,6 +171,12 @@ def test_metrics_parse_and_add_up_to_the_requests_sent(server, client):
         completion += r.usage.completion_tokens
         drafted += extra(r, "speculative")["drafted_tokens"]
         accepted += extra(r, "speculative")["accepted_tokens"]
+    nulls = client.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=8,  # null means the default, as OpenAI takes it
+                                      extra_body={"temperature": None, "top_p": None, "n": None, "stream": None, "seed": 3})
+    sent[nulls.choices[0].finish_reason] += 1
+    completion += nulls.usage.completion_tokens
+    drafted += extra(nulls, "speculative")["drafted_tokens"]
+    accepted += extra(nulls, "speculative")["accepted_tokens"]
     for bad in ({"temperature": -1}, {"n": 3}, {"max_tokens": "ten"}):
         with pytest.raises(openai.BadRequestError):
             client.completions.create(model="tiny", prompt="x", extra_body=bad)
@@ -182,7 +188,7 @@ def test_metrics_parse_and_add_up_to_the_requests_sent(server, client):
     assert d("specdec_generation_tokens_total") == completion
     assert d("specdec_spec_decode_num_draft_tokens_total") == drafted and d("specdec_spec_decode_num_accepted_tokens_total") == accepted
     assert sum(d(f"specdec_spec_decode_num_accepted_tokens_per_pos_total{{position={p}}}") for p in range(1, 5)) == accepted
-    assert d("specdec_e2e_request_latency_seconds_count") == 5 and d("specdec_time_to_first_token_seconds_count") == 5
+    assert d("specdec_e2e_request_latency_seconds_count") == 6 and d("specdec_time_to_first_token_seconds_count") == 6
     assert after["specdec_num_requests_running"] == 0 and after["specdec_num_requests_waiting"] == 0
     assert 0 < after["specdec_spec_decode_acceptance_rate"] <= 1
     assert after["specdec_spec_decode_gamma_count"] >= d("specdec_spec_decode_num_drafts_total") > 0
@@ -451,3 +457,14 @@ def test_chat_template_renders_as_transformers_does(chat_bundle):
         for gen in (True, False):
             assert state.chat.render(messages, gen) == tok.apply_chat_template(messages, add_generation_prompt=gen, tokenize=False)
     assert np.array_equal(state.codec.encode(state.chat.render(messages, True), special=False), tok.apply_chat_template(messages, add_generation_prompt=True))
+
+
+def test_null_fields_mean_their_defaults():
+    """Some clients send null for unset fields: the defaults apply, and "off" fields stay off."""
+    from specdec.serve.protocol import CompletionRequest, FieldError, parse
+
+    body = parse(CompletionRequest, {"model": "m", "prompt": "x", "temperature": None, "top_p": None, "n": None, "echo": None,
+                                     "presence_penalty": None, "stream": None, "logprobs": None, "best_of": None})  # fmt: skip
+    assert body.sampling()["temperature"] == 1.0 and body.sampling()["top_p"] is None and not body.stream
+    with pytest.raises(FieldError, match="n=2"):
+        parse(CompletionRequest, {"model": "m", "prompt": "x", "n": 2})
