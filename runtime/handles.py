@@ -59,17 +59,9 @@ class Handle:
 
     def __iter__(self) -> Iterator[Piece]:
         detok = Detokenizer(self.codec) if self.codec else None
-        while True:
-            item = self._pieces.get()
-            if item is _END:
-                break
+        while (item := self._pieces.get()) is not _END:
             yield Piece(item, detok.push(item) if detok else None)
-        if detok:
-            tail = detok.flush()
-            if tail:
-                yield Piece([], tail)
-        if self.error is not None:
-            raise self.error
+        yield from self._ending(detok)
 
     async def __aiter__(self) -> AsyncIterator[Piece]:
         """As ``__iter__``, for an asyncio reader: waits without blocking the event loop (the
@@ -85,23 +77,25 @@ class Handle:
         self._notify = notify
         detok = Detokenizer(self.codec) if self.codec else None
         while True:
-            wake.clear()  # cleared before draining: a push after the drain sets it again
-            items = []
-            while True:
-                try:
-                    items.append(self._pieces.get_nowait())
-                except queue.Empty:
-                    break
-            for item in items:
-                if item is _END:
-                    if detok and (tail := detok.flush()):
-                        yield Piece([], tail)
-                    if self.error is not None:
-                        raise self.error
-                    return
-                yield Piece(item, detok.push(item) if detok else None)
-            if not items:
-                await wake.wait()
+            try:
+                item = self._pieces.get_nowait()
+            except queue.Empty:
+                await wake.wait()  # set by any push since the last clear, so none is missed
+                wake.clear()
+                continue
+            if item is _END:
+                break
+            yield Piece(item, detok.push(item) if detok else None)
+        for piece in self._ending(detok):
+            yield piece
+
+    def _ending(self, detok: Detokenizer | None) -> Iterator[Piece]:
+        """After the last push: the text held back for an incomplete character, then the
+        engine's error if it failed the request."""
+        if detok and (tail := detok.flush()):
+            yield Piece([], tail)
+        if self.error is not None:
+            raise self.error
 
     def result(self, timeout: float | None = None) -> GenerationResult:
         """Wait for the end (``TimeoutError`` after ``timeout`` seconds); raises the engine's error if it failed."""

@@ -40,7 +40,7 @@ class SpecdecReplica:
     """One replica: the bundle loaded once, a batched engine, the OpenAI routes."""
 
     def __init__(self, config: dict):
-        cfg = ServeConfig(**{**config, "bundle": Path(config["bundle"])})
+        cfg = ServeConfig(**config)
         self.state = prepare(cfg, bind=False)  # the bundle's hashes are checked here, on this replica's machine
         self.state.engine = load_engine(cfg, self.state)  # loaded and warmed before the replica is ready
         replica = serve.get_replica_context().replica_id.unique_id
@@ -85,7 +85,7 @@ def application(cfg: ServeConfig, replicas: int = 1, autoscale: tuple[int, int] 
     if autoscale:
         scale = {"autoscaling_config": {"min_replicas": autoscale[0], "max_replicas": autoscale[1], "target_ongoing_requests": rows}}  # scale up once requests queue for rows
     config = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
-    config["bundle"] = str(Path(cfg.bundle).resolve())  # replicas do not share the driver's working directory
+    config["bundle"] = Path(cfg.bundle).resolve()  # replicas do not share the driver's working directory
     deployment = serve.deployment(SpecdecReplica, name="specdec", max_ongoing_requests=max_ongoing, max_queued_requests=max_queued,
                                   ray_actor_options={"num_cpus": num_cpus}, health_check_period_s=5, **scale)  # fmt: skip
     return deployment.bind(config)
