@@ -25,7 +25,7 @@ from ray import serve
 from specdec.errors import ConfigError
 from specdec.manifest import load_manifest
 from specdec.serve.app import build_app
-from specdec.serve.server import ServeConfig, load_engine, prepare
+from specdec.serve.server import ServeConfig, is_loopback, load_engine, prepare
 
 # Back-pressure is the engine's, as in `specdec serve`: a replica takes every request its engine
 # can hold (rows + queue) plus SLACK that are being answered 503 at once, so a full engine answers
@@ -125,7 +125,10 @@ def run(cfg: ServeConfig, replicas: int = 1, autoscale: tuple[int, int] | None =
 
     prepare(cfg)  # refuse a bad bundle or option before starting anything (one line, exit 2)
     app = application(cfg, replicas, autoscale, num_cpus)
-    ray.init(address=address, include_dashboard=False) if address else ray.init(include_dashboard=False)
+    if address:
+        ray.init(address=address, include_dashboard=False)
+    else:  # a local instance; on loopback only when the server is
+        ray.init(include_dashboard=False, **({"_node_ip_address": "127.0.0.1"} if is_loopback(cfg.host) else {}))
     try:
         serve.start(http_options={"host": cfg.host, "port": cfg.port})
         serve.run(app, name="specdec", route_prefix="/")

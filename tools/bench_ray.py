@@ -75,7 +75,7 @@ def main() -> None:
     from specdec.serve.ray_app import application
 
     port = free_port()
-    ray.init(num_cpus=a.num_cpus, include_dashboard=False, log_to_driver=False)
+    ray.init(num_cpus=a.num_cpus, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")  # loopback only
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         url = f"http://127.0.0.1:{port}"
