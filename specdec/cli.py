@@ -186,14 +186,16 @@ def generate_cmd(bundle: Path, prompt: str | None, prompt_ids: str | None, provi
 @click.option("--drafters", "--drafter", "drafters", default="model", show_default=True, help=f"Comma-separated drafters to compare: {', '.join(DRAFTERS)}.")
 @click.option("--adaptive", is_flag=True, help="Also run each drafter with adaptive γ (gamma=auto).")
 @click.option("--temperatures", default="0,1", show_default=True, help="Comma-separated sampling temperatures.")
-@click.option("--prompts", "n_prompts", default=4, show_default=True, type=int, help="Prompts, from held-out stdlib files.")
+@click.option("--prompts", "n_prompts", default=4, show_default=True, type=int, help="Prompts, from --corpus.")
+@click.option("--corpus", default="stdlib", show_default=True, type=click.Choice(["stdlib", "code"]),
+              help="Prompts from held-out stdlib files, or function openings of third-party packages (numpy, click, tqdm, onnxruntime).")
 @click.option("--prompt-tokens", default=64, show_default=True, type=int)
 @click.option("--tokens", default=128, show_default=True, type=int, help="New tokens per request.")
 @click.option("--rounds", default=2, show_default=True, type=int)
 @click.option("--threads", default=None, type=int, help="ONNX Runtime intra-op threads per model session [default: one per core].")
 @click.option("--out", default=None, type=click.Path(file_okay=False, path_type=Path), help="Write results.md, results.json and bench.png here.")
-def bench_cmd(bundle: Path, gammas: str | None, drafters: str, adaptive: bool, temperatures: str, n_prompts: int, prompt_tokens: int,
-              tokens: int, rounds: int, threads: int | None, out: Path | None) -> None:
+def bench_cmd(bundle: Path, gammas: str | None, drafters: str, adaptive: bool, temperatures: str, n_prompts: int, corpus: str,
+              prompt_tokens: int, tokens: int, rounds: int, threads: int | None, out: Path | None) -> None:
     """Drafters and γ against γ = 0, side by side and interleaved, with Theorem 3.8's prediction."""
     from specdec import bench
     from specdec.errors import ConfigError, InputError
@@ -212,9 +214,9 @@ def bench_cmd(bundle: Path, gammas: str | None, drafters: str, adaptive: bool, t
     decoders = {names[0]: dec, **{d: dec.fork(drafter=d) for d in names[1:]}}
     gs = list(range(dec.manifest.gamma + 1)) if gammas is None else sorted({0, *_numbers("--gammas", gammas, int)})
     temps = _numbers("--temperatures", temperatures, float)
-    prompts = bench.held_out_prompts(dec.codec.encode, n_prompts, prompt_tokens)
+    prompts = bench.prompts(corpus, dec.codec.encode, n_prompts, prompt_tokens)
     if not prompts:
-        raise InputError("found no held-out stdlib file long enough for a prompt; lower --prompt-tokens")
+        raise InputError(f"found no {corpus} prompt of {prompt_tokens} tokens (with as many after it); lower --prompt-tokens")
     dec.request(prompts[0], max_new_tokens=tokens, gamma=max(gs))  # check the sizes before any work
     cfgs = bench.configs(names, gs, adaptive)
     results, text = {}, []
@@ -227,7 +229,7 @@ def bench_cmd(bundle: Path, gammas: str | None, drafters: str, adaptive: bool, t
     m = dec.manifest
     header = (
         f"bundle {bundle}: target {m.target.parameters / 1e6:.1f}M, draft {m.draft.parameters / 1e6:.2f}M params, {m.dtype}; "
-        f"{len(prompts)} held-out prompts of {prompt_tokens} tokens x {rounds} rounds x {tokens} new tokens per configuration, interleaved; "
+        f"{len(prompts)} held-out prompts ({corpus}) of {prompt_tokens} tokens x {rounds} rounds x {tokens} new tokens per configuration, interleaved; "
         f"α is the maximum-likelihood estimate from accepted and rejected drafts, c is per drafted token\n"
     )
     md = header + "\n" + "\n".join(text)
