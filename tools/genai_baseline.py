@@ -20,7 +20,8 @@ from typing import Any
 
 import numpy as np
 
-VENV_PACKAGES = ["onnxruntime-genai==0.18.*", "transformers>=5", "torch==2.13.0", "onnx", "onnx_ir"]
+# Verified together (2026-11, Python 3.11, CPU): the model builder needs transformers 5.
+VENV_PACKAGES = ["onnxruntime-genai==0.18.0", "transformers==5.23.0", "torch==2.13.0", "onnx==1.23.2", "onnx_ir==1.1.0"]
 WARMUP = 5
 DEFAULT_ROOT = Path(__file__).resolve().parents[1] / ".bench"  # git-ignored
 
@@ -29,24 +30,17 @@ def _log(msg: str) -> None:
     print(f"[genai_baseline] {msg}", file=sys.stderr, flush=True)
 
 
-def ensure_venv(root: Path) -> Path:
-    """Create (once) ``root/genai-venv`` holding the model builder; return its python."""
-    venv = root / "genai-venv"
-    python = venv / "bin" / "python"
-    stamp = venv / ".genai-baseline-ok"
-    if stamp.is_file() and stamp.read_text() == "\n".join(VENV_PACKAGES) and python.exists():
-        return python
-    root.mkdir(parents=True, exist_ok=True)
-    if not python.exists():
-        _log(f"creating venv {venv}")
-        subprocess.run(["python3", "-m", "venv", str(venv)], check=True)
-    _log(f"installing {' '.join(VENV_PACKAGES)} (CPU torch; takes ~1 min)")
-    pip = [str(python), "-m", "pip", "install", "--disable-pip-version-check"]
-    subprocess.run(pip + ["-q", *VENV_PACKAGES], check=True, stdout=sys.stderr)
-    subprocess.run([str(python), "-c", "import onnxruntime_genai.models.builder"], check=True)
-    stamp.write_text("\n".join(VENV_PACKAGES))
-    _log("venv ready")
-    return python
+GENAI_PROBE = "import onnxruntime_genai.models.builder"
+
+
+def ensure_venv(root: Path, setup: bool = True) -> Path:
+    """Create (once) ``root/genai-venv`` holding the model builder; return its python
+    (``peers.venv.ensure_venv``: a stamp of the pins, pip's log beside the venv)."""
+    from peers.venv import VenvSpec
+    from peers.venv import ensure_venv as ensure
+
+    spec = VenvSpec(name="genai-venv", packages=tuple(VENV_PACKAGES), probe=GENAI_PROBE, note="CPU torch; ~1 min", root=root)
+    return ensure(spec, setup)
 
 
 def build(hf_dir: Path, out_dir: Path, precision: str = "fp32", root: Path | None = None) -> Path:

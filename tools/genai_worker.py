@@ -7,12 +7,8 @@ standard library, numpy and onnxruntime_genai::
     genai_worker.py '{"pair": DIR, "threads": N, "k": K, "ngram_size": N}'
 
 ``DIR`` is the folder ``peers.genai.genai_models`` writes (``target/``, ``draft/`` and a composite
-speculative ``genai_config.json``). Requests are JSON lines on stdin, one reply line each on
-stdout, until stdin closes:
-
-* ``{"cmd": "hello"}`` -> ``{"version": ..., "unavailable": {mode: why}}``
-* ``{"cmd": "decode", "mode": M, "temperature": T, "prompt": [ids], "tokens": N, "seed": S}``
-  -> ``{"seconds", "tokens", "new_tokens", "stats", "ids"}`` or ``{"error": why}``
+speculative ``genai_config.json``). The protocol (JSON lines: ``hello``, ``decode``) is
+``jsonl_worker``'s.
 
 Modes: ``autoregressive``, ``speculative-draft``, ``speculative-ngram``.
 """
@@ -20,11 +16,12 @@ Modes: ``autoregressive``, ``speculative-draft``, ``speculative-ngram``.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from jsonl_worker import redirect_stdout, serve
 
 SPEC_STATS = ("draft_tokens_proposed", "draft_tokens_evaluated", "draft_tokens_accepted", "target_forward_passes",
               "standard_fallback_steps", "draft_forward_passes", "rounds", "ngram_lookup_hits", "ngram_lookup_misses")
@@ -91,28 +88,19 @@ def load_models(og, pair: Path, threads: int) -> tuple[dict[str, Any], dict[str,
     return models, unavailable
 
 
-def serve(spec: dict) -> int:
-    """Serve ``hello`` and ``decode`` requests (JSON lines on stdin) until stdin closes."""
-    reply = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)  # anything the library prints goes to stderr, not into the reply channel
+def main(spec: dict) -> int:
+    """Load the models, then serve ``hello`` and ``decode`` requests until stdin closes."""
+    reply = redirect_stdout()  # anything the library prints goes to stderr, not into the replies
     import onnxruntime_genai as og
 
     models, unavailable = load_models(og, Path(spec["pair"]), spec["threads"])
-    for line in sys.stdin:
-        req = json.loads(line)
-        if req["cmd"] == "hello":
-            out: dict[str, Any] = {"version": og.__version__, "unavailable": unavailable}
-        else:
-            try:
-                out = genai_decode(og, models[req["mode"]], req["mode"], req["temperature"], req["prompt"],
-                                   req["tokens"], req["seed"], spec["k"], spec["ngram_size"])
-            except Exception as exc:  # noqa: BLE001 - the client marks the mode unavailable
-                out = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
-        reply.write(json.dumps(out) + "\n")
-    return 0
+    hello = {"version": og.__version__, "unavailable": unavailable}
+    return serve(reply, lambda: hello, lambda req: genai_decode(
+        og, models[req["mode"]], req["mode"], req["temperature"], req["prompt"], req["tokens"], req["seed"],
+        spec["k"], spec["ngram_size"]))
 
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
         sys.exit(__doc__)
-    sys.exit(serve(json.loads(sys.argv[1])))
+    sys.exit(main(json.loads(sys.argv[1])))

@@ -77,6 +77,11 @@ class Peer:
     def from_args(cls, args) -> Peer:
         raise NotImplementedError
 
+    @staticmethod
+    def baseline(mode: str) -> str | None:
+        """The mode whose speed ``mode``'s speedup is measured against (None: it is a baseline)."""
+        return None if mode == "autoregressive" else "autoregressive"
+
     def decode(self, mode: str, temperature: float, prompt: list[int], tokens: int, seed: int) -> Sample:
         """One request of exactly ``tokens`` new tokens (EOS ignored), seeded by ``seed``."""
         raise NotImplementedError

@@ -1,0 +1,63 @@
+"""The client side of a peer worker: a script of ``tools/`` run by a private venv's python,
+answering JSON lines (``tools/jsonl_worker.py`` is the server side)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+from peers.base import ModeUnavailable, Sample
+
+TOOLS = Path(__file__).resolve().parents[1]
+
+
+class WorkerError(RuntimeError):
+    """A worker process died or answered something that is not a reply."""
+
+
+class Worker:
+    """``python TOOLS/script '<spec json>'``; ``ask`` sends one request line and reads one reply.
+
+    Lifecycle: started in ``__init__``, ended by ``close`` (stdin closed, then waited for).
+    """
+
+    def __init__(self, python: Path, script: str, spec: dict) -> None:
+        self.name = script
+        self.proc = subprocess.Popen([str(python), str(TOOLS / script), json.dumps(spec)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+
+    def ask(self, request: dict) -> dict:
+        """One JSON line out, one back; a dead worker raises with its exit code."""
+        if self.proc.poll() is not None:
+            raise WorkerError(f"{self.name} exited (rc={self.proc.returncode}); its stderr says why")
+        self.proc.stdin.write(json.dumps(request) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise WorkerError(f"{self.name} exited (rc={self.proc.wait()}); its stderr says why")
+        try:
+            return json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise WorkerError(f"{self.name} answered a line that is not JSON: {line[:200]!r}") from exc
+
+    def decode(self, unavailable: dict[str, str], mode: str, temperature: float, prompt: list[int], tokens: int,
+               seed: int) -> Sample:
+        """A ``decode`` request as a Sample; a mode the worker reported (or reports now) as
+        failing raises ModeUnavailable with its reason."""
+        if mode in unavailable:
+            raise ModeUnavailable(unavailable[mode])
+        reply = self.ask({"cmd": "decode", "mode": mode, "temperature": temperature, "prompt": prompt,
+                          "tokens": tokens, "seed": seed})
+        if "error" in reply:
+            raise ModeUnavailable(reply["error"])
+        return Sample(reply["seconds"], reply["tokens"], reply["new_tokens"], reply["stats"], reply["ids"])
+
+    def close(self, timeout: float = 60) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
