@@ -65,15 +65,19 @@ class VenvSpec:
         return self.python.exists() and stamp.is_file() and stamp.read_text() == self.stamp_text()
 
 
-def run_logged(cmd: list[str], log_file: Path, what: str, env: dict[str, str] | None = None) -> None:
+def run_logged(cmd: list[str], log_file: Path, what: str, env: dict[str, str] | None = None,
+               timeout_s: float = 3600) -> None:
     """Run ``cmd`` at the lowest CPU priority with its output appended to ``log_file``; raise
-    SetupError naming ``what`` and the log's last lines when it fails."""
+    SetupError naming ``what`` and the log's last lines when it fails or outlives ``timeout_s``."""
     log_file.parent.mkdir(parents=True, exist_ok=True)
     with log_file.open("a") as out:
         out.write(f"\n$ {' '.join(cmd)}\n")
         out.flush()
-        proc = subprocess.run(["nice", "-n", "19", *cmd], stdout=out, stderr=subprocess.STDOUT,
-                              env=dict(os.environ, **(env or {})))
+        try:
+            proc = subprocess.run(["nice", "-n", "19", *cmd], stdout=out, stderr=subprocess.STDOUT,
+                                  env=dict(os.environ, **(env or {})), timeout=timeout_s)
+        except subprocess.TimeoutExpired as exc:
+            raise SetupError(f"{what} took over {timeout_s:.0f} s; stopped (log {log_file})") from exc
     if proc.returncode != 0:
         tail = " / ".join(log_file.read_text(errors="replace").strip().splitlines()[-3:])
         raise SetupError(f"{what} failed (rc={proc.returncode}; log {log_file}): {tail[-400:]}")

@@ -4,12 +4,14 @@ answering JSON lines (``tools/jsonl_worker.py`` is the server side)."""
 from __future__ import annotations
 
 import json
+import select
 import subprocess
 from pathlib import Path
 
 from peers.base import ModeUnavailable, Sample
 
 TOOLS = Path(__file__).resolve().parents[1]
+REPLY_TIMEOUT_S = 900.0  # the longest a reply may take: loading models, or one request
 
 
 class WorkerError(RuntimeError):
@@ -33,6 +35,10 @@ class Worker:
             raise WorkerError(f"{self.name} exited (rc={self.proc.returncode}); its stderr says why")
         self.proc.stdin.write(json.dumps(request) + "\n")
         self.proc.stdin.flush()
+        ready, _, _ = select.select([self.proc.stdout], [], [], REPLY_TIMEOUT_S)  # one line per request: no read-ahead
+        if not ready:
+            self.proc.kill()
+            raise WorkerError(f"{self.name} sent no reply in {REPLY_TIMEOUT_S:.0f} s to {request.get('cmd')}; killed it")
         line = self.proc.stdout.readline()
         if not line:
             raise WorkerError(f"{self.name} exited (rc={self.proc.wait()}); its stderr says why")
