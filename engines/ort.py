@@ -68,11 +68,15 @@ class GraphRunner:
     committed length is left to the caller (``cache.append`` / ``cache.rewind_to``).
     """
 
-    def __init__(self, session: ort.InferenceSession, name: str, spec: GraphSpec, cache: KVCache):
+    def __init__(self, session: ort.InferenceSession, name: str, spec: GraphSpec, cache: KVCache, tokens: int | None = None):
+        """``tokens``: run a dynamic-length graph at this fixed S, bound once like a static graph
+        (how one session per model serves both shapes: weights in memory once)."""
         self.name, self.spec, self.cache, self.session, self.io_names = name, spec, cache, session, spec.io
         specs = {t.name: t for t in (*spec.inputs, *spec.outputs)}
-        self.static = spec.tokens is not None
-        self.capacity = spec.tokens if self.static else cache.max_seq  # max tokens per call
+        if tokens is not None and spec.tokens not in (None, tokens):
+            raise SignatureError(f"graph {name} takes {spec.tokens} tokens per call, not {tokens}")
+        self.static = tokens is not None or spec.tokens is not None
+        self.capacity = (tokens or spec.tokens) if self.static else cache.max_seq  # max tokens per call
         vocab = specs[spec.io.logits].shape[-1]
         # Host buffers, allocated once. ids/pos/logits hold `capacity` tokens; a call uses a
         # prefix. Logits stay on the host even on CUDA: they are what acceptance reads.
@@ -221,29 +225,45 @@ def runner_for(
     provider: str = "cpu",
     threads: ThreadPolicy | int | None = None,
     session: ort.InferenceSession | None = None,
+    tokens: int | None = None,
 ) -> GraphRunner:
-    """The runner for a graph's flavour over ``cache``; opens a session unless one is given."""
+    """The runner for a graph's flavour over ``cache``; opens a session unless one is given.
+    ``tokens``: a fixed S for a dynamic-length graph (see ``GraphRunner``)."""
     if session is None:
         session = open_session(bundle, name, spec, provider, threads)
-    return RUNNERS[spec.flavour](session, name, spec, cache)
+    return RUNNERS[spec.flavour](session, name, spec, cache, tokens)
 
 
-STATIC_ROLE = {"target": "verify", "draft": "step"}  # each model's fixed-length graph
+STATIC_ROLE = {"target": "verify", "draft": "step"}  # each model's fixed-length graph (portable engines)
+
+
+def fixed_tokens(manifest, model: str) -> int:
+    """S of a model's fixed-length calls: K = γ + 1 for the target's verify, 1 for a draft step."""
+    return manifest.k if model == "target" else 1
+
+
+def runtime_graphs(manifest, batched: bool = False) -> list[str]:
+    """The ORT graphs the runtime opens a session for: each model's dynamic-length graph (which
+    also runs the fixed-length calls, so a model's weights are in memory once) and, with
+    ``batched``, the batched graphs. The bundle's static ORT graphs are not opened: run at the
+    same S they are 1-6% faster per call (docs/bench/memory), not worth a second copy of the
+    weights in memory."""
+    return [n for n, g in manifest.graphs.items() if g.flavour == "ort" and (g.role == "dynamic" and g.batch == 1 or batched and g.batch > 1)]
 
 
 class ModelRunners(NamedTuple):
-    """One model's KV cache and the two runners over it."""
+    """One model's KV cache and the two runners over it, on one session."""
 
     cache: KVCache
     dynamic: GraphRunner  # any length: prompts, 1-token target steps, verify calls shorter than K
-    static: GraphRunner  # fixed length: the target's K-token verify graph, the draft's 1-token step
+    static: GraphRunner  # fixed length, bound once: the target's K-token verify, the draft's 1-token step
 
 
 def model_runners(bundle: Path, manifest, model: str, sessions: dict, device: str) -> ModelRunners:
-    """A fresh cache for ``model`` ("target" or "draft") and runners of its ORT graphs over it,
-    on the already open ``sessions`` (graph name -> session)."""
+    """A fresh cache for ``model`` ("target" or "draft") and runners over it, both on the
+    already open session of its dynamic-length graph (``sessions``: graph name -> session)."""
     spec = getattr(manifest, model)
     cache = KVCache(spec.num_layers, spec.num_kv_heads, manifest.max_seq_len, spec.head_dim, manifest.dtype, device)
-    graphs = (manifest.graph(model, role) for role in ("dynamic", STATIC_ROLE[model]))
-    runners = [runner_for(bundle, name, g, cache, session=sessions[name]) for name, g in graphs]
-    return ModelRunners(cache, *runners)
+    name, g = manifest.graph(model, "dynamic")
+    dynamic = runner_for(bundle, name, g, cache, session=sessions[name])
+    return ModelRunners(cache, dynamic, runner_for(bundle, name, g, cache, session=sessions[name], tokens=fixed_tokens(manifest, model)))

@@ -8,6 +8,7 @@ appears at ``out`` only after validation passed.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import importlib.metadata as md
 import math
 from dataclasses import dataclass, field
@@ -22,7 +23,7 @@ from specdec.manifest import GraphSpec, Manifest, ModelSpec, sha256_of
 
 DTYPES = ("float32", "float16")
 DEFAULT_MAX_SEQ = 2048
-QUANTIZATIONS = (None, "int8")
+QUANTIZATIONS = (None, "int8", "int4", "dynamic-int8")  # int8/int4: weight-only MatMulNBits; dynamic-int8: quantize_dynamic
 MAX_GAMMA = 15
 MAX_BATCH = 64
 
@@ -49,6 +50,7 @@ class ExportConfig:
     max_seq_len: int | None = None  # None: 2048, or less if a model has fewer positions
     dtype: str = "float32"
     quantize: str | None = None
+    draft_quantize: str | None = None  # None: as ``quantize``; "none": float weights
     portable: bool = False
     max_batch: int = 1  # > 1: also batched graphs for the continuous-batching engine
     overwrite: bool = False
@@ -70,10 +72,19 @@ class ExportConfig:
             raise ConfigError(f"--max-batch {self.max_batch}: expected an integer in 1..{MAX_BATCH} (requests decoded together)")
         if self.dtype not in DTYPES:
             raise ConfigError(f"--dtype {self.dtype}: expected one of {', '.join(DTYPES)}")
+        names = ", ".join(q for q in QUANTIZATIONS if q)
         if self.quantize not in QUANTIZATIONS:
-            raise ConfigError(f"--quantize {self.quantize}: expected int8 or nothing")
-        if self.quantize and self.dtype != "float32":
-            raise ConfigError(f"--quantize {self.quantize} needs --dtype float32 (dynamic int8 quantizes float32 weights)")
+            raise ConfigError(f"--quantize {self.quantize}: expected one of {names}, or nothing for float weights")
+        if self.draft_quantize not in (None, "none", *QUANTIZATIONS):
+            raise ConfigError(f"--draft-quantize {self.draft_quantize}: expected none or one of {names} (default: as --quantize)")
+        if (self.quantize or self.quantization("draft")) and self.dtype != "float32":
+            raise ConfigError(f"--quantize/--draft-quantize need --dtype float32 (they quantize float32 weights), got --dtype {self.dtype}")
+
+    def quantization(self, model: str) -> str | None:
+        """The weights of ``model`` ("target" or "draft"): None (float) or a QUANTIZATIONS name."""
+        if model == "draft" and self.draft_quantize is not None:
+            return None if self.draft_quantize == "none" else self.draft_quantize
+        return self.quantize
 
 
 @dataclass
@@ -89,7 +100,7 @@ class Progress:
             self.report(step)
 
 
-def _model_spec(src: Source, model) -> ModelSpec:
+def _model_spec(src: Source, model, quantization: str | None) -> ModelSpec:
     cfg = src.config
     return ModelSpec(
         source=src.name,
@@ -102,6 +113,7 @@ def _model_spec(src: Source, model) -> ModelSpec:
         hidden_size=cfg.hidden_size,
         max_position_embeddings=getattr(cfg, "max_position_embeddings", 0) or 0,
         parameters=parameter_count(model),
+        quantization=quantization,
     )
 
 
@@ -171,17 +183,20 @@ def export_bundle(cfg: ExportConfig, progress: Progress | None = None) -> Manife
 
     progress("load weights")
     models = {role: load_model(src) for role, src in sources.items()}
-    specs = {role: _model_spec(sources[role], models[role]) for role in models}
+    specs = {role: _model_spec(sources[role], models[role], cfg.quantization(role)) for role in models}
 
     # Graphs are traced from a copy in the bundle's dtype; validation compares them with the
     # float32 source, so the recorded figures are the deviation from the model the user gave.
     exported = {role: m if cfg.dtype == "float32" else copy.deepcopy(m).to(TORCH_DTYPES[cfg.dtype]) for role, m in models.items()}
     with staging(cfg.out) as tmp:
         graphs = {plan.name: _export_graph(plan, cfg, exported[plan.model], specs[plan.model], max_seq, tmp, progress) for plan in planned_graphs(cfg)}
+        progress("share weights")
+        graphs = _share_weights(graphs, tmp)
         figures = _validate(cfg, models, specs, graphs, max_seq, tmp, progress)
-        tol = TOLERANCES[(cfg.dtype, cfg.quantize)]
-        check({k: v for k, v in figures.items() if not k.endswith("_portable")}, tol)  # batched graphs too
-        check({k: v for k, v in figures.items() if k.endswith("_portable")}, TOLERANCES[(cfg.dtype, None)])
+        tols = {name: TOLERANCES[(cfg.dtype, None if name.endswith("_portable") else cfg.quantization(name.split("_")[0]))] for name in figures}
+        for name, f in figures.items():  # batched graphs too; portable graphs stay float
+            check({name: f}, tols[name])
+        tol = tols["target"]
 
         target = sources["target"]
         tokenizer = chat_template = None
@@ -193,7 +208,10 @@ def export_bundle(cfg: ExportConfig, progress: Progress | None = None) -> Manife
         if cfg.ngram_corpus is not None:
             progress("count n-grams")
             ngram = write_table(cfg.ngram_corpus, target.tokenizer, target.config.vocab_size, tmp)
-        validation = {"tolerance": {"max_abs": tol.max_abs if math.isfinite(tol.max_abs) else None, "min_top1": tol.min_top1}, **figures}
+        as_json = lambda t: {"max_abs": t.max_abs if math.isfinite(t.max_abs) else None, "min_top1": t.min_top1}  # noqa: E731
+        validation = {"tolerance": as_json(tol), **figures}
+        if tols.get("draft", tol) != tol:
+            validation["draft_tolerance"] = as_json(tols["draft"])
         manifest = _manifest(cfg, target, specs, graphs, max_seq, tokenizer=tokenizer, chat_template=chat_template, ngram=ngram, validation=validation)
         progress("write bundle")
         commit(tmp, cfg.out, manifest)
@@ -241,7 +259,7 @@ def _export_graph(plan: GraphPlan, cfg: ExportConfig, model, spec: ModelSpec, ma
     from specdec.export.batched import export_batched
     from specdec.export.graphs import export_decoder
     from specdec.export.optimize import optimize_for_cpu
-    from specdec.export.quantize import external_files, quantize_int8
+    from specdec.export.quantize import external_files, quantize_int8, quantize_weight_only
 
     progress(f"export {plan.name}")
     tokens = cfg.gamma + 1 if plan.tokens == "K" else plan.tokens
@@ -253,10 +271,24 @@ def _export_graph(plan: GraphPlan, cfg: ExportConfig, model, spec: ModelSpec, ma
     if plan.flavour == "ort":  # the portable flavour stays standard-op and float
         progress(f"optimize {plan.name}")
         optimize_for_cpu(tmp / file, max_seq)
-        if cfg.quantize == "int8":
+        quantization = cfg.quantization(plan.model)
+        if quantization:
             progress(f"quantize {plan.name}")
-            quantize_int8(tmp / file)
+            quantize_int8(tmp / file) if quantization == "dynamic-int8" else quantize_weight_only(tmp / file, quantization)
     return GraphSpec(file, sha256_of(tmp / file), plan.model, plan.role, tokens, inputs, outputs, io, external_files(tmp / file), plan.flavour, plan.batch)
+
+
+def _share_weights(graphs: dict[str, GraphSpec], tmp: Path) -> dict[str, GraphSpec]:
+    """Each model's graphs rewritten to read one ``<model>.weights`` file (export/weights.py)."""
+    from specdec.export.weights import share_weights
+
+    out = dict(graphs)
+    for model in ("target", "draft"):
+        names = [n for n, g in graphs.items() if g.model == model]
+        shared = share_weights(tmp, model, [graphs[n].file for n in names])
+        for n in names:
+            out[n] = dataclasses.replace(graphs[n], sha256=sha256_of(tmp / graphs[n].file), data=(shared.file,) if shared.file else ())
+    return out
 
 
 def _validate(cfg: ExportConfig, models, specs, graphs: dict[str, GraphSpec], max_seq: int, tmp: Path, progress: Progress) -> dict:

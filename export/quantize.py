@@ -67,3 +67,24 @@ def external_files(path: Path) -> tuple[str, ...]:
         if entry.key == "location"
     }
     return tuple(sorted(found))
+
+
+WEIGHT_ONLY_BITS = {"int8": 8, "int4": 4}
+BLOCK_SIZE = 32  # weights per scale along K, as onnxruntime-genai's CPU int4 models
+ACCURACY_LEVEL = 4  # MatMulNBits computes with int8 activations: the fast CPU path (genai's default on CPU)
+
+
+def quantize_weight_only(path: Path, kind: str) -> None:
+    """Replace ``path`` (and its ``.data``) with a graph whose MatMul weights are block-wise
+    symmetric ``kind`` ("int8" or "int4"), run by ONNX Runtime's ``MatMulNBits``; activations,
+    embeddings, norms and the KV cache stay float32."""
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    model = onnx.load(str(path))
+    _gemm_to_matmul(model)
+    quantizer = MatMulNBitsQuantizer(model, bits=WEIGHT_ONLY_BITS[kind], block_size=BLOCK_SIZE, is_symmetric=True,
+                                     accuracy_level=ACCURACY_LEVEL, op_types_to_quantize=("MatMul",))  # fmt: skip
+    quantizer.process()
+    for old in (path, path.with_name(path.name + ".data")):
+        old.unlink(missing_ok=True)
+    onnx.save_model(quantizer.model.model, str(path), save_as_external_data=True, location=path.name + ".data")

@@ -29,12 +29,17 @@ class Tolerance:
     min_top1: float
 
 
-# float32 must match to 1e-4 (the product's promise rests on it); float16 and int8 change the
-# model itself, so only gross breakage is refused and the measured figures are recorded.
+# float32 must match to 1e-4 (the product's promise rests on it); float16 and quantized weights
+# change the model itself, so only gross breakage is refused and the measured figures are
+# recorded. The floors sit well below what the demo pair measures on random tokens (top-1
+# 0.98 weight-only int8, 0.91 int4, block 32) so that a model that quantizes worse still
+# exports, while a broken graph (agreement near 1/V) is refused.
 TOLERANCES = {
     ("float32", None): Tolerance(1e-4, 1.0),
     ("float16", None): Tolerance(float("inf"), 0.9),
-    ("float32", "int8"): Tolerance(float("inf"), 0.5),
+    ("float32", "int8"): Tolerance(float("inf"), 0.8),
+    ("float32", "int4"): Tolerance(float("inf"), 0.5),
+    ("float32", "dynamic-int8"): Tolerance(float("inf"), 0.5),
 }
 
 

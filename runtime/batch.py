@@ -31,7 +31,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from specdec.engines.batch import BatchRunner, SlotCache
-from specdec.engines.ort import STATIC_ROLE, GraphRunner, open_session, runner_for
+from specdec.engines.ort import GraphRunner, fixed_tokens, open_session, runner_for
 from specdec.engines.threads import ThreadPolicy
 from specdec.errors import ConfigError, InputError, QueueFullError, SpecDecError
 from specdec.manifest import load_manifest
@@ -105,9 +105,8 @@ class BatchEngine:
         m = self.manifest = load_manifest(bundle)
         self.max_batch = self.check_options(m, max_batch, drafter, max_queue)
         self.limits, self.codec, self.threads = Limits.of(m), TextCodec.from_bundle(bundle, m), ThreadPolicy.of(threads)
-        sessions = {n: open_session(bundle, n, g, "cpu", self.threads) for n, g in m.graphs.items() if g.flavour == "ort"}
-        self.target = self._forward(bundle, "target", sessions)
-        self.draft = self._forward(bundle, "draft", sessions) if needs_draft_model(drafter) else None
+        self.target = self._forward(bundle, "target")
+        self.draft = self._forward(bundle, "draft") if needs_draft_model(drafter) else None
         ctx = DrafterContext(bundle, m, None)
         self.drafters = None if self.draft else [make_drafter(drafter, ctx) for _ in range(self.max_batch)]  # per slot
         self.drafter_name = drafter
@@ -136,15 +135,21 @@ class BatchEngine:
             raise ConfigError(f"drafter={drafter!r}: the batched engine runs model, ngram, unigram and lookup")
         return rows
 
-    def _forward(self, bundle: Path, model: str, sessions: dict) -> Forward:
+    def _forward(self, bundle: Path, model: str) -> Forward:
+        """One model's slot cache and runners: the batch-1 runners (both on the session of its
+        dynamic-length graph, as in the decoder) and a runner per batched graph up to the
+        smallest that holds ``max_batch`` rows (each batched graph is a session of its own)."""
         m, spec = self.manifest, getattr(self.manifest, model)
         cache = SlotCache(spec.num_layers, spec.num_kv_heads, m.max_seq_len, spec.head_dim, m.dtype, self.max_batch)
-        dyn, static = (m.graph(model, role) for role in ("dynamic", STATIC_ROLE[model]))
-        runners = [runner_for(bundle, n, g, cache.slot(0), session=sessions[n]) for n, g in (dyn, static)]
+        name, g = m.graph(model, "dynamic")
+        session = open_session(bundle, name, g, "cpu", self.threads)
+        runners = [runner_for(bundle, name, g, cache.slot(0), session=session, tokens=t) for t in (None, fixed_tokens(m, model))]
         batched = {}
         for b in m.batch_sizes():
+            if self.max_batch == 1 or max(batched, default=0) >= self.max_batch:
+                break  # sizes ascend: every call of up to max_batch rows has a graph
             name, g = m.graph(model, "dynamic", batch=b)
-            batched[b] = BatchRunner(sessions[name], name, g, cache, m.k)
+            batched[b] = BatchRunner(open_session(bundle, name, g, "cpu", self.threads), name, g, cache, m.k)
         if self.max_batch > 1 and max(batched, default=0) < self.max_batch:
             raise ConfigError(f"bundle has no batched graph for {self.max_batch} rows; re-export with --max-batch {self.max_batch}")
         return Forward(cache, *runners, batched)

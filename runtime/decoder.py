@@ -26,7 +26,7 @@ from typing import Iterator, NamedTuple, Sequence
 
 import numpy as np
 
-from specdec.engines.ort import DEVICE, ModelRunners, model_runners, open_session
+from specdec.engines.ort import DEVICE, ModelRunners, model_runners, open_session, runtime_graphs
 from specdec.engines.threads import ThreadPolicy
 from specdec.errors import BusyError, InputError
 from specdec.manifest import Manifest, load_manifest
@@ -108,7 +108,7 @@ class SpeculativeDecoder:
         manifest = load_manifest(bundle)
         check_drafter(drafter)
         policy = ThreadPolicy.of(threads)
-        sessions = {name: open_session(bundle, name, g, provider, policy) for name, g in manifest.graphs.items() if g.flavour == "ort" and g.batch == 1}
+        sessions = {name: open_session(bundle, name, manifest.graphs[name], provider, policy) for name in runtime_graphs(manifest)}
         return cls(bundle, manifest, sessions, TextCodec.from_bundle(bundle, manifest), provider, drafter, policy)
 
     def fork(self, drafter: str | Drafter | None = None) -> SpeculativeDecoder:

@@ -60,7 +60,11 @@ def plan_cmd(alpha: float, cost: float, cost_ops: float | None, gamma: int | Non
 @click.option("--gamma", default=4, show_default=True, type=int, help="Draft tokens per target call; K = gamma + 1.")
 @click.option("--max-seq-len", default=None, type=int, help="KV cache rows: prompt + output + gamma [default: 2048, or the models' positions if fewer].")
 @click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "float16"]))
-@click.option("--quantize", default=None, type=click.Choice(["int8"]), help="Dynamic int8 weights for CPU.")
+@click.option("--quantize", default=None, type=click.Choice(["int8", "int4", "dynamic-int8"]),
+              help="Weight-only block-wise int8/int4 (ONNX Runtime MatMulNBits, block 32; exact decoding of the quantized "
+                   "target), or dynamic-int8 (quantize_dynamic: activations scaled per call, so NOT exact).")
+@click.option("--draft-quantize", default=None, type=click.Choice(["none", "int8", "int4", "dynamic-int8"]),
+              help="The draft's weights, when they should differ from the target's [default: as --quantize].")
 @click.option("--portable", is_flag=True, help="Also write standard-op, static-shape verify/step graphs (run by the CPU engine).")
 @click.option("--max-batch", default=1, show_default=True, type=int, help="Requests the batched engine decodes together; > 1 adds batched graphs for 2..N rows.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing bundle at --out.")
@@ -88,6 +92,8 @@ def summary(out: Path, m, size: int) -> str:
             f"{s.num_layers} layers  {s.num_heads}/{s.num_kv_heads} heads  head_dim {s.head_dim}"
         )
     quant = f"  quantization {m.quantization}" if m.quantization else ""
+    if m.target.quantization != m.draft.quantization:
+        quant = f"  quantization target {m.target.quantization or 'none'}, draft {m.draft.quantization or 'none'}"
     lines.append(f"  gamma {m.gamma} (K={m.k})  max-seq-len {m.max_seq_len}  max-batch {m.max_batch}  vocab {m.vocab_size}  dtype {m.dtype}{quant}")
     lines.append(f"  eos {list(m.eos_token_ids)}  bos {m.bos_token_id}  tokenizer {'yes' if m.tokenizer else 'no'}")
     if m.ngram:

@@ -120,6 +120,7 @@ class ModelSpec:
     hidden_size: int
     max_position_embeddings: int
     parameters: int
+    quantization: str | None = None  # None (float weights), "int8"/"int4" (MatMulNBits) or "dynamic-int8"
 
 
 @dataclass(frozen=True)

@@ -161,7 +161,7 @@ def test_damaged_bundle_is_refused(bundle_copy, damage):
     elif damage == "bad_json":
         (bundle_copy / "manifest.json").write_text("{not json")
     elif damage == "missing_graph":
-        (bundle_copy / "target_verify.onnx.data").unlink()
+        (bundle_copy / "target.weights").unlink()  # the weights every target graph reads
     elif damage == "old_schema":
         edit_manifest(bundle_copy, lambda m: m.update(schema_version=0))
     elif damage == "schema_1":

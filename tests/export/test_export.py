@@ -133,14 +133,73 @@ def test_bundle_contents(llama_bundle):
     assert not list(out.parent.glob(".bundle.partial-*"))
 
 
-def test_int8_bundle_records_quantization(llama_bundle, tmp_path):
-    target, draft, _ = llama_bundle
-    m = export_bundle(ExportConfig(str(target), str(draft), tmp_path / "q", gamma=2, max_seq_len=64, quantize="int8"))
-    assert m.quantization == "int8"
-    assert m.validation["tolerance"]["max_abs"] is None  # recorded, not bounded: int8 changes the model
-    assert m.validation["target"]["top1_agreement"] >= 0.5
-    fp32 = sum((tmp_path / "q" / f).stat().st_size for g in m.graphs.values() for f in g.data)
-    assert fp32 > 0
+QUANT_OPS = {"int8": "MatMulNBits", "int4": "MatMulNBits", "dynamic-int8": "MatMulInteger"}
+
+
+@pytest.mark.parametrize("quantize, draft_quantize", [("int8", None), ("int4", None), ("dynamic-int8", None), (None, "int4")])
+def test_quantized_bundle(llama_bundle, tmp_path, quantize, draft_quantize):
+    """Each quantization writes its ops and smaller weights, records its validation figures, and
+    decodes: with weight-only int8/int4 (activations quantized per row) exactly, the speculative
+    greedy output being the quantized target's own greedy output. dynamic-int8 quantizes
+    activations per call (one scale over all the call's rows), so a token's logits depend on
+    the other tokens in its call and speculative output may differ from autoregressive output:
+    it is documented as not exact and only has to decode here. A draft quantized apart from the
+    target leaves the target's float32 bound in force."""
+    import onnx
+
+    from specdec.runtime.decoder import SpeculativeDecoder
+
+    target, draft, fp32 = llama_bundle
+    out = tmp_path / "q"
+    m = export_bundle(ExportConfig(str(target), str(draft), out, gamma=3, max_seq_len=96, quantize=quantize, draft_quantize=draft_quantize))
+    want = {"target": quantize, "draft": draft_quantize or quantize}
+    assert (m.quantization, m.target.quantization, m.draft.quantization) == (quantize, want["target"], want["draft"])
+    f32 = load_manifest(fp32)
+    for model, q in want.items():
+        name, g = m.graph(model, "dynamic")
+        ops = {n.op_type for n in onnx.load(str(out / g.file), load_external_data=False).graph.node}
+        assert (QUANT_OPS[q] in ops) if q else not {"MatMulNBits", "MatMulInteger"} & ops, (model, ops)
+        if q == "int4":
+            bits = {a.i for n in onnx.load(str(out / g.file), load_external_data=False).graph.node if n.op_type == "MatMulNBits" for a in n.attribute if a.name == "bits"}
+            assert bits == {4}
+        size = (out / g.data[0]).stat().st_size
+        full = (fp32 / f32.graph(model, "dynamic")[1].data[0]).stat().st_size
+        assert size < 0.7 * full if q else size == full, (model, size, full)
+    v = m.validation
+    assert v["target"]["top1_agreement"] >= 0.5 and v["target"]["positions"] > 0
+    assert (v["tolerance"]["max_abs"] is None) == (quantize is not None)  # recorded, not bounded, once the model changes
+    if quantize is None:
+        assert v["target"]["logits"] <= 1e-4 and v["draft_tolerance"]["max_abs"] is None
+    dec = SpeculativeDecoder.load(out)
+    prompt = [5, 9, 2, 7]
+    spec = dec.generate(prompt, max_new_tokens=40, gamma=3)
+    plain = dec.generate(prompt, max_new_tokens=40, gamma=0)
+    assert len(spec.tokens) == 40 and spec.stats.verify_calls > 0
+    if want["target"] != "dynamic-int8":
+        assert spec.tokens == plain.tokens
+
+
+def test_each_model_weights_are_stored_and_loaded_once(family_bundle):
+    """Every graph of a model reads one ``<model>.weights`` and no graph keeps a data file of its
+    own; the file holds each tensor once (about one graph's worth); the runtime opens one session
+    per model, which runs both the dynamic and the fixed-length calls."""
+    import onnx
+
+    from specdec.runtime.decoder import SpeculativeDecoder
+
+    family, _, _, out, manifest = family_bundle
+    assert not list(out.glob("*.onnx.data"))
+    for model in ("target", "draft"):
+        graphs = [g for g in manifest.graphs.values() if g.model == model]
+        assert {g.data for g in graphs} == {(f"{model}.weights",)}, family
+        protos = [onnx.load(str(out / g.file), load_external_data=False) for g in graphs]
+        per_graph = [sum(int(e.value) for t in p.graph.initializer for e in t.external_data if e.key == "length") for p in protos]
+        assert (out / f"{model}.weights").stat().st_size < 1.1 * max(per_graph) + 2**20, (family, model, per_graph)
+    dec = SpeculativeDecoder.load(out)
+    assert sorted(dec.sessions) == ["draft_dynamic", "target_dynamic"]
+    for model in ("target", "draft"):
+        r = dec.models[model]
+        assert r.static.session is r.dynamic.session and r.static.capacity == (manifest.k if model == "target" else 1)
 
 
 def test_cpu_optimizations_fired(family_bundle):

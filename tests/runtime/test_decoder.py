@@ -378,4 +378,5 @@ def test_shared_thread_policy_runs_both_models_on_one_pool(llama_bundle):
         res = subprocess.run([sys.executable, "-c", code, mode, str(llama_bundle[2])], capture_output=True, text=True, timeout=120)
         assert res.returncode == 0, res.stderr
         grown[mode] = int(res.stdout.split()[-1])
-    assert grown["own"] >= 4 and grown["shared"] <= 2, grown  # four sessions: four workers vs one pool worker
+    # two sessions (one per model, each running both shapes): a worker each, vs one pool worker
+    assert grown["own"] >= 2 and grown["shared"] < grown["own"], grown
