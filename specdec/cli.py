@@ -204,6 +204,7 @@ def bench_cmd(bundle: Path, gammas: str | None, drafters: str, adaptive: bool, t
               prompt_tokens: int, tokens: int, rounds: int, threads: int | None, out: Path | None) -> None:
     """Drafters and γ against γ = 0, side by side and interleaved, with Theorem 3.8's prediction."""
     from specdec import bench
+    from specdec.bench.floor import Floor
     from specdec.errors import ConfigError, InputError
     from specdec.runtime.decoder import SpeculativeDecoder
 
@@ -225,9 +226,10 @@ def bench_cmd(bundle: Path, gammas: str | None, drafters: str, adaptive: bool, t
         raise InputError(f"found no {corpus} prompt of {prompt_tokens} tokens (with as many after it); lower --prompt-tokens")
     dec.request(prompts[0], max_new_tokens=tokens, gamma=max(gs))  # check the sizes before any work
     cfgs = bench.configs(names, gs, adaptive)
+    floor = Floor.measure(bundle, dec.manifest, prompt_tokens + tokens // 2)
     results, text = {}, []
     for t in temps:
-        rows = bench.summarize(bench.run(decoders, cfgs, prompts, tokens, rounds, t))
+        rows = bench.summarize(bench.run(decoders, cfgs, prompts, tokens, rounds, t), floor)
         title = f"T={t:g}"
         results[title] = rows
         plan = bench.planned_gamma(rows, dec.manifest.gamma, names[0])
@@ -237,6 +239,7 @@ def bench_cmd(bundle: Path, gammas: str | None, drafters: str, adaptive: bool, t
         f"bundle {bundle}: target {m.target.parameters / 1e6:.1f}M, draft {m.draft.parameters / 1e6:.2f}M params, {m.dtype}; "
         f"{len(prompts)} held-out prompts ({corpus}) of {prompt_tokens} tokens x {rounds} rounds x {tokens} new tokens per configuration, interleaved; "
         f"α is the maximum-likelihood estimate from accepted and rejected drafts, c is per drafted token\n"
+        f"{floor.line()}; × bandwidth floor = decode time / the floor of the calls it made (specdec/bench/floor.py)\n"
     )
     md = header + "\n" + "\n".join(text)
     click.echo(md)

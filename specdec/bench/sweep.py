@@ -99,10 +99,13 @@ class Row:
     predicted: float | None = None  # fixed γ only: proposals of varying length have no closed form here
     per_position: tuple[float, ...] = ()
     mean_proposed: float | None = None  # drafted tokens per verify call
+    ms_per_token: float | None = None
+    floor_ratio: float | None = None  # decode time / the bandwidth floor of the calls it made (floor.py)
 
 
-def summarize(tallies: dict[Config, Tally]) -> list[Row]:
-    """Rows per configuration; costs are relative to γ = 0's mean 1-token target call (which must be present)."""
+def summarize(tallies: dict[Config, Tally], floor=None) -> list[Row]:
+    """Rows per configuration; costs are relative to γ = 0's mean 1-token target call (which must be present).
+    ``floor``: a ``floor.Floor``, to set each row's time against the bandwidth floor of its calls."""
     base = next(t for c, t in tallies.items() if c.gamma == 0)
     step = base.target_seconds / base.target_calls
     base_tps = base.tokens / base.seconds
@@ -110,8 +113,9 @@ def summarize(tallies: dict[Config, Tally]) -> list[Row]:
     for cfg, t in tallies.items():
         tps = t.tokens / t.seconds
         share = (t.target_seconds + t.draft_seconds) / t.seconds
+        timing = {"ms_per_token": 1e3 / tps, "floor_ratio": t.seconds / floor.seconds(t.target_calls, t.draft_calls) if floor else None}
         if cfg.gamma == 0:
-            rows.append(Row("-", 0, tps, 1.0, share))
+            rows.append(Row("-", 0, tps, 1.0, share, **timing))
             continue
         alpha = alpha_mle(t.accepted, t.rejected)
         c = (t.draft_seconds / t.drafted) / step if t.drafted else 0.0
@@ -120,7 +124,7 @@ def summarize(tallies: dict[Config, Tally]) -> list[Row]:
         fixed = isinstance(cfg.gamma, int) and cfg.drafter != "lookup"
         predicted = expected_tokens(alpha, cfg.gamma) / (cfg.gamma * c + v) if fixed else None
         mean = t.drafted / t.verify_calls if t.verify_calls else 0.0
-        rows.append(Row(cfg.drafter, cfg.gamma, tps, tps / base_tps, share, alpha, c, v, predicted, per, mean))
+        rows.append(Row(cfg.drafter, cfg.gamma, tps, tps / base_tps, share, alpha, c, v, predicted, per, mean, **timing))
     return rows
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -36,6 +37,41 @@ def test_bench_cli_writes_table_json_and_plot(llama_bundle, tmp_path):
         assert all(x["c"] > 0 for x in model) and [x["predicted"] is not None for x in model] == [True, True, False]
     assert (out / "bench.png").stat().st_size > 10_000
     assert "| drafter | γ | tok/s |" in (out / "results.md").read_text() and "planner's γ for model" in res.stdout
+    assert "bandwidth floor" in res.stdout and all(x["floor_ratio"] > 0 and x["ms_per_token"] > 0 for r in rows.values() for x in r)
+
+
+def test_code_prompts_are_function_openings_from_third_party_packages():
+    from tokenizers import Tokenizer
+
+    from specdec.bench.corpus import CODE_PACKAGES, package_files
+
+    tok = Tokenizer.from_file(str(Path(__file__).parents[2] / "models" / "demo" / "target" / "tokenizer.json"))
+    encode = lambda text: tok.encode(text).ids  # noqa: E731
+    prompts = bench.prompts("code", encode, 6, 32)
+    assert len(prompts) == 6 and all(len(p) == 32 for p in prompts)
+    assert all(tok.decode(p).lstrip().startswith(("def ", "async def ")) for p in prompts)
+    assert bench.prompts("code", encode, 6, 32) == prompts  # stable
+    stdlib = {str(f) for f in bench.stdlib_files(held_out=False) + bench.stdlib_files(held_out=True)}
+    files = [f for p in CODE_PACKAGES for f in package_files(p)]
+    assert files and not stdlib & {str(f) for f in files}
+    with pytest.raises(ValueError, match="corpus 'web'"):
+        bench.prompts("web", encode, 1, 8)
+
+
+def test_bandwidth_floor_counts_weights_without_the_embedding_and_the_kv_rows(llama_bundle):
+    from specdec.bench.floor import Floor, call_bytes, read_bandwidth
+    from specdec.manifest import load_manifest
+
+    out = llama_bundle[2]
+    m = load_manifest(out)
+    weights = (out / "target.weights").stat().st_size
+    t = m.target
+    assert call_bytes(out, m, "target", 0) == weights - m.vocab_size * t.hidden_size * 4
+    assert call_bytes(out, m, "target", 10) - call_bytes(out, m, "target", 0) == 10 * 2 * t.num_layers * t.num_kv_heads * t.head_dim * 4
+    bw = read_bandwidth(8 * 2**20, repeats=2)
+    assert 1e8 < bw < 1e13  # 0.1 GB/s .. 10 TB/s: a rate, not a time or a count
+    f = Floor(bw, bw, call_bytes(out, m, "target", 5), call_bytes(out, m, "draft", 5))
+    assert f.seconds(3, 8) == pytest.approx(3 * f.target_bytes / bw + 8 * f.draft_bytes / bw)
 
 
 def test_alpha_mle_recovers_alpha_from_simulated_calls():
