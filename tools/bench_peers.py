@@ -88,7 +88,12 @@ vocabulary), which its CPU search does much more slowly than greedy or top-k sam
 0.5 ms per token at a 4096-token vocabulary, measured), so genai's T = 1 rows include that
 cost. OpenVINO GenAI 2026.4's draft-model mode with sampling fails an internal check for some
 seeds (seed 0 among them: the warm-up), a known upstream bug (openvino.genai issue 4190) that
-also corrupts the output when it does not fail, so that row is listed with the error.
+also corrupts the output when it does not fail, so that row is listed with the error (and the
+pipeline is rebuilt: once it has failed, it stops drafting in greedy requests too).
+llama.cpp parallelizes every graph op over its threads and meets at a barrier after each, which
+on a model this small costs more than it gains: on the 2-core development machine the demo
+target decodes about 3x faster with ``n_threads = 1`` than with 2 (420 vs 105-150 tok/s at F32,
+measured alone), and its 2-thread rows suffer most when anything else loads the CPU.
 transformers adapts its assistant's settings across calls; they are reset before every request
 so that the order of requests does not matter. Build outputs are cached under ``.bench/peers/``
 (keyed by checkpoint path, file sizes and mtimes).
@@ -288,13 +293,15 @@ def markdown(rows: list[dict], header: str, ref: str | None) -> str:
 
 
 def versions() -> dict[str, str]:
-    """Library versions of this (system) python; genai's comes from its worker."""
+    """Library versions of this (system) python; the venv peers' come from their workers (settings)."""
+    from importlib.metadata import PackageNotFoundError, version
+
     out = {"python": sys.version.split()[0]}
-    for mod in ("torch", "transformers", "onnxruntime", "optimum"):
+    for dist in ("torch", "transformers", "onnxruntime", "optimum", "optimum-onnx"):
         try:
-            out[mod] = __import__(mod).__version__
-        except Exception:  # noqa: BLE001
-            out[mod] = "missing"
+            out[dist] = version(dist)
+        except PackageNotFoundError:
+            out[dist] = "missing"
     return out
 
 
@@ -317,6 +324,7 @@ def parse_args(argv: list[str] | None):
     ap.add_argument("--ngram-size", type=int, default=3,
                     help="genai n-gram decoding: N (matches the last N-1 tokens); openvino and llamacpp prompt lookup: max_ngram_size")
     ap.add_argument("--out", type=Path, default=OUT, help="where results.json/results.md go")
+    ap.add_argument("--note", default="", help="a line written under the table (e.g. what else loaded the machine)")
     ap.add_argument("--no-setup", dest="setup", action="store_false",
                     help="do not create missing private venvs or converted models: list those peers as unavailable")
     ap.add_argument("--setup-genai", action="store_true", help=argparse.SUPPRESS)  # the old opt-in; setup is now the default
@@ -357,7 +365,8 @@ def write_results(args, prompts: list[list[int]], peers: list[Peer], rows: list[
     config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     (args.out / "results.json").write_text(json.dumps(
         {"config": config, "versions": versions(), "settings": settings, "prompts": prompts, "rows": rows}, indent=1))
-    (args.out / "results.md").write_text(md + "\nsettings: " + json.dumps(settings) + "\n")
+    note = f"\nNote: {args.note}\n" if args.note else ""
+    (args.out / "results.md").write_text(md + note + "\nsettings: " + json.dumps(settings) + "\n")
     print(md)
     print("settings:", json.dumps(settings))
 

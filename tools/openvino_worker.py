@@ -62,23 +62,30 @@ def make_clock(og):
     return StepClock
 
 
-def load_pipelines(og, spec: dict) -> tuple[dict[str, Any], dict[str, str]]:
-    """One LLMPipeline per mode (CPU, ``INFERENCE_NUM_THREADS`` = threads); a mode whose
-    pipeline does not load gets the reason instead."""
-    props = {"INFERENCE_NUM_THREADS": int(spec["threads"])}
-    target, draft = spec["target"], spec["draft"]
-    makers = {
-        "autoregressive": lambda: og.LLMPipeline(target, "CPU", **props),
-        "speculative-draft": lambda: og.LLMPipeline(target, "CPU", draft_model=og.draft_model(draft, "CPU", **props), **props),
-        "speculative-lookup": lambda: og.LLMPipeline(target, "CPU", prompt_lookup=True, **props),
-    }
-    pipes, unavailable = {}, {}
-    for mode, make in makers.items():
-        try:
-            pipes[mode] = make()
-        except Exception as exc:  # noqa: BLE001 - reported, not fatal
-            unavailable[mode] = f"LLMPipeline did not load: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
-    return pipes, unavailable
+class Pipelines:
+    """One LLMPipeline per mode (CPU, ``INFERENCE_NUM_THREADS`` = threads), and for each mode
+    whose pipeline does not load, the reason. A pipeline whose ``generate`` raised is rebuilt
+    (``rebuild``): after the draft-model pipeline fails, it goes on without drafting at all."""
+
+    def __init__(self, og, spec: dict) -> None:
+        props = {"INFERENCE_NUM_THREADS": int(spec["threads"])}
+        target, draft = spec["target"], spec["draft"]
+        self.makers = {
+            "autoregressive": lambda: og.LLMPipeline(target, "CPU", **props),
+            "speculative-draft": lambda: og.LLMPipeline(target, "CPU", draft_model=og.draft_model(draft, "CPU", **props), **props),
+            "speculative-lookup": lambda: og.LLMPipeline(target, "CPU", prompt_lookup=True, **props),
+        }
+        self.pipes: dict[str, Any] = {}
+        self.unavailable: dict[str, str] = {}
+        for mode in self.makers:
+            try:
+                self.rebuild(mode)
+            except Exception as exc:  # noqa: BLE001 - reported, not fatal
+                self.unavailable[mode] = f"LLMPipeline did not load: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+
+    def rebuild(self, mode: str) -> None:
+        self.pipes.pop(mode, None)
+        self.pipes[mode] = self.makers[mode]()
 
 
 def generation_config(og, mode: str, temperature: float, tokens: int, seed: int, spec: dict):
@@ -101,15 +108,16 @@ def generation_config(og, mode: str, temperature: float, tokens: int, seed: int,
 KNOWN_SAMPLING_BUG = "content_length <= prompt_ids.size()"
 
 
-def decode(og, ov, np, pipes: dict, spec: dict, req: dict) -> dict:
+def decode(og, ov, np, pipes: Pipelines, spec: dict, req: dict) -> dict:
     """One request; times decoding from the first streamed token to the end."""
     mode, tokens = req["mode"], int(req["tokens"])
     clock = make_clock(og)()
     ids = ov.Tensor(np.asarray([req["prompt"]], dtype=np.int64))
     config = generation_config(og, mode, req["temperature"], tokens, req["seed"], spec)
     try:
-        res = pipes[mode].generate(ids, config, clock)
+        res = pipes.pipes[mode].generate(ids, config, clock)
     except RuntimeError as exc:
+        pipes.rebuild(mode)
         if KNOWN_SAMPLING_BUG in str(exc):
             raise RuntimeError(f"draft_model with sampling failed its check '{KNOWN_SAMPLING_BUG}...' at seed {req['seed']} "
                                "(known upstream bug, openvino.genai issue 4190)") from exc
@@ -136,8 +144,8 @@ def main(spec: dict) -> int:
     for key in ("target", "draft"):
         if not (Path(spec[key]) / "openvino_model.xml").is_file():
             raise SystemExit(f"{spec[key]} has no openvino_model.xml; export it with optimum-cli export openvino")
-    pipes, unavailable = load_pipelines(og, spec)
-    hello = {"version": og.__version__, "openvino": ov.__version__, "unavailable": unavailable}
+    pipes = Pipelines(og, spec)
+    hello = {"version": og.__version__, "openvino": ov.__version__, "unavailable": pipes.unavailable}
     return serve(reply, lambda: hello, lambda req: decode(og, ov, np, pipes, spec, req))
 
 
