@@ -56,10 +56,10 @@ def llama_cpp_source(setup: bool) -> Path:
 def convert_gguf(src: Path, python: Path, setup: bool) -> dict[str, Path]:
     """``src`` as GGUF files, one per precision (``model-f32.gguf``, ``model-q8_0.gguf``), cached
     under ``.bench/peers/llamacpp/<name>-<key>/``."""
-    tree = llama_cpp_source(setup) if setup else None
     converter = Path(__file__).resolve().parents[1] / "llamacpp_convert.py"
 
     def build(tmp: Path) -> None:
+        tree = llama_cpp_source(setup)
         for precision in PRECISIONS:
             out = tmp / f"model-{precision}.gguf"
             run_logged([str(python), str(converter), str(tree), str(src.resolve()), str(out), precision],
