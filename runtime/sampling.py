@@ -41,10 +41,14 @@ GREEDY = SamplingConfig(temperature=0.0)
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
-    """Row-wise softmax over the last axis, in float64; -inf logits get probability 0."""
-    x = np.asarray(logits, dtype=np.float64)
-    z = np.exp(x - x.max(axis=-1, keepdims=True))
-    return z / z.sum(axis=-1, keepdims=True)
+    """Row-wise softmax over the last axis, in float64; -inf logits get probability 0.
+    One new array, computed in place (the same operations, so the same values, as
+    ``exp(x - max) / sum``)."""
+    z = np.array(logits, dtype=np.float64)  # a copy: [..., V]
+    np.subtract(z, z.max(axis=-1, keepdims=True), out=z)
+    np.exp(z, out=z)
+    z /= z.sum(axis=-1, keepdims=True)
+    return z
 
 
 def _top_k_mask(scores: np.ndarray, k: int) -> np.ndarray:
@@ -96,6 +100,11 @@ def sample(probs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     probs = np.asarray(probs, dtype=np.float64)
     cdf = np.cumsum(probs, axis=-1)  # [..., V]
     u = rng.random(probs.shape[:-1]) * cdf[..., -1]  # [...]
+    if probs.ndim == 1:  # one row: a binary search counts the same entries (cdf never decreases)
+        idx = int(np.searchsorted(cdf, u, side="right"))
+        if idx < probs.shape[-1]:  # cdf[idx] > u >= cdf[idx - 1]: token idx has mass
+            return np.int64(idx)
+        return np.int64(probs.shape[-1] - 1 - np.argmax(probs[::-1] > 0))
     idx = (cdf <= u[..., None]).sum(axis=-1)
     # u can round up to the total; never step past the last token with mass.
     last = probs.shape[-1] - 1 - np.argmax(probs[..., ::-1] > 0, axis=-1)

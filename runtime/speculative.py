@@ -119,6 +119,12 @@ def verify_greedy_batch(draft: np.ndarray, logits: np.ndarray, lenience: float =
 
 def verify_greedy(draft: np.ndarray, logits: np.ndarray, lenience: float = 1.0) -> Verdict:
     """Argmax verification for one sequence: draft [γ], logits [γ+1, V] -> Verdict of ints."""
+    if check_lenience(lenience) == 1.0:  # the decoding loop's common case, without batch arrays
+        top = np.asarray(logits).argmax(axis=-1)  # [γ+1]
+        n = 0
+        while n < len(draft) and draft[n] == top[n]:
+            n += 1
+        return Verdict(n, int(top[n]))
     v = verify_greedy_batch(np.asarray(draft)[None], np.asarray(logits)[None], lenience)
     return Verdict(int(v.accepted[0]), int(v.token[0]))
 
