@@ -116,5 +116,12 @@ def draw(logits: np.ndarray, cfg: SamplingConfig, rng: np.random.Generator, q: n
     standardized row it was drawn from (what Algorithm 1 needs of a draft token)."""
     if cfg.greedy:
         return int(logits.argmax())
-    q[:] = standardize(logits, cfg)
+    if cfg.top_k or cfg.top_p is not None and cfg.top_p < 1.0:
+        q[:] = standardize(logits, cfg)
+    else:  # temperature alone: standardize's operations, in place in q (no temporaries)
+        np.copyto(q, logits)
+        q /= cfg.temperature
+        q -= q.max()
+        np.exp(q, out=q)
+        q /= q.sum()
     return int(sample(q, rng))
