@@ -28,6 +28,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from specdec.bench.report import write_results
+
 CHILD = r"""
 import json, sys
 from pathlib import Path
@@ -108,10 +110,7 @@ def main() -> None:
                       f"{r['rss_added_mib']} ({r['rss_ratio']}×) | {r['pss_added_mib']} ({r['pss_ratio']}×) |" for r in rows]  # fmt: skip
     md = "\n".join(lines)
     print(md)
-    if a.out:
-        a.out.mkdir(parents=True, exist_ok=True)
-        (a.out / "results.md").write_text(md + "\n")
-        (a.out / "results.json").write_text(json.dumps(rows, indent=1))
+    write_results(a.out, md, rows)
 
 
 if __name__ == "__main__":

@@ -18,8 +18,9 @@ likelihood from accepted and rejected drafts), and the bandwidth floor ratio
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
+
+from specdec.bench.report import write_results
 
 from specdec.bench import alpha_mle, prompts
 from specdec.bench.floor import Floor
@@ -79,10 +80,7 @@ def main() -> None:
                      f"{alpha} | {r['target_mib_per_call']:.1f} / {r['draft_mib_per_call']:.2f} | {r['floor_ratio']:.2f} |")  # fmt: skip
     md = "\n".join(lines) + "\n"
     print(md)
-    if a.out:
-        a.out.mkdir(parents=True, exist_ok=True)
-        (a.out / "results.md").write_text(md)
-        (a.out / "results.json").write_text(json.dumps(rows, indent=1))
+    write_results(a.out, md, rows)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import sys
 import tempfile
@@ -27,6 +26,7 @@ from bench_serve import served_load
 
 from specdec.bench import held_out_prompts
 from specdec.bench.load import markdown
+from specdec.bench.report import write_results
 from specdec.manifest import load_manifest
 from specdec.runtime.text import TextCodec
 from specdec.serve.process import ServerProcess
@@ -95,10 +95,7 @@ def main() -> None:
               f"prompt + {a.tokens} new tokens (held-out prompts), EOS ignored, T=0; all on this machine, 127.0.0.1")  # fmt: skip
     md = markdown(rows, header)
     print(md)
-    if a.out:
-        a.out.mkdir(parents=True, exist_ok=True)
-        (a.out / "results.md").write_text(md)
-        (a.out / "results.json").write_text(json.dumps(rows, indent=1))
+    write_results(a.out, md, rows)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,17 @@ def markdown(title: str, rows: list[Row]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def write_results(out: Path | None, md: str, rows) -> None:
+    """``results.md`` and ``results.json`` (``rows``, JSON-ready) in ``out``; nothing when None."""
+    if out is None:
+        return
+    import json
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.md").write_text(md)
+    (out / "results.json").write_text(json.dumps(rows, indent=1))
+
+
 def as_dict(rows: list[Row]) -> list[dict]:
     return [asdict(r) for r in rows]
 
