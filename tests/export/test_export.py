@@ -151,7 +151,9 @@ def test_quantized_bundle(llama_bundle, tmp_path, quantize, draft_quantize):
 
     target, draft, fp32 = llama_bundle
     out = tmp_path / "q"
-    m = export_bundle(ExportConfig(str(target), str(draft), out, gamma=3, max_seq_len=96, quantize=quantize, draft_quantize=draft_quantize))
+    batch = 2 if quantize == "int4" else 1  # quantized bundles serve: batched graphs too
+    m = export_bundle(ExportConfig(str(target), str(draft), out, gamma=3, max_seq_len=96, quantize=quantize, draft_quantize=draft_quantize,
+                                   max_batch=batch))  # fmt: skip
     want = {"target": quantize, "draft": draft_quantize or quantize}
     assert (m.quantization, m.target.quantization, m.draft.quantization) == (quantize, want["target"], want["draft"])
     f32 = load_manifest(fp32)
@@ -177,6 +179,15 @@ def test_quantized_bundle(llama_bundle, tmp_path, quantize, draft_quantize):
     assert len(spec.tokens) == 40 and spec.stats.verify_calls > 0
     if want["target"] != "dynamic-int8":
         assert spec.tokens == plain.tokens
+    if batch > 1:  # two requests in one batched graph: each row is still its own greedy output
+        from specdec.runtime.batch import BatchEngine
+
+        prompts = [prompt, [3, 8, 1, 6, 6, 2]]
+        with BatchEngine(out) as engine:
+            handles = [engine.submit(p, max_new_tokens=40, ignore_eos=True) for p in prompts]
+            got = [h.result(timeout=120).tokens for h in handles]
+        assert got == [dec.generate(p, max_new_tokens=40, gamma=0, ignore_eos=True).tokens for p in prompts]
+        assert max(engine.occupancy) == 2
 
 
 def test_each_model_weights_are_stored_and_loaded_once(family_bundle):
