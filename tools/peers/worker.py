@@ -4,6 +4,7 @@ answering JSON lines (``tools/jsonl_worker.py`` is the server side)."""
 from __future__ import annotations
 
 import json
+import os
 import select
 import subprocess
 from pathlib import Path
@@ -26,8 +27,11 @@ class Worker:
 
     def __init__(self, python: Path, script: str, spec: dict) -> None:
         self.name = script
+        # Idle OpenMP threads (llama.cpp) must not spin between calls: the peers take turns on
+        # the same cores, and a spinning pool would slow whichever peer runs next.
+        env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
         self.proc = subprocess.Popen([str(python), str(TOOLS / script), json.dumps(spec)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1, env=env)
 
     def ask(self, request: dict) -> dict:
         """One JSON line out, one back; a dead worker raises with its exit code."""
