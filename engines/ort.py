@@ -234,21 +234,17 @@ def runner_for(
     return RUNNERS[spec.flavour](session, name, spec, cache, tokens)
 
 
-STATIC_ROLE = {"target": "verify", "draft": "step"}  # each model's fixed-length graph (portable engines)
-
-
 def fixed_tokens(manifest, model: str) -> int:
     """S of a model's fixed-length calls: K = γ + 1 for the target's verify, 1 for a draft step."""
     return manifest.k if model == "target" else 1
 
 
-def runtime_graphs(manifest, batched: bool = False) -> list[str]:
-    """The ORT graphs the runtime opens a session for: each model's dynamic-length graph (which
-    also runs the fixed-length calls, so a model's weights are in memory once) and, with
-    ``batched``, the batched graphs. The bundle's static ORT graphs are not opened: run at the
-    same S they are 1-6% faster per call (docs/bench/memory), not worth a second copy of the
-    weights in memory."""
-    return [n for n, g in manifest.graphs.items() if g.flavour == "ort" and (g.role == "dynamic" and g.batch == 1 or batched and g.batch > 1)]
+def runtime_graphs(manifest) -> list[str]:
+    """The batch-1 ORT graphs the decoder opens a session for: each model's dynamic-length graph,
+    which also runs the fixed-length calls, so a model's weights are in memory once. The
+    bundle's static ORT graphs are not opened: run at the same S they are 1-6% faster per call
+    (README, "Weights once"), not worth a second copy of the weights in memory."""
+    return [n for n, g in manifest.graphs.items() if g.flavour == "ort" and g.role == "dynamic" and g.batch == 1]
 
 
 class ModelRunners(NamedTuple):

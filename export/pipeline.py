@@ -194,8 +194,7 @@ def export_bundle(cfg: ExportConfig, progress: Progress | None = None) -> Manife
         graphs = _share_weights(graphs, tmp)
         figures = _validate(cfg, models, specs, graphs, max_seq, tmp, progress)
         tols = {name: TOLERANCES[(cfg.dtype, None if name.endswith("_portable") else cfg.quantization(name.split("_")[0]))] for name in figures}
-        for name, f in figures.items():  # batched graphs too; portable graphs stay float
-            check({name: f}, tols[name])
+        check(figures, tols)  # batched graphs too; portable graphs stay float
         tol = tols["target"]
 
         target = sources["target"]

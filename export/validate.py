@@ -99,21 +99,20 @@ def validate_model(
     return {**diffs, "top1_agreement": agree / total, "positions": total}
 
 
-def check(figures: dict[str, dict[str, float]], tol: Tolerance) -> None:
-    """Raise ValidationError naming every graph output beyond tolerance."""
+def check(figures: dict[str, dict[str, float]], tolerances: dict[str, Tolerance]) -> None:
+    """Raise one ValidationError naming every graph output beyond its model's tolerance
+    (``tolerances``: figure name -> Tolerance)."""
     bad = []
     for model, f in figures.items():
+        tol = tolerances[model]
         for out in ("logits", "present_key", "present_value"):
             if f[out] is not None and f[out] > tol.max_abs:
                 bad.append(f"{model} {out} max|Δ|={f[out]:.3g}")
         if f["top1_agreement"] < tol.min_top1:
             bad.append(f"{model} top-1 agreement {f['top1_agreement']:.3f}")
     if bad:
-        raise ValidationError(
-            f"exported graphs disagree with PyTorch beyond tolerance (max|Δ| {tol.max_abs:g}, top-1 >= {tol.min_top1:g}): "
-            + "; ".join(bad)
-            + "; no bundle was written"
-        )
+        bounds = sorted({f"max|Δ| {tolerances[m].max_abs:g}, top-1 >= {tolerances[m].min_top1:g}" for m in figures})
+        raise ValidationError(f"exported graphs disagree with PyTorch beyond tolerance ({'; '.join(bounds)}): " + "; ".join(bad) + "; no bundle was written")
 
 
 def validate_batched(model: torch.nn.Module, bundle: Path, graph: tuple[str, GraphSpec], kv: tuple[int, int, int, int, str],
