@@ -273,7 +273,10 @@ def _export_graph(plan: GraphPlan, cfg: ExportConfig, model, spec: ModelSpec, ma
         quantization = cfg.quantization(plan.model)
         if quantization:
             progress(f"quantize {plan.name}")
-            quantize_int8(tmp / file) if quantization == "dynamic-int8" else quantize_weight_only(tmp / file, quantization)
+            if quantization == "dynamic-int8":
+                quantize_int8(tmp / file)
+            else:
+                quantize_weight_only(tmp / file, quantization)
     return GraphSpec(file, sha256_of(tmp / file), plan.model, plan.role, tokens, inputs, outputs, io, external_files(tmp / file), plan.flavour, plan.batch)
 
 

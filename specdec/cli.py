@@ -77,7 +77,7 @@ def export_cmd(**options) -> None:
     from specdec.export.pipeline import ExportConfig, Progress, bundle_size, export_bundle, planned_graphs
 
     cfg = ExportConfig(**options)
-    steps = 4 + 4 * len(planned_graphs(cfg)) + (cfg.ngram_corpus is not None)  # configs, weights, write + export/optimize/quantize/validate per graph (+ n-grams)
+    steps = 5 + 4 * len(planned_graphs(cfg)) + (cfg.ngram_corpus is not None)  # configs, weights, share weights, write + export/optimize/quantize/validate per graph (+ n-grams)
     manifest = _with_progress("specdec-export", lambda report: export_bundle(cfg, Progress(report)), steps)
     click.echo(summary(cfg.out, manifest, bundle_size(cfg.out)))
 
