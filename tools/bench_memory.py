@@ -28,6 +28,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from specdec.bench.floor import weights_bytes
 from specdec.bench.report import write_results
 
 CHILD = r"""
@@ -62,15 +63,6 @@ if batch:
 """
 
 
-def weights_bytes(bundle: Path, m) -> int:
-    """Distinct weight bytes: the shared ``*.weights`` files, else one dynamic graph's data per model."""
-    total = 0
-    for model in ("target", "draft"):
-        _, g = m.graph(model, "dynamic")
-        total += sum((bundle / f).stat().st_size for f in g.data)
-    return total
-
-
 def kv_bytes(m, slots: int) -> int:
     item = 2 if m.dtype == "float16" else 4
     return sum(s.num_layers * 2 * s.num_kv_heads * m.max_seq_len * s.head_dim * item * slots for s in (m.target, m.draft))
@@ -88,7 +80,7 @@ def measure(bundle: Path, batch: bool, runtime: Path | None) -> dict:
     if out.returncode:
         raise SystemExit(f"measuring {bundle} failed:\n{out.stderr[-2000:]}")
     got = json.loads(out.stdout.strip().splitlines()[-1])
-    w, kv = weights_bytes(bundle, m), kv_bytes(m, m.max_batch + 1 if batch else 1)
+    w, kv = sum(weights_bytes(bundle, m, model) for model in ("target", "draft")), kv_bytes(m, m.max_batch + 1 if batch else 1)
     base = (w + kv) / 2**20
     size = sum(p.stat().st_size for p in bundle.rglob("*") if p.is_file()) / 2**20
     return {"bundle": str(bundle), "runtime": str(runtime or "this checkout"), "engine": "BatchEngine" if batch else "SpeculativeDecoder", "max_batch": m.max_batch,

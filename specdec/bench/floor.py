@@ -42,11 +42,17 @@ def read_bandwidth(nbytes: int, repeats: int = 7) -> float:
     return matrix.nbytes / best
 
 
+def weights_bytes(bundle: Path, manifest, model: str) -> int:
+    """``model``'s weights as stored: the external data its dynamic-length graph reads (the
+    shared ``<model>.weights``; for an older bundle, that graph's own data files)."""
+    _, g = manifest.graph(model, "dynamic")
+    return sum((Path(bundle) / f).stat().st_size for f in g.data)
+
+
 def call_bytes(bundle: Path, manifest, model: str, context: int) -> int:
     """Bytes one batch-1 call of ``model`` reads with ``context`` positions in its KV cache."""
     spec = getattr(manifest, model)
-    _, g = manifest.graph(model, "dynamic")
-    weights = sum((Path(bundle) / f).stat().st_size for f in g.data)
+    weights = weights_bytes(bundle, manifest, model)
     item = ITEM[manifest.dtype]
     embedding = manifest.vocab_size * spec.hidden_size * item  # read a row per token, not in full
     kv = 2 * spec.num_layers * spec.num_kv_heads * spec.head_dim * item * context

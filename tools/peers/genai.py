@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from peers.base import OUT, REPO, ModeUnavailable, Peer, Sample, checkpoint_key
-from peers.worker import Worker
+from peers.base import OUT, REPO, ModeUnavailable, checkpoint_key
+from peers.worker import Worker, WorkerPeer
 
 VENV_ROOT = REPO / ".bench"  # genai_baseline.ensure_venv puts genai-venv/ here
 DEFAULT_K = 4
@@ -39,7 +39,7 @@ def genai_models(target: Path, draft: Path, k: int, setup: bool = True) -> Path:
     return pair
 
 
-class GenaiPeer(Peer):
+class GenaiPeer(WorkerPeer):
     """onnxruntime-genai through a worker in its venv (``tools/genai_worker.py``, JSON lines)."""
 
     name = "genai"
@@ -61,9 +61,3 @@ class GenaiPeer(Peer):
     @classmethod
     def from_args(cls, args) -> GenaiPeer:
         return cls(args.target, args.draft, args.threads, args.draft_tokens, args.ngram_size, args.setup)
-
-    def decode(self, mode: str, temperature: float, prompt: list[int], tokens: int, seed: int) -> Sample:
-        return self.worker.decode(self.unavailable, mode, temperature, prompt, tokens, seed)
-
-    def close(self) -> None:
-        self.worker.close()

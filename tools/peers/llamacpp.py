@@ -8,9 +8,9 @@ import sys
 import tarfile
 from pathlib import Path
 
-from peers.base import OUT, Peer, Sample, checkpoint_key
+from peers.base import OUT, checkpoint_key
 from peers.venv import SetupError, VenvSpec, build_once, ensure_venv, run_logged
-from peers.worker import Worker
+from peers.worker import Worker, WorkerPeer
 
 VERSION = "0.3.36"
 # Verified together (2026-11, Python 3.11, gcc 12, cmake 3.25, 2 cores: the build takes ~12 min
@@ -72,7 +72,7 @@ def convert_gguf(src: Path, python: Path, setup: bool) -> dict[str, Path]:
     return {p: folder / f"model-{p}.gguf" for p in PRECISIONS}
 
 
-class LlamaCppPeer(Peer):
+class LlamaCppPeer(WorkerPeer):
     """llama.cpp (llama-cpp-python ``Llama.generate``) on CPU, F32 and Q8_0 weights: the target
     alone and with the binding's prompt lookup; ``tools/llamacpp_worker.py`` says how each is run
     and timed, and why there is no draft-model mode."""
@@ -106,9 +106,3 @@ class LlamaCppPeer(Peer):
         if mode.startswith("autoregressive"):
             return None
         return "autoregressive" + ("-q8_0" if mode.endswith("-q8_0") else "")
-
-    def decode(self, mode: str, temperature: float, prompt: list[int], tokens: int, seed: int) -> Sample:
-        return self.worker.decode(self.unavailable, mode, temperature, prompt, tokens, seed)
-
-    def close(self) -> None:
-        self.worker.close()

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from peers.base import OUT, Peer, Sample, checkpoint_key
+from peers.base import OUT, checkpoint_key
 from peers.venv import SetupError, VenvSpec, build_once, ensure_venv, run_logged
-from peers.worker import Worker
+from peers.worker import Worker, WorkerPeer
 
 # Verified together (2026-11, Python 3.11, CPU). optimum-intel requires torchvision, whose PyPI
 # wheel is built against CUDA torch and fails to import next to the CPU torch wheel (and then
@@ -42,7 +42,7 @@ def export_ir(src: Path, setup: bool) -> Path:
     return build_once(OUT / "openvino" / f"{src.resolve().name}-{checkpoint_key(src)}", build, f"OpenVINO IR of {src}", setup)
 
 
-class OpenVINOPeer(Peer):
+class OpenVINOPeer(WorkerPeer):
     """OpenVINO GenAI ``LLMPipeline`` on CPU: the target alone, with the draft model, and with
     prompt lookup (``tools/openvino_worker.py`` says how each is set up and timed)."""
 
@@ -66,9 +66,3 @@ class OpenVINOPeer(Peer):
     @classmethod
     def from_args(cls, args) -> OpenVINOPeer:
         return cls(args.target, args.draft, args.threads, args.draft_tokens, args.ngram_size, args.setup)
-
-    def decode(self, mode: str, temperature: float, prompt: list[int], tokens: int, seed: int) -> Sample:
-        return self.worker.decode(self.unavailable, mode, temperature, prompt, tokens, seed)
-
-    def close(self) -> None:
-        self.worker.close()

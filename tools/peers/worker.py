@@ -9,7 +9,7 @@ import select
 import subprocess
 from pathlib import Path
 
-from peers.base import ModeUnavailable, Sample
+from peers.base import ModeUnavailable, Peer, Sample
 
 TOOLS = Path(__file__).resolve().parents[1]
 REPLY_TIMEOUT_S = 900.0  # the longest a reply may take: loading models, or one request
@@ -71,3 +71,17 @@ class Worker:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+class WorkerPeer(Peer):
+    """A peer driven through a ``Worker``: subclasses set ``self.worker`` and ``self.unavailable``
+    (mode/T -> why, from the worker's hello) in ``__init__``."""
+
+    worker: Worker
+    unavailable: dict[str, str]
+
+    def decode(self, mode: str, temperature: float, prompt: list[int], tokens: int, seed: int) -> Sample:
+        return self.worker.decode(self.unavailable, mode, temperature, prompt, tokens, seed)
+
+    def close(self) -> None:
+        self.worker.close()
