@@ -17,10 +17,11 @@ from typing import NamedTuple, Sequence
 import numpy as np
 import onnxruntime as ort
 
+from specdec.engines.fused import FusedRunner
 from specdec.engines.kv import NP_DTYPES, KVCache
 from specdec.engines.threads import ThreadPolicy
 from specdec.errors import EngineError, InputError, SignatureError
-from specdec.manifest import GraphSpec
+from specdec.manifest import FUSED_ROLES, GraphSpec
 
 ORT_TYPES = {"float32": "tensor(float)", "float16": "tensor(float16)", "int64": "tensor(int64)", "int32": "tensor(int32)", "bool": "tensor(bool)"}
 PROVIDERS = {
@@ -241,18 +242,29 @@ def fixed_tokens(manifest, model: str) -> int:
 
 def runtime_graphs(manifest) -> list[str]:
     """The batch-1 ORT graphs the decoder opens a session for: each model's dynamic-length graph,
-    which also runs the fixed-length calls, so a model's weights are in memory once. The
-    bundle's static ORT graphs are not opened: run at the same S they are 1-6% faster per call
-    (README, "Weights once"), not worth a second copy of the weights in memory."""
-    return [n for n, g in manifest.graphs.items() if g.flavour == "ort" and g.role == "dynamic" and g.batch == 1]
+    which also runs the fixed-length calls, so a model's weights are in memory once, and the
+    draft's fused graphs when the bundle has them (their own sessions: the draft's weights are
+    then held three times, README "Fused drafting"). The bundle's static ORT graphs are not
+    opened: run at the same S they are 1-6% faster per call (README, "Weights once"), not worth
+    a second copy of the weights in memory."""
+    roles = ("dynamic", *FUSED_ROLES)
+    return [n for n, g in manifest.graphs.items() if g.flavour == "ort" and g.role in roles and g.batch == 1]
+
+
+def fused_graph(manifest, role: str, batch: int = 1) -> tuple[str, GraphSpec] | None:
+    """The (name, spec) of the draft's fused graph for ``role`` and ``batch`` rows, or None
+    (bundles exported before fused drafting, or with --no-fused-draft)."""
+    return next(((n, g) for n, g in manifest.graphs.items() if g.role == role and g.batch == batch), None)
 
 
 class ModelRunners(NamedTuple):
-    """One model's KV cache and the two runners over it, on one session."""
+    """One model's KV cache and the runners over it."""
 
     cache: KVCache
     dynamic: GraphRunner  # any length: prompts, 1-token target steps, verify calls shorter than K
-    static: GraphRunner  # fixed length, bound once: the target's K-token verify, the draft's 1-token step
+    static: GraphRunner  # fixed length, bound once (same session): the target's K-token verify, the draft's 1-token step
+    fused: FusedRunner | None = None  # the draft's γ steps in one call (sampling variant), when the bundle has it
+    fused_greedy: FusedRunner | None = None  # the same, argmax only
 
 
 def model_runners(bundle: Path, manifest, model: str, sessions: dict, device: str) -> ModelRunners:
@@ -262,4 +274,10 @@ def model_runners(bundle: Path, manifest, model: str, sessions: dict, device: st
     cache = KVCache(spec.num_layers, spec.num_kv_heads, manifest.max_seq_len, spec.head_dim, manifest.dtype, device)
     name, g = manifest.graph(model, "dynamic")
     dynamic = runner_for(bundle, name, g, cache, session=sessions[name])
-    return ModelRunners(cache, dynamic, runner_for(bundle, name, g, cache, session=sessions[name], tokens=fixed_tokens(manifest, model)))
+    static = runner_for(bundle, name, g, cache, session=sessions[name], tokens=fixed_tokens(manifest, model))
+    fused = {}
+    for role in FUSED_ROLES:
+        found = fused_graph(manifest, role) if model == "draft" else None
+        if found and found[0] in sessions:
+            fused[role] = FusedRunner(sessions[found[0]], *found, lambda slot: cache)
+    return ModelRunners(cache, dynamic, static, fused.get("fused"), fused.get("fused_greedy"))

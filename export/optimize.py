@@ -1,7 +1,7 @@
 """Graph optimizations for ONNX Runtime on CPU, applied before validation.
 
 1. onnxscript's ORT fusions: RMSNorm, skip-RMSNorm, rotary embedding, cos/sin cache.
-2. A tied LM head (the embedding matrix W [V, H] reused as the output projection) exports as
+2. A tied LM head (and, in an unrolled graph, a Transpose of W shared by several heads) (the embedding matrix W [V, H] reused as the output projection) exports as
    MatMul(h, Wᵀ) on a transposed constant, which ORT runs as FusedMatMul(transB) and cannot
    prepack (a large share of a verify call: docs/bench/notes.md). The head becomes a plain MatMul on
    a stored Wᵀ [H, V]:
@@ -93,6 +93,32 @@ def untranspose_tied_head(model: onnx.ModelProto) -> int:
     return done
 
 
+def fold_transposed_weights(model: onnx.ModelProto) -> int:
+    """Transpose(W) feeding MatMuls only -> a stored Wᵀ: an unrolled graph (export/fused.py)
+    exports its tied head as one Transpose shared by every step's MatMul, which ORT would run
+    on every call. W itself stays when other nodes read it and it is small (as pass 2)."""
+    graph = model.graph
+    inits = {t.name: t for t in graph.initializer}
+    cons = _consumers(graph)
+    done = 0
+    for t in [n for n in graph.node if n.op_type == "Transpose" and n.input[0] in inits]:
+        w = inits[t.input[0]]
+        if len(w.dims) != 2 or _attrs(t).get("perm", [1, 0]) != [1, 0]:
+            continue
+        if any(n.op_type != "MatMul" or n.input[1] != t.output[0] for n in cons.get(t.output[0], [])):
+            continue
+        others = [n for n in cons.get(w.name, []) if n is not t]
+        if others and int(np.prod(w.dims)) > DUPLICATE_LIMIT:
+            continue
+        wt = numpy_helper.from_array(np.ascontiguousarray(numpy_helper.to_array(w).T), t.output[0])
+        graph.node.remove(t)
+        graph.initializer.append(wt)
+        if not others:
+            graph.initializer.remove(w)
+        done += 1
+    return done
+
+
 def _consumers(graph: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]:
     out: dict[str, list[onnx.NodeProto]] = {}
     for n in graph.node:
@@ -105,10 +131,19 @@ def _producers(graph: onnx.GraphProto) -> dict[str, onnx.NodeProto]:
     return {o: n for n in graph.node for o in n.output}
 
 
+def _reads(node: onnx.NodeProto) -> set[str]:
+    """Names a node reads: its inputs, and what the subgraphs of an If/Loop read from outside."""
+    out = set(node.input)
+    for a in node.attribute:
+        for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+            out |= {i for n in g.node for i in _reads(n)}
+    return out
+
+
 def _prune(graph: onnx.GraphProto) -> None:
     """Drop nodes whose outputs nobody reads (repeat until stable)."""
     while True:
-        used = {i for n in graph.node for i in n.input} | {o.name for o in graph.output}
+        used = {i for n in graph.node for i in _reads(n)} | {o.name for o in graph.output}
         keep = [n for n in graph.node if any(o in used for o in n.output)]
         if len(keep) == len(graph.node):
             return
@@ -117,20 +152,22 @@ def _prune(graph: onnx.GraphProto) -> None:
 
 
 def constant_rotary_cache(model: onnx.ModelProto, max_seq: int) -> int:
-    """Replace the per-call cos/sin computation feeding RotaryEmbedding with constants; returns 1 if done."""
+    """Replace the per-call cos/sin computation feeding RotaryEmbedding with one constant table
+    of ``max_seq`` rows; returns 1 if done. An unrolled graph (export/fused.py) computes a table
+    per step from position_ids + j: each is a prefix of the same table, so all share one."""
     import onnxruntime as ort
 
     graph = model.graph
     rotaries = [n for n in graph.node if n.op_type == "RotaryEmbedding"]
-    caches = {(n.input[2], n.input[3]) for n in rotaries}
+    caches = sorted({(n.input[2], n.input[3]) for n in rotaries})
     inits = {t.name for t in graph.initializer}
-    if len(caches) != 1 or set(next(iter(caches))) <= inits:
+    if not caches or any(set(pair) & inits for pair in caches):
         return 0
-    cos, sin = next(iter(caches))
+    cos, sin = caches[0]
     probe = onnx.ModelProto()
     probe.CopyFrom(model)
     del probe.graph.output[:]
-    elem = next(i.type.tensor_type.elem_type for i in graph.input if i.name == "past_key_0")  # the model's dtype
+    elem = next(i.type.tensor_type.elem_type for i in graph.input if i.name.startswith("past_key_0"))  # the model's dtype
     probe.graph.output.extend([helper.make_tensor_value_info(name, elem, None) for name in (cos, sin)])
     _prune(probe.graph)
     needed = {i for n in probe.graph.node for i in n.input}
@@ -143,11 +180,15 @@ def constant_rotary_cache(model: onnx.ModelProto, max_seq: int) -> int:
     probe.graph.input.extend([i for i in graph.input if i.name == "position_ids"])
     sess = ort.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
     pos = next(i for i in graph.input if i.name == "position_ids")
-    width = pos.type.tensor_type.shape.dim[1].dim_value or 1  # static S, or 1 for a dynamic graph
-    cos_v, sin_v = sess.run([cos, sin], {"position_ids": np.full((1, width), max_seq - 1, dtype=np.int64)})
-    assert cos_v.shape[0] == max_seq, cos_v.shape
-    graph.initializer.extend([numpy_helper.from_array(cos_v, cos), numpy_helper.from_array(sin_v, sin)])
-    for n in [n for n in graph.node if cos in n.output or sin in n.output]:
+    shape = [d.dim_value or 1 for d in pos.type.tensor_type.shape.dim]  # static [B, S], or 1 for a dynamic axis
+    cos_v, sin_v = sess.run([cos, sin], {"position_ids": np.full(shape, max_seq - 1, dtype=np.int64)})
+    assert cos_v.shape[0] >= max_seq, cos_v.shape
+    names = ("rotary_cos_cache", "rotary_sin_cache")
+    graph.initializer.extend([numpy_helper.from_array(cos_v[:max_seq], names[0]), numpy_helper.from_array(sin_v[:max_seq], names[1])])
+    for n in rotaries:
+        n.input[2], n.input[3] = names
+    outputs = {name for pair in caches for name in pair}
+    for n in [n for n in graph.node if set(n.output) & outputs]:
         graph.node.remove(n)
     _prune(graph)
     return 1
@@ -255,6 +296,7 @@ def optimize_for_cpu(path: Path, max_seq: int) -> dict[str, int]:
         proto = onnx.load(str(fused_path))
     counts = {k: v for k, v in counts.items() if v}
     counts["untransposed_head"] = untranspose_tied_head(proto)
+    counts["folded_transposes"] = fold_transposed_weights(proto)
     counts["constant_rotary_cache"] = constant_rotary_cache(proto, max_seq)
     counts["rotary_3d"] = rotary_on_3d(proto)
     counts["rotary_in_attention"] = rotary_into_attention(proto)

@@ -19,7 +19,7 @@ from specdec.errors import ConfigError
 from specdec.export.bundle import check_destination, commit, staging
 from specdec.export.ngram import check_corpus, write_table
 from specdec.export.source import Source, check_pair, load_model, parameter_count, resolve
-from specdec.manifest import GraphSpec, Manifest, ModelSpec, sha256_of
+from specdec.manifest import FUSED_ROLES, GraphSpec, Manifest, ModelSpec, sha256_of
 
 DTYPES = ("float32", "float16")
 DEFAULT_MAX_SEQ = 2048
@@ -53,6 +53,7 @@ class ExportConfig:
     draft_quantize: str | None = None  # None: as ``quantize``; "none": float weights
     portable: bool = False
     max_batch: int = 1  # > 1: also batched graphs for the continuous-batching engine
+    fused_draft: bool = False  # also the draft's fused graphs (export/fused.py), per batch size
     overwrite: bool = False
     target_revision: str | None = None
     draft_revision: str | None = None
@@ -140,7 +141,7 @@ class GraphPlan(NamedTuple):
     name: str
     model: str  # "target" or "draft"
     role: str  # "dynamic", "verify" or "step"
-    tokens: int | str | None  # per call; None: dynamic; "K": gamma + 1
+    tokens: int | str | None  # per call; None: dynamic; "K": gamma + 1; "gamma": drafted per fused call
     flavour: str = "ort"
     batch: int = 1  # rows per call
 
@@ -161,8 +162,13 @@ PORTABLE_GRAPHS = (
 
 
 def planned_graphs(cfg: ExportConfig) -> tuple[GraphPlan, ...]:
-    batched = tuple(GraphPlan(f"{m}_batch{b}", m, "dynamic", None, batch=b) for b in batch_sizes(cfg.max_batch) for m in ("target", "draft"))
-    return GRAPHS + (PORTABLE_GRAPHS if cfg.portable else ()) + batched
+    fused = tuple(GraphPlan(f"draft_{role}", "draft", role, "gamma") for role in FUSED_ROLES) if cfg.fused_draft else ()
+    batched = []
+    for b in batch_sizes(cfg.max_batch):
+        batched += [GraphPlan(f"{m}_batch{b}", m, "dynamic", None, batch=b) for m in ("target", "draft")]
+        if cfg.fused_draft:
+            batched += [GraphPlan(f"draft_{role}_batch{b}", "draft", role, "gamma", batch=b) for role in FUSED_ROLES]
+    return GRAPHS + fused + (PORTABLE_GRAPHS if cfg.portable else ()) + tuple(batched)
 
 
 def export_bundle(cfg: ExportConfig, progress: Progress | None = None) -> Manifest:
@@ -256,14 +262,18 @@ def _manifest(cfg: ExportConfig, target: Source, specs: dict[str, ModelSpec], gr
 def _export_graph(plan: GraphPlan, cfg: ExportConfig, model, spec: ModelSpec, max_seq: int, tmp: Path, progress: Progress) -> GraphSpec:
     """Export, optimize (ORT flavour) and quantize (ORT flavour, --quantize) one graph."""
     from specdec.export.batched import export_batched
+    from specdec.export.fused import export_fused
     from specdec.export.graphs import export_decoder
     from specdec.export.optimize import optimize_for_cpu
     from specdec.export.quantize import external_files, quantize_int8, quantize_weight_only
 
     progress(f"export {plan.name}")
-    tokens = cfg.gamma + 1 if plan.tokens == "K" else plan.tokens
+    tokens = {"K": cfg.gamma + 1, "gamma": cfg.gamma}.get(plan.tokens, plan.tokens)
     file = f"{plan.name}.onnx"
-    if plan.batch > 1:
+    if plan.role in FUSED_ROLES:
+        inputs, outputs, io = export_fused(model, tmp / file, plan.batch, cfg.gamma, max_seq, spec.num_kv_heads, spec.head_dim, cfg.dtype,
+                                           greedy=plan.role == "fused_greedy")  # fmt: skip
+    elif plan.batch > 1:
         inputs, outputs, io = export_batched(model, tmp / file, plan.batch, max_seq, spec.num_kv_heads, spec.head_dim, cfg.dtype)
     else:
         inputs, outputs, io = export_decoder(model, tmp / file, tokens, max_seq, spec.num_kv_heads, spec.head_dim, cfg.dtype, plan.flavour)
@@ -295,10 +305,16 @@ def _share_weights(graphs: dict[str, GraphSpec], tmp: Path) -> dict[str, GraphSp
 
 def _validate(cfg: ExportConfig, models, specs, graphs: dict[str, GraphSpec], max_seq: int, tmp: Path, progress: Progress) -> dict:
     """Figures per model (and per portable graph): each static graph after the model's ORT dynamic graph."""
-    from specdec.export.validate import validate_batched, validate_model
+    from specdec.export.validate import validate_batched, validate_fused, validate_model
 
     figures = {}
     for name, g in graphs.items():
+        if g.role in FUSED_ROLES:
+            progress(f"validate {name}")
+            s = specs[g.model]
+            kv = (s.num_layers, s.num_kv_heads, max_seq, s.head_dim, cfg.dtype)
+            figures[name] = validate_fused(models[g.model], tmp, (name, g), (f"{g.model}_dynamic", graphs[f"{g.model}_dynamic"]), kv, seed=cfg.seed)
+            continue
         if g.batch > 1:
             progress(f"validate {name}")
             s = specs[g.model]

@@ -105,7 +105,7 @@ def check(figures: dict[str, dict[str, float]], tolerances: dict[str, Tolerance]
     bad = []
     for model, f in figures.items():
         tol = tolerances[model]
-        for out in ("logits", "present_key", "present_value"):
+        for out in ("logits", "present_key", "present_value"):  # a fused graph's "logits": its q rows
             if f[out] is not None and f[out] > tol.max_abs:
                 bad.append(f"{model} {out} max|Δ|={f[out]:.3g}")
         if f["top1_agreement"] < tol.min_top1:
@@ -151,3 +151,62 @@ def validate_batched(model: torch.nn.Module, bundle: Path, graph: tuple[str, Gra
             seqs[b] += feeds[b]
     # The KV rows are checked through the logits of every later call, which read them.
     return {"logits": worst, "present_key": None, "present_value": None, "top1_agreement": agree / total, "positions": total}
+
+
+# Rows of a fused sampling graph's validation cycle through these settings (one greedy).
+FUSED_SETTINGS = ((1.0, None, None), (0.7, 5, None), (1.0, None, 0.8), (0.0, None, None))
+
+
+def validate_fused(model: torch.nn.Module, bundle: Path, graph: tuple[str, GraphSpec], dynamic: tuple[str, GraphSpec],
+                   kv: tuple[int, int, int, int, str], seed: int = 0, rounds: int = 4) -> dict[str, float]:  # fmt: skip
+    """A fused draft graph (export/fused.py) against ``model`` run on each row's own sequence.
+
+    Each row's prompt is fed through the model's ``dynamic`` graph; then ``rounds`` fused calls,
+    each followed by a partial acceptance (keep 0..γ-1 drafted tokens and a random next token),
+    so every later call reads rows an earlier call wrote and crosses a rollback. Figures:
+    ``top1_agreement``, the share of drafted tokens that are the argmax of PyTorch's logits
+    (greedy rows) or the inverse CDF of the graph's own q at the row's uniform (sampled rows);
+    ``logits``, the largest |Δ| between a sampled row's q and ``runtime.sampling.standardize``
+    of PyTorch's logits (the NumPy core's law) under temperature, top-k and top-p.
+    """
+    from specdec.engines.batch import SlotCache
+    from specdec.engines.fused import FusedRunner
+    from specdec.engines.ort import open_session
+    from specdec.runtime.sampling import SamplingConfig, standardize
+
+    name, spec = graph
+    rng = np.random.default_rng(seed)
+    vocab, rows, gamma = model.config.vocab_size, spec.batch, spec.tokens
+    layers, heads, max_seq, dim, dtype = kv
+    cache = SlotCache(layers, heads, max_seq, dim, dtype, rows)
+    prefill = runner_for(bundle, dynamic[0], dynamic[1], cache.slot(0))
+    runner = FusedRunner(open_session(bundle, name, spec), name, spec, cache.slot, cache.scratch)
+    prompt_max = max(3, min(20, max_seq // 4))
+    seqs = [rng.integers(0, vocab, size=int(rng.integers(3, prompt_max + 1))).tolist() for _ in range(rows)]
+    for b, seq in enumerate(seqs):
+        prefill.bind_cache(cache.slot(b))
+        prefill.run(np.array(seq[:-1]))
+        cache.slot(b).append(len(seq) - 1)
+    worst, agree, total = 0.0, 0, 0
+    for r in range(rounds):
+        cfgs = [SamplingConfig(*FUSED_SETTINGS[(r + b) % len(FUSED_SETTINGS)]) if runner.sampling else None for b in range(rows)]
+        rngs = [np.random.default_rng([seed, r, b]) for b in range(rows)]
+        tokens = runner.run(range(rows), [s[-1] for s in seqs], cfgs, rngs).copy()
+        for b, seq in enumerate(seqs):
+            drafted = tokens[b].tolist()
+            with torch.no_grad():
+                ref = model(torch.tensor([seq + drafted[:-1]])).logits[0, -gamma:].double().numpy()  # [γ, V]
+            cfg = cfgs[b]
+            if cfg is None or cfg.greedy:
+                agree += int((ref.argmax(-1) == tokens[b]).sum())
+            else:
+                q = runner.probs[b]  # [γ, V]
+                worst = max(worst, float(np.abs(q - standardize(ref, cfg)).max()))
+                cdf = np.cumsum(q, axis=-1, dtype=np.float32)
+                idx = (cdf <= runner.uniforms[b, :, None] * cdf[:, -1:]).sum(-1)
+                agree += int((np.minimum(idx, vocab - 1 - np.argmax(q[:, ::-1] > 0, axis=-1)) == tokens[b]).sum())
+            total += gamma
+            keep = int(rng.integers(0, gamma))  # drafted tokens accepted, then the target's own token
+            seqs[b] = seq + drafted[:keep] + [int(rng.integers(0, vocab))]
+            cache.slot(b).append(1 + keep)
+    return {"logits": worst if runner.sampling else None, "present_key": None, "present_value": None, "top1_agreement": agree / total, "positions": total}

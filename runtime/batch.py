@@ -5,8 +5,9 @@
                 PREFILL_CHUNK tokens, one chunk per iteration (batch-1 dynamic graph), and decodes
                 once it is fed, so a long prompt never stalls the rows in flight for long
         width:  each row's γ: its request's, or the adaptive policy's for this many rows
-        draft:  draft model: one batched call per draft step for all rows still drafting;
-                prompt lookup / n-gram tables: per row
+        draft:  draft model: one fused call drafting γ tokens for every row that drafts the
+                bundle's γ (export/fused.py), else one batched call per draft step for all rows
+                still drafting; prompt lookup / n-gram tables: per row
         verify: ONE target call: row r feeds [last_r, x_1..x_k_r], padded to the widest row
         accept: Algorithm 1 per row, with that row's sampling settings and RNG
         commit: each slot keeps n_r + 1 rows, the draft slot forgets the rejected ones;
@@ -31,10 +32,11 @@ from typing import Callable, Sequence
 import numpy as np
 
 from specdec.engines.batch import BatchRunner, SlotCache
-from specdec.engines.ort import GraphRunner, fixed_tokens, open_session, runner_for
+from specdec.engines.fused import FusedRunner
+from specdec.engines.ort import GraphRunner, fixed_tokens, fused_graph, open_session, runner_for
 from specdec.engines.threads import ThreadPolicy
 from specdec.errors import ConfigError, InputError, QueueFullError, SpecDecError
-from specdec.manifest import load_manifest
+from specdec.manifest import FUSED_ROLES, load_manifest
 from specdec.runtime.adaptive import Acceptance, AdaptiveGamma
 from specdec.runtime.decoder import clip
 from specdec.runtime.drafters import DrafterContext, check_drafter, make_drafter, needs_draft_model
@@ -107,6 +109,7 @@ class BatchEngine:
         self.limits, self.codec, self.threads = Limits.of(m), TextCodec.from_bundle(bundle, m), ThreadPolicy.of(threads)
         self.target = self._forward(bundle, "target")
         self.draft = self._forward(bundle, "draft") if needs_draft_model(drafter) else None
+        self.fused = self._fused(bundle) if drafter == "model" else {}  # (rows, greedy) -> FusedRunner; "model-steps": none
         ctx = DrafterContext(bundle, m, None)
         self.drafters = None if self.draft else [make_drafter(drafter, ctx) for _ in range(self.max_batch)]  # per slot
         self.drafter_name = drafter
@@ -153,6 +156,18 @@ class BatchEngine:
         if self.max_batch > 1 and max(batched, default=0) < self.max_batch:
             raise ConfigError(f"bundle has no batched graph for {self.max_batch} rows; re-export with --max-batch {self.max_batch}")
         return Forward(cache, *runners, batched)
+
+    def _fused(self, bundle: Path) -> dict[tuple[int, bool], FusedRunner]:
+        """The draft's fused graphs over the draft slot cache, per (rows, greedy variant): batch 1
+        and each batched size up to the one holding ``max_batch`` rows. Empty for a bundle
+        without them (drafting then runs step by step)."""
+        m, cache, out = self.manifest, self.draft.cache, {}
+        for rows in (1, *self.target.batched):
+            for role in FUSED_ROLES:
+                found = fused_graph(m, role, rows)
+                if found:
+                    out[rows, role == "fused_greedy"] = FusedRunner(open_session(bundle, *found, "cpu", self.threads), *found, cache.slot, cache.scratch)
+        return out
 
     # -- the public interface ---------------------------------------------------------------
 
@@ -306,7 +321,12 @@ class BatchEngine:
         """Write each row's proposals at seq[L:L+k] (and its q rows); returns each k."""
         if self.drafters:
             return [self.drafters[r.slot].propose(r.seq, r.length, g, r.req.sampling, r.rng, r.q) if g else 0 for r, g in zip(rows, gammas)]
-        drafting = [(r, g) for r, g in zip(rows, gammas) if g]
+        gamma = self.manifest.gamma
+        fused = [r for r, g in zip(rows, gammas) if g == gamma and r.length + gamma <= self.manifest.max_seq_len] if self.fused else []
+        if fused:
+            self._draft_fused(fused)
+        done = {id(r) for r in fused}
+        drafting = [(r, g) for r, g in zip(rows, gammas) if g and id(r) not in done]
         for j in range(max((g for _, g in drafting), default=0)):
             step = [(r, g) for r, g in drafting if g > j]
             feeds = [self._draft_feed(r, j) for r, _ in step]
@@ -315,6 +335,33 @@ class BatchEngine:
                 self.draft.cache.slot(r.slot).append(len(feed))
                 r.seq[r.length + j] = draw(logits[i, len(feed) - 1], r.req.sampling, r.rng, r.q[j])
         return gammas
+
+    def _draft_fused(self, rows: list[Row]) -> None:
+        """γ proposals for every row in one fused call (after one batched call feeding the rows
+        whose draft slot is more than one token behind: those whose last call accepted all)."""
+        behind = []
+        for r in rows:
+            view = self.draft.cache.slot(r.slot)
+            if r.length - 1 - view.length > self.manifest.k:  # a long backlog (after plain steps): alone, through the dynamic graph
+                self.draft.one(r.slot, r.seq[view.length : r.length - 1])
+                view.append(r.length - 1 - view.length)
+            elif r.length - 1 > view.length:
+                behind.append((r, view))
+        if behind:
+            self.draft([r.slot for r, _ in behind], [r.seq[v.length : r.length - 1] for r, v in behind])
+            for r, v in behind:
+                v.append(r.length - 1 - v.length)
+        size = 1 if len(rows) == 1 else min(b for b in self.target.batched if b >= len(rows))
+        greedy = all(r.req.sampling.greedy for r in rows)
+        runner = self.fused.get((size, greedy)) or self.fused[size, False]
+        tokens = runner.run([r.slot for r in rows], [r.seq[r.length - 1] for r in rows], [r.req.sampling for r in rows], [r.rng for r in rows])
+        gamma = runner.gamma
+        self.draft.calls += gamma  # steps, as the drafters count them
+        for i, r in enumerate(rows):
+            r.seq[r.length : r.length + gamma] = tokens[i]
+            self.draft.cache.slot(r.slot).append(gamma)  # rows for seq[L-1] and the first γ - 1 proposals
+            if runner.sampling and not r.req.sampling.greedy:
+                r.q[:gamma] = runner.probs[i]
 
     def _draft_feed(self, r: Row, j: int) -> np.ndarray:
         """What the draft model is fed at draft step j: the tokens its slot has not seen up to

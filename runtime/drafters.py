@@ -18,12 +18,17 @@ interface, a user's own drafter included (README "Writing a drafter").
 Speculative sampling is exact for any q that truly is the distribution each token was drawn
 from, so every drafter here keeps the target's output distribution:
 
-- ``ModelDrafter``: the bundle's draft model (sampled from its standardized rows).
+- ``ModelDrafter``: the bundle's draft model (sampled from its standardized rows). When the
+  bundle has fused draft graphs (export/fused.py) and a call drafts their γ, the γ steps and
+  the token choices run as one graph call, with uniforms from the request's generator; the
+  q rows it returns are the ones each token was drawn from.
 - ``NgramDrafter``: a bigram ("ngram") or unigram ("unigram") table, the most frequent successor; table lookups,
   c ≈ 0 (paper §3.6, Table 3). The table comes from the bundle (``specdec-export
   --ngram-corpus``) or, without one, from each request's prompt.
 - ``LookupDrafter``: prompt lookup, copying what followed the latest earlier occurrence of
   the last n tokens of prompt + output (§3.6, "copying from the prompt").
+- ``ModelDrafter(fused=False)`` ("model-steps"): the same draft model, one call per token
+  (what bundles without fused graphs run; kept to measure what fusing gains).
 - ``ModelDrafter(inner=...)``: hierarchical. A cheap drafter proposes tokens *for the draft
   model*, which checks them with one call of its dynamic graph and speculative sampling
   against its own q. What it emits is then distributed exactly as the draft model's own
@@ -48,7 +53,7 @@ from specdec.runtime.speculative import verify, verify_greedy
 @runtime_checkable
 class Drafter(Protocol):
     name: str  # shown in the stats
-    calls: int  # proposal calls so far (draft-model calls for the model drafters)
+    calls: int  # proposal calls so far (draft-model steps for the model drafters: a fused call counts its γ)
 
     def start(self, seq: np.ndarray, length: int) -> None:
         """A new request: seq[:length] is its prompt; forget every earlier request."""
@@ -184,11 +189,12 @@ class ModelDrafter:
     2 after a fully accepted call) are fed on the next call.
     """
 
-    def __init__(self, model, inner: Drafter | None = None):
-        self.model = model  # engines.ort.ModelRunners: cache, dynamic (any length), static (1 token)
+    def __init__(self, model, inner: Drafter | None = None, fused: bool = True):
+        self.model = model  # engines.ort.ModelRunners: cache, dynamic (any length), static (1 token), fused
         self.inner = inner
-        self.name = "model" if inner is None else f"hierarchical({inner.name})"
-        self.calls = 0  # draft-model calls, for the stats
+        self.fused = fused  # use the bundle's fused draft graphs where they apply
+        self.name = ("model" if fused else "model-steps") if inner is None else f"hierarchical({inner.name})"
+        self.calls = 0  # draft-model steps, for the stats (a fused call counts its γ: the bandwidth floor and adaptive γ price steps)
         self._r = None  # [γ, V] inner proposals' one-hot rows, allocated on first use
 
     def start(self, seq: np.ndarray, length: int) -> None:
@@ -213,8 +219,24 @@ class ModelDrafter:
             return self._propose_plain(seq, length, gamma, cfg, rng, q)
         return self._propose_hierarchical(seq, length, gamma, cfg, rng, q)
 
+    def _fused(self, gamma: int, cfg: SamplingConfig):
+        """The fused runner for this call, or None: it drafts exactly the graph's γ."""
+        m = self.model
+        runner = (m.fused_greedy or m.fused) if cfg.greedy else m.fused
+        return runner if self.fused and runner is not None and runner.gamma == gamma else None
+
     def _propose_plain(self, seq, length, gamma, cfg, rng, q) -> int:
         cache = self.model.cache
+        fused = self._fused(gamma, cfg)
+        if fused is not None and length + gamma <= cache.max_seq:
+            if length - cache.length > 1:  # after a fully accepted call: catch up on all but the last token
+                self._run(seq[cache.length : length - 1])
+            seq[length : length + gamma] = fused.run((0,), (seq[length - 1],), (cfg,), (rng,))[0]
+            cache.append(gamma)  # rows for seq[L-1] and the first γ - 1 proposals
+            self.calls += gamma
+            if not cfg.greedy:
+                q[:gamma] = fused.probs[0]
+            return gamma
         row = self._run(seq[cache.length : length])[-1]  # [V]
         for i in range(gamma):
             seq[length + i] = draw(row, cfg, rng, q[i])
@@ -290,6 +312,7 @@ def bundle_table(ctx: DrafterContext) -> NgramTable | None:
 
 
 register("model", needs_draft_model=True)(lambda ctx: ModelDrafter(ctx.draft))
+register("model-steps", needs_draft_model=True)(lambda ctx: ModelDrafter(ctx.draft, fused=False))  # one call per draft token
 register("hierarchical", needs_draft_model=True)(lambda ctx: ModelDrafter(ctx.draft, inner=LookupDrafter()))
 register("lookup")(lambda ctx: LookupDrafter())
 register("ngram")(lambda ctx: NgramDrafter(ctx.manifest.vocab_size, bundle_table(ctx), order=2))

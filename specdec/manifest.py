@@ -22,7 +22,8 @@ SCHEMA_VERSION = 2  # 2: graphs carry their I/O roles; role "prefill" became "dy
 MANIFEST_NAME = "manifest.json"
 DTYPES = ("float32", "float16", "int64", "int32", "bool")
 MODELS = ("target", "draft")
-ROLES = ("dynamic", "verify", "step")
+FUSED_ROLES = ("fused", "fused_greedy")  # the draft's γ steps in one call (export/fused.py): sampling, and argmax only
+ROLES = ("dynamic", "verify", "step", *FUSED_ROLES)
 FLAVOURS = ("ort", "portable")
 
 
@@ -54,12 +55,17 @@ class GraphIO:
 
     ids: str
     positions: str
-    logits: str
+    logits: str | None  # a fused draft graph: its probs [B, γ, V] (None in the greedy one)
     past: tuple[tuple[str, str], ...]
     present: tuple[tuple[str, str], ...]
     seqlens: str | None = None
     total: str | None = None
     past_length: str | None = None
+    tokens: str | None = None  # fused draft graph (export/fused.py): the drafted tokens [B, γ]
+    uniforms: str | None = None  # its per-row sampling inputs
+    temperature: str | None = None
+    top_k: str | None = None
+    top_p: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("past", "present"):
@@ -68,6 +74,7 @@ class GraphIO:
     def names(self) -> set[str]:
         """Every tensor name this mapping refers to."""
         out = {self.ids, self.positions, self.logits, self.seqlens, self.total, self.past_length}
+        out |= {self.tokens, self.uniforms, self.temperature, self.top_k, self.top_p}
         out |= {n for pair in (*self.past, *self.present) for n in pair}
         return out - {None}
 
@@ -77,8 +84,10 @@ class GraphSpec:
     """One ONNX graph in the bundle.
 
     ``role``: "verify" (target, static K tokens per call), "step" (draft, static 1 token per
-    call) or "dynamic" (any length: prompts, 1-token target steps, short verify calls).
-    ``tokens`` is the static number of new tokens per call, or None when it is dynamic.
+    call), "dynamic" (any length: prompts, 1-token target steps, short verify calls), or
+    "fused" / "fused_greedy" (draft, γ steps and their token choice in one call: export/fused.py).
+    ``tokens`` is the static number of new tokens per call (tokens drafted, for a fused graph),
+    or None when it is dynamic.
     ``data`` lists external-data files the graph reads.
     """
 

@@ -50,7 +50,10 @@ FAMILIES = ["llama", "qwen2", "mistral", "gpt2", "opt", "gpt_neox"]
 def family_bundle(request, tmp_path_factory):
     """Per family: a target, a near draft (a noisy copy, so decoding accepts and rejects), and
     their bundle (γ = 4, max-seq-len 192, batched graphs for 2 and 4 rows). Shared by the
-    export and runtime tests."""
+    export and runtime tests. The llama bundle also has fused draft graphs (--fused-draft), so
+    its decoding tests run the fused path at γ = 4 (and the step path at other γ); the other
+    families' fused graphs are checked graph by graph (tests/export/test_fused.py), which keeps
+    ~2 minutes of export per family out of the suite."""
     pytest.importorskip("torch")
     from models import save_pair
 
@@ -59,5 +62,5 @@ def family_bundle(request, tmp_path_factory):
     root = tmp_path_factory.mktemp(request.param)
     target, draft = save_pair(root, request.param, near=0.1)
     out = root / "bundle"
-    manifest = export_bundle(ExportConfig(str(target), str(draft), out, gamma=4, max_seq_len=192, max_batch=4))
+    manifest = export_bundle(ExportConfig(str(target), str(draft), out, gamma=4, max_seq_len=192, max_batch=4, fused_draft=request.param == "llama"))
     return request.param, target, draft, out, manifest

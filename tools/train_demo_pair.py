@@ -41,7 +41,7 @@ DRAFT = dict(hidden_size=128, intermediate_size=384, num_hidden_layers=2, num_at
 
 def corpus_files() -> tuple[list[Path], list[Path]]:
     """(train, held-out) stdlib source files, in a fixed order: the split ``specdec bench`` uses."""
-    from specdec.runtime.bench import stdlib_files
+    from specdec.bench.corpus import stdlib_files
 
     return stdlib_files(held_out=False), stdlib_files(held_out=True)
 

@@ -52,7 +52,8 @@ def test_batched_sampling_follows_the_target(family_bundle):
     runs, prompt, kw = 4000, PROMPTS[2], dict(temperature=1.0)
     p1, p2 = exact_first_two(load_model(target), prompt, SamplingConfig(1.0))
     with BatchEngine(out, max_queue=runs) as engine:
-        handles = [engine.submit(prompt, max_new_tokens=4 + seed % 3, seed=seed, ignore_eos=True, **kw) for seed in range(runs)]
+        assert sorted(engine.fused) == [(b, g) for b in (1, 2, 4) for g in (False, True)]  # the llama bundle drafts fused
+        handles = [engine.submit(prompt, max_new_tokens=5 + seed % 3, seed=seed, ignore_eos=True, **kw) for seed in range(runs)]
         results = [h.result(timeout=600) for h in handles]
         assert engine.occupancy[4] > runs / 8, engine.occupancy  # most calls ran full batches
     counts = check_first_two(results, p1, p2, (0.1, 0.9), "batched")
@@ -154,3 +155,21 @@ def test_a_handle_is_read_from_asyncio_and_a_closed_loop_does_not_stop_the_engin
         asyncio.run(read(h, stop_after=1))  # the loop is closed while the engine still pushes
         assert len(h.result(timeout=60).tokens) == 100 and engine.alive
         assert len(engine.submit([8, 9], max_new_tokens=10, ignore_eos=True).result(timeout=60).tokens) == 10
+
+
+@pytest.mark.parametrize("family_bundle", ["llama"], indirect=True)
+def test_greedy_rows_beside_sampled_rows_in_fused_calls(family_bundle):
+    """Greedy and sampled rows share the fused sampling graph's calls; the greedy rows are still
+    the target's argmax, token for token."""
+    family, target, _, out, _ = family_bundle
+    model = load_model(target)
+    refs = [torch_greedy(model, p, 40) for p in PROMPTS]
+    with BatchEngine(out) as engine:
+        assert engine.fused, "the llama bundle has fused draft graphs"
+        greedy = [engine.submit(p, max_new_tokens=40, ignore_eos=True) for p in PROMPTS]
+        sampled = [engine.submit(PROMPTS[0], max_new_tokens=40, temperature=1.0, top_p=0.9, seed=s, ignore_eos=True) for s in range(3)]
+        results = [h.result(timeout=120) for h in greedy]
+        assert all(len(h.result(timeout=120).tokens) == 40 for h in sampled)
+        assert engine.occupancy[4] > 0
+    for p, res, ref in zip(PROMPTS, results, refs):
+        assert res.tokens == ref, f"prompt {p}: first difference at {first_diff(res.tokens, ref)}"

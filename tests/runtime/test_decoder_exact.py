@@ -131,8 +131,9 @@ SAMPLING = {
 
 
 @pytest.mark.parametrize("family_bundle", ["llama"], indirect=True)  # greedy covers every family
+@pytest.mark.parametrize("drafter", ["model", "model-steps"])  # the llama bundle's fused draft graphs, and one call per token
 @pytest.mark.parametrize("mode", list(SAMPLING))
-def test_first_two_tokens_follow_the_target(family_bundle, mode):
+def test_first_two_tokens_follow_the_target(family_bundle, mode, drafter):
     family, target, draft, out, manifest = family_bundle
     runs = 4000
     kw = SAMPLING[mode]
@@ -140,13 +141,14 @@ def test_first_two_tokens_follow_the_target(family_bundle, mode):
     prompt = PROMPTS[2]  # its next-token distributions are the least peaked: most bins
     p1, p2 = exact_first_two(load_model(target), prompt, cfg)
     q1, q2 = exact_first_two(load_model(draft), prompt, cfg)
-    dec = SpeculativeDecoder.load(out)
+    dec = SpeculativeDecoder.load(out, drafter=drafter)
+    assert (dec.drafter._fused(manifest.gamma, cfg) is not None) == (drafter == "model")  # the path this case is about
     counts = np.zeros((2, manifest.vocab_size), dtype=np.int64)
     accepted, drafted = 0, 0
     for seed in range(runs):
-        # 4 new tokens: the first call drafts 3, so tokens 1-2 come from accepted drafts,
-        # residual draws at a rejection, or (after one acceptance and a rejection) both.
-        res = dec.generate(prompt, max_new_tokens=4, seed=seed, ignore_eos=True, **kw)
+        # 5 new tokens: the first call drafts γ = 4 (the fused graph's γ), so tokens 1-2 come from
+        # accepted drafts, residual draws at a rejection, or (after one acceptance and a rejection) both.
+        res = dec.generate(prompt, max_new_tokens=5, seed=seed, ignore_eos=True, gamma=manifest.gamma, **kw)
         counts[0, res.tokens[0]] += 1
         counts[1, res.tokens[1]] += 1
         accepted += res.stats.accepted_at[0] + res.stats.accepted_at[1]
