@@ -110,8 +110,10 @@ def summary(out: Path, m, size: int) -> str:
     for role in (k for k in v if not k.endswith("tolerance")):
         if role in v:
             f = v[role]
+            out_name = "q" if "fused" in role else "logits"  # a fused draft graph returns the q rows it drew from
+            delta = f"max|Δ {out_name}| {f['logits']:.2e}" if f["logits"] is not None else "tokens only (greedy)"
             lines.append(
-                f"  validated {role:15} max|Δ logits| {f['logits']:.2e}  max|Δ kv| {_kv_delta(f)}  "
+                f"  validated {role:15} {delta}  max|Δ kv| {_kv_delta(f)}  "
                 f"top-1 agreement {f['top1_agreement']:.3f} over {f['positions']} positions"
             )
     return "\n".join(lines)

@@ -9,6 +9,13 @@ the target is trained on next-token cross-entropy, then the draft is distilled f
 
     python tools/train_demo_pair.py [--target-steps 1200] [--draft-steps 700] [--out models/demo]
 
+A new draft for an existing target (the target and its tokenizer are loaded, not trained;
+``--draft-init`` continues from an existing draft instead of a fresh one; ``--draft-size``
+sets hidden size, layers and MLP width of a fresh one):
+
+    python tools/train_demo_pair.py --teacher models/demo/target --draft-init models/demo/draft \
+        --draft-steps 600 --draft-lr 1.5e-3 --out .bench/drafts/cont
+
 Budgets are in steps (on this 2-core CPU: ~3.8 s per target step, ~1.6 s per draft step with
 its teacher), so a run is deterministic. Resumable: state is checkpointed under .bench/demo/
 every few minutes and a rerun continues where it stopped. At the end it writes float16
@@ -37,6 +44,19 @@ TARGET = dict(hidden_size=384, intermediate_size=1024, num_hidden_layers=7, num_
               num_key_value_heads=2, max_position_embeddings=2048, tie_word_embeddings=True, rope_theta=10000.0)
 DRAFT = dict(hidden_size=128, intermediate_size=384, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=2048, tie_word_embeddings=True, rope_theta=10000.0)
+
+
+def code_ids(tok) -> np.ndarray:
+    """Third-party code (specdec bench --corpus code's packages), outside the training corpus:
+    what the demo pair's acceptance is judged on."""
+    from specdec.bench.corpus import CODE_PACKAGES, package_files
+
+    eot = tok.convert_tokens_to_ids(EOT)
+    ids = []
+    for pkg in CODE_PACKAGES:
+        for f in package_files(pkg):
+            ids += tok(read(f), add_special_tokens=False)["input_ids"] + [eot]
+    return np.asarray(ids, dtype=np.uint16)
 
 
 def corpus_files() -> tuple[list[Path], list[Path]]:
@@ -89,11 +109,11 @@ def make_model(spec: dict, tok):
     return LlamaForCausalLM(cfg)
 
 
-def batches(data: np.ndarray, batch: int, step: int):
+def batches(data: np.ndarray, batch: int, step: int, data_seed: int = SEED):
     """The batch of ``step``: a deterministic function of (seed, step), so resuming is exact."""
     import torch
 
-    rng = np.random.default_rng([SEED, step])
+    rng = np.random.default_rng([data_seed, step])
     starts = rng.integers(0, len(data) - SEQ - 1, size=batch)
     x = np.stack([data[s : s + SEQ + 1] for s in starts]).astype(np.int64)
     return torch.from_numpy(x[:, :-1]), torch.from_numpy(x[:, 1:])
@@ -106,7 +126,7 @@ def lr_at(step: int, total: int, peak: float, warmup: int = 200) -> float:
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
-def train(name: str, model, data: np.ndarray, steps: int, batch: int, peak_lr: float, teacher=None):
+def train(name: str, model, data: np.ndarray, steps: int, batch: int, peak_lr: float, teacher=None, data_seed: int = SEED):
     """Train for ``steps`` optimizer steps (resuming from the last checkpoint)."""
     import torch
     import torch.nn.functional as F
@@ -129,7 +149,7 @@ def train(name: str, model, data: np.ndarray, steps: int, batch: int, peak_lr: f
         step = state["step"]
         for g in opt.param_groups:
             g["lr"] = lr_at(step, steps, peak_lr)
-        x, y = batches(data, batch, step)
+        x, y = batches(data, batch, step, data_seed)
         logits = model(x).logits
         ce = F.cross_entropy(logits.reshape(-1, VOCAB), y.reshape(-1))
         loss = ce
@@ -209,30 +229,61 @@ scratch on this machine by `python tools/train_demo_pair.py --target-steps {args
 
 
 def main() -> None:
+    global WORK
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target-steps", type=int, default=1200)
     ap.add_argument("--draft-steps", type=int, default=700)
     ap.add_argument("--out", type=Path, default=ROOT / "models" / "demo")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--teacher", type=Path, default=None, help="an existing target checkpoint (and its tokenizer): train only a draft")
+    ap.add_argument("--draft-init", type=Path, default=None, help="continue distilling this draft checkpoint")
+    ap.add_argument("--draft-size", default=None, help="hidden,layers,intermediate of a fresh draft [default: 128,2,384]")
+    ap.add_argument("--draft-lr", type=float, default=3e-3)
+    ap.add_argument("--data-seed", type=int, default=SEED, help="which training windows the draft sees (a continuation: another seed)")
+    ap.add_argument("--work", type=Path, default=WORK, help="checkpoints and token caches")
     args = ap.parse_args()
 
     import torch
 
+    WORK = args.work
     torch.set_num_threads(args.threads)
     WORK.mkdir(parents=True, exist_ok=True)
     files, held = corpus_files()
-    tok = train_tokenizer(files, WORK / "tokenizer")
+    if args.teacher is not None:
+        from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
+
+        tok = PreTrainedTokenizerFast.from_pretrained(args.teacher)
+        target = LlamaForCausalLM.from_pretrained(args.teacher, dtype=torch.float32)
+    else:
+        tok = train_tokenizer(files, WORK / "tokenizer")
+        target = make_model(TARGET, tok)
     train_ids, held_ids = encode(tok, files, WORK / "train.npy"), encode(tok, held, WORK / "held.npy")
     print(f"{len(files)} train files ({len(train_ids):,} tokens), {len(held)} held out ({len(held_ids):,})", flush=True)
 
-    target, draft = make_model(TARGET, tok), make_model(DRAFT, tok)
-    states = {"target": train("target", target, train_ids, args.target_steps, batch=16, peak_lr=2e-3)}
+    spec = dict(DRAFT)
+    if args.draft_size:
+        hidden, layers, inter = (int(v) for v in args.draft_size.split(","))
+        spec.update(hidden_size=hidden, num_hidden_layers=layers, intermediate_size=inter)
+    if args.draft_init is not None:
+        from transformers import LlamaForCausalLM
+
+        draft = LlamaForCausalLM.from_pretrained(args.draft_init, dtype=torch.float32)
+    else:
+        draft = make_model(spec, tok)
+    states = {"target": train("target", target, train_ids, args.target_steps, batch=16, peak_lr=2e-3)} if args.teacher is None else {}
     target.eval()
     for p in target.parameters():
         p.requires_grad_(False)
-    states["draft"] = train("draft", draft, train_ids, args.draft_steps, batch=16, peak_lr=3e-3, teacher=target)
+    states["draft"] = train("draft", draft, train_ids, args.draft_steps, batch=16, peak_lr=args.draft_lr, teacher=target, data_seed=args.data_seed)
     figures = evaluate(target, draft, held_ids)
+    code = evaluate(target, draft, code_ids(tok))
+    figures.update({f"code_{k}": v for k, v in code.items()})
     print(json.dumps(figures), flush=True)
+    if args.teacher is not None:  # a draft alone: no card for the pair
+        save(draft, tok, args.out / "draft")
+        (args.out / "draft_training.json").write_text(json.dumps(dict(args={k: str(v) for k, v in vars(args).items()}, figures=figures,
+                                                                      state={k: states["draft"][k] for k in ("step", "seconds", "log")}), indent=1))  # fmt: skip
+        return
     tparams, dparams = sum(p.numel() for p in target.parameters()), sum(p.numel() for p in draft.parameters())
     save(target, tok, args.out / "target")
     save(draft, tok, args.out / "draft")

@@ -114,3 +114,15 @@ def test_fused_draft_plans_both_variants_per_batch_size(tmp_path):
     names = {p.name for p in planned_graphs(ExportConfig("t", "d", tmp_path, max_batch=4, fused_draft=True))}
     assert {"draft_fused", "draft_fused_greedy", "draft_fused_batch2", "draft_fused_greedy_batch4"} <= names
     assert not any("fused" in p.name for p in planned_graphs(ExportConfig("t", "d", tmp_path, max_batch=4)))
+
+
+@pytest.mark.parametrize("family_bundle", ["llama"], indirect=True)
+def test_inspect_summarizes_a_bundle_with_fused_graphs(family_bundle):
+    from click.testing import CliRunner
+
+    from specdec.cli import cli
+
+    out = family_bundle[3]
+    res = CliRunner().invoke(cli, ["inspect", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "draft_fused_greedy_batch4" in res.output and "validated draft_fused " in res.output and "max|Δ q|" in res.output
