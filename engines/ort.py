@@ -253,7 +253,7 @@ def runtime_graphs(manifest) -> list[str]:
 
 def fused_graph(manifest, role: str, batch: int = 1) -> tuple[str, GraphSpec] | None:
     """The (name, spec) of the draft's fused graph for ``role`` and ``batch`` rows, or None
-    (bundles exported before fused drafting, or with --no-fused-draft)."""
+    (bundles exported without --fused-draft, or before it existed)."""
     return next(((n, g) for n, g in manifest.graphs.items() if g.role == role and g.batch == batch), None)
 
 

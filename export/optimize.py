@@ -1,7 +1,7 @@
 """Graph optimizations for ONNX Runtime on CPU, applied before validation.
 
 1. onnxscript's ORT fusions: RMSNorm, skip-RMSNorm, rotary embedding, cos/sin cache.
-2. A tied LM head (and, in an unrolled graph, a Transpose of W shared by several heads) (the embedding matrix W [V, H] reused as the output projection) exports as
+2. A tied LM head (the embedding matrix W [V, H] reused as the output projection) exports as
    MatMul(h, Wᵀ) on a transposed constant, which ORT runs as FusedMatMul(transB) and cannot
    prepack (a large share of a verify call: docs/bench/notes.md). The head becomes a plain MatMul on
    a stored Wᵀ [H, V]:
@@ -14,6 +14,9 @@
    columns, which is negligible next to a large model's call:
 
        Gather(W, ids)                 ->  Transpose(Gather(Wᵀ, ids, axis=1), perm=[1, .., r, 0])
+
+   An unrolled graph (export/fused.py) exports the head as one Transpose(W) shared by every
+   step's MatMul instead; that Transpose becomes a stored Wᵀ (``fold_transposed_weights``).
 3. The fused rotary's cos/sin cache is rebuilt every call from ReduceMax(position_ids); it is
    a constant, so we evaluate that subgraph once for positions 0..max_seq-1 and store it.
 4. Reshape -> Transpose -> RotaryEmbedding (4-D) -> Transpose -> Reshape around each rotary
