@@ -72,7 +72,7 @@ def one_line(e: pytest.ExceptionInfo) -> str:
 
 def test_model_runners_share_one_cache(bundle):
     _, manifest, _ = bundle
-    cache, dynamic, static = fresh(bundle)
+    cache, dynamic, static = fresh(bundle)[:3]
     assert dynamic.cache is cache and static.cache is cache
     assert (dynamic.static, dynamic.capacity) == (False, manifest.max_seq_len)
     assert (static.static, static.capacity, static.bound_tokens) == (True, manifest.k, manifest.k)
@@ -82,7 +82,7 @@ def test_model_runners_share_one_cache(bundle):
 
 
 def test_verify_writes_rows_in_place_at_committed_length(bundle):
-    cache, dynamic, verify = fresh(bundle)
+    cache, dynamic, verify = fresh(bundle)[:3]
     k = verify.capacity
     dynamic.run(PROMPT)
     cache.append(len(PROMPT))
@@ -115,7 +115,7 @@ def test_verify_writes_rows_in_place_at_committed_length(bundle):
 @pytest.mark.parametrize("role", ["dynamic", "static"])
 def test_io_binding_matches_plain_run(bundle, role):
     """Compare paths: the bound, in-place call against session.run on numpy copies."""
-    cache, dynamic, static = fresh(bundle)
+    cache, dynamic, static = fresh(bundle)[:3]
     # the prompt call itself, from an empty cache
     ref_logits, ref_present = plain_run(dynamic, PROMPT, snapshot(cache))
     np.testing.assert_allclose(dynamic.run(PROMPT), ref_logits, rtol=0, atol=EXACT)
@@ -139,7 +139,7 @@ def test_io_binding_matches_plain_run(bundle, role):
 
 
 def test_dynamic_graph_rebinds_only_when_length_changes(bundle):
-    cache, dynamic, _ = fresh(bundle)
+    cache, dynamic, _ = fresh(bundle)[:3]
     assert (dynamic.rebinds, dynamic.bound_tokens) == (1, 1)  # bound once at construction, for 1 token
     rng = np.random.default_rng(0)
     increments = []
@@ -157,7 +157,7 @@ def test_dynamic_graph_rebinds_only_when_length_changes(bundle):
 
 @pytest.mark.parametrize("model", ["target", "draft"])
 def test_static_graph_never_rebinds(bundle, model):
-    cache, dynamic, static = fresh(bundle, model)
+    cache, dynamic, static = fresh(bundle, model)[:3]
     assert (static.rebinds, static.bound_tokens) == (1, static.capacity)
     dynamic.run(PROMPT)
     cache.append(len(PROMPT))
@@ -179,7 +179,7 @@ def test_padding_leaves_real_tokens_unchanged(bundle, n):
     are different graphs run at different S, so ORT's kernels tile and sum in a different order
     (measured up to ~6e-6 here); 1e-4 is the export's float32 bound. Padding leaking into a real token
     (a causal-mask or position bug) moves these peaked logits by O(1)."""
-    cache, dynamic, verify = fresh(bundle)
+    cache, dynamic, verify = fresh(bundle)[:3]
     dynamic.run(PROMPT)
     cache.append(len(PROMPT))
     start, tokens = cache.length, [70, 71, 72, 73][:n]
@@ -244,7 +244,7 @@ def test_runner_refuses_mismatched_cache(bundle, layers, dtype, heads, rows, nam
 
 @pytest.mark.parametrize("role, n", [("dynamic", 0), ("verify", 0), ("verify", 6), ("dynamic", 129)])
 def test_run_refuses_token_counts_outside_capacity(bundle, role, n):
-    cache, dynamic, verify = fresh(bundle)
+    cache, dynamic, verify = fresh(bundle)[:3]
     runner = dynamic if role == "dynamic" else verify
     before = snapshot(cache)
     with pytest.raises(InputError) as e:
@@ -255,7 +255,7 @@ def test_run_refuses_token_counts_outside_capacity(bundle, role, n):
 
 
 def test_run_refuses_rows_past_max_seq(bundle):
-    cache, dynamic, verify = fresh(bundle)
+    cache, dynamic, verify = fresh(bundle)[:3]
     cache.append(cache.max_seq - 2)  # 126 committed rows (contents irrelevant here)
     dynamic.run([5, 6])  # rows 126..128: exactly fits
     for runner, tokens in ((dynamic, [5, 6, 7]), (verify, [5])):  # verify pads to K = 5 rows
@@ -320,7 +320,7 @@ def test_shared_pool_in_a_subprocess(bundle):
         m = load_manifest(bundle)
         pool = ThreadPolicy.shared(1)
         sessions = {{n: open_session(bundle, n, g, threads=pool) for n, g in m.graphs.items()}}
-        cache, dynamic, verify = model_runners(bundle, m, "target", sessions, "cpu")
+        cache, dynamic, verify = model_runners(bundle, m, "target", sessions, "cpu")[:3]
         logits = dynamic.run([5, 6, 7])
         assert logits.shape == (3, m.vocab_size) and abs(logits).max() > 0
         assert not pool.session_options().use_per_session_threads
