@@ -193,7 +193,8 @@ def test_quantized_bundle(llama_bundle, tmp_path, quantize, draft_quantize):
 def test_each_model_weights_are_stored_and_loaded_once(family_bundle):
     """Every graph of a model reads one ``<model>.weights`` and no graph keeps a data file of its
     own; the file holds each tensor once (about one graph's worth); the runtime opens one session
-    per model, which runs both the dynamic and the fixed-length calls."""
+    per model, which runs both the dynamic and the fixed-length calls (plus, for a bundle with
+    fused draft graphs, one session per fused variant)."""
     import onnx
 
     from specdec.runtime.decoder import SpeculativeDecoder
@@ -207,7 +208,9 @@ def test_each_model_weights_are_stored_and_loaded_once(family_bundle):
         per_graph = [sum(int(e.value) for t in p.graph.initializer for e in t.external_data if e.key == "length") for p in protos]
         assert (out / f"{model}.weights").stat().st_size < 1.1 * max(per_graph) + 2**20, (family, model, per_graph)
     dec = SpeculativeDecoder.load(out)
-    assert sorted(dec.sessions) == ["draft_dynamic", "target_dynamic"]
+    fused = [n for n in ("draft_fused", "draft_fused_greedy") if n in manifest.graphs]  # --fused-draft: their own sessions (README)
+    assert sorted(dec.sessions) == sorted(["draft_dynamic", "target_dynamic", *fused])
+    assert bool(fused) == (family == "llama")  # the family bundles: llama is exported with --fused-draft
     for model in ("target", "draft"):
         r = dec.models[model]
         assert r.static.session is r.dynamic.session and r.static.capacity == (manifest.k if model == "target" else 1)
