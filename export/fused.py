@@ -18,6 +18,10 @@ picks every token inside the graph, for B rows at once (B = 1 for the decoder):
 A second variant takes no sampling inputs and returns no probs: every row greedy, argmax only
 (a call of it skips the softmax the sampling graph computes for its If; 20% of a demo draft call).
 
+The graph is correct only when every present output is bound to its row's past buffer (as
+engines/fused.py binds them): that aliasing is how step j + 1 sees step j's KV row. Run with
+unbound outputs (a plain ``session.run``), later steps would attend without the earlier ones.
+
 Every token is drawn from exactly the q row the graph returns, so Algorithm 1 on those rows
 keeps the target's law whatever rounding the graph's float32 standardization has. The draft
 token x_γ is not fed (as in the step-by-step loop); its KV row is written by the next call.
