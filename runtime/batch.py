@@ -339,18 +339,12 @@ class BatchEngine:
     def _draft_fused(self, rows: list[Row]) -> None:
         """γ proposals for every row in one fused call (after one batched call feeding the rows
         whose draft slot is more than one token behind: those whose last call accepted all)."""
-        behind = []
-        for r in rows:
-            view = self.draft.cache.slot(r.slot)
-            if r.length - 1 - view.length > self.manifest.k:  # a long backlog (after plain steps): alone, through the dynamic graph
-                self.draft.one(r.slot, r.seq[view.length : r.length - 1])
-                view.append(r.length - 1 - view.length)
-            elif r.length - 1 > view.length:
-                behind.append((r, view))
+        feeds = [(r, self._draft_feed(r, 0)[:-1]) for r in rows]  # all the slot has not seen but the last token
+        behind = [(r, f) for r, f in feeds if len(f)]
         if behind:
-            self.draft([r.slot for r, _ in behind], [r.seq[v.length : r.length - 1] for r, v in behind])
-            for r, v in behind:
-                v.append(r.length - 1 - v.length)
+            self.draft([r.slot for r, _ in behind], [f for _, f in behind])
+            for r, f in behind:
+                self.draft.cache.slot(r.slot).append(len(f))
         size = 1 if len(rows) == 1 else min(b for b in self.target.batched if b >= len(rows))
         greedy = all(r.req.sampling.greedy for r in rows)
         runner = self.fused.get((size, greedy)) or self.fused[size, False]
