@@ -69,3 +69,29 @@ class KVCache:
 
     def reset(self) -> None:
         self.length = 0
+
+
+class CrossKV:
+    """An encoder-decoder's cross-attention K/V: per decoder layer a key and a value [1, H, N, D]
+    for a source of N <= ``max_source`` tokens. Each is the prefix of a flat buffer allocated
+    once, so the encoder writes it and every decoder call reads it by pointer, never copied."""
+
+    def __init__(self, layers: int, heads: int, max_source: int, head_dim: int, dtype: str):
+        self.heads, self.head_dim, self.max_source = heads, head_dim, max_source
+        self.dtype = NP_DTYPES[dtype]
+        self.buffers = [np.zeros((heads * max_source * head_dim,), dtype=self.dtype) for _ in range(2 * layers)]  # [H*N_max*D] each
+        self.length = 0  # N of the source encoded last
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        return (1, self.heads, self.length, self.head_dim)
+
+    def pointers(self) -> list[tuple[int, int]]:
+        """(key, value) data pointers per layer, for I/O binding."""
+        b = self.buffers
+        return [(b[i].ctypes.data, b[i + 1].ctypes.data) for i in range(0, len(b), 2)]
+
+    def views(self) -> list[np.ndarray]:
+        """key_0, value_0, key_1, ... as [1, H, N, D] arrays over the buffers."""
+        n = self.heads * self.length * self.head_dim
+        return [b[:n].reshape(self.shape) for b in self.buffers]

@@ -18,7 +18,7 @@ import numpy as np
 import onnxruntime as ort
 
 from specdec.engines.fused import FusedRunner
-from specdec.engines.kv import NP_DTYPES, KVCache
+from specdec.engines.kv import NP_DTYPES, CrossKV, KVCache
 from specdec.engines.threads import ThreadPolicy
 from specdec.errors import EngineError, InputError, SignatureError
 from specdec.manifest import FUSED_ROLES, GraphSpec
@@ -98,6 +98,13 @@ class GraphRunner:
         self.bound_tokens = 0  # S the token-sized buffers are bound for
         self.rebinds = 0  # how often they were (re)bound: once for a static graph
         self._bind_tokens(self.capacity if self.static else 1)
+
+    def bind_cross(self, cross: CrossKV) -> None:
+        """Read an encoder-decoder's cross-attention K/V from ``cross`` (after each encoder run:
+        its source length sets their shape)."""
+        for (k_name, v_name), ptrs in zip(self.io_names.cross, cross.pointers()):
+            for tensor, ptr in zip((k_name, v_name), ptrs):
+                self.binding.bind_input(tensor, "cpu", 0, cross.dtype, list(cross.shape), ptr)
 
     def bind_cache(self, cache: KVCache) -> None:
         """Run over ``cache`` from now on (another slot of the same shape): rebinds its buffers."""
@@ -192,6 +199,31 @@ class PortableRunner(GraphRunner):
 RUNNERS = {"ort": GraphRunner, "portable": PortableRunner}
 
 
+class EncoderRunner:
+    """An encoder-decoder's encoder graph: ``run(source)`` writes each decoder layer's
+    cross-attention K/V for the source into a ``CrossKV``, once per request."""
+
+    def __init__(self, session: ort.InferenceSession, name: str, spec: GraphSpec, cross: CrossKV):
+        if len(spec.io.cross) != len(cross.buffers) // 2:
+            raise SignatureError(f"graph {name} writes {len(spec.io.cross)} layers of cross K/V, the buffers hold {len(cross.buffers) // 2}")
+        self.name, self.spec, self.session, self.cross = name, spec, session, cross
+        self.ids = np.zeros((1, cross.max_source), dtype=np.int64)  # [1, N_max]
+        self.binding = session.io_binding()
+        self.binding.bind_input(spec.io.ids, "cpu", 0, np.int64, [1, 1], self.ids.ctypes.data)
+
+    def run(self, source: Sequence[int] | np.ndarray) -> None:
+        n = len(source)
+        if not 0 < n <= self.cross.max_source:
+            raise InputError(f"{self.name}: a source of {n} tokens; this bundle's encoder takes 1..{self.cross.max_source}")
+        self.ids[0, :n] = source
+        self.cross.length = n
+        self.binding.bind_input(self.spec.io.ids, "cpu", 0, np.int64, [1, n], self.ids.ctypes.data)
+        for (k_name, v_name), ptrs in zip(self.spec.io.cross, self.cross.pointers()):
+            for tensor, ptr in zip((k_name, v_name), ptrs):
+                self.binding.bind_output(tensor, "cpu", 0, self.cross.dtype, list(self.cross.shape), ptr)
+        self.session.run_with_iobinding(self.binding)
+
+
 def open_session(
     bundle: Path, name: str, spec: GraphSpec, provider: str = "cpu", threads: ThreadPolicy | int | None = None
 ) -> ort.InferenceSession:
@@ -247,7 +279,7 @@ def runtime_graphs(manifest) -> list[str]:
     then held three times, README "Fused drafting"). The bundle's static ORT graphs are not
     opened: run at the same S they are 1-6% faster per call (README, "Weights once"), not worth
     a second copy of the weights in memory."""
-    roles = ("dynamic", *FUSED_ROLES)
+    roles = ("dynamic", "encoder", *FUSED_ROLES)
     return [n for n, g in manifest.graphs.items() if g.flavour == "ort" and g.role in roles and g.batch == 1]
 
 
@@ -265,6 +297,16 @@ class ModelRunners(NamedTuple):
     static: GraphRunner  # fixed length, bound once (same session): the target's K-token verify, the draft's 1-token step
     fused: FusedRunner | None = None  # the draft's γ steps in one call (sampling variant), when the bundle has it
     fused_greedy: FusedRunner | None = None  # the same, argmax only
+    encoder: EncoderRunner | None = None  # an encoder-decoder's encoder, and the cross K/V it writes
+    cross: CrossKV | None = None
+
+    def encode(self, source: Sequence[int] | np.ndarray) -> None:
+        """Run the encoder on a request's source; every decoder runner then reads its K/V."""
+        if self.encoder is None:
+            raise InputError("this model is decoder-only; it takes no source")
+        self.encoder.run(source)
+        for runner in (self.dynamic, self.static):
+            runner.bind_cross(self.cross)
 
 
 def model_runners(bundle: Path, manifest, model: str, sessions: dict, device: str) -> ModelRunners:
@@ -280,4 +322,11 @@ def model_runners(bundle: Path, manifest, model: str, sessions: dict, device: st
         found = fused_graph(manifest, role) if model == "draft" else None
         if found and found[0] in sessions:
             fused[role] = FusedRunner(sessions[found[0]], *found, lambda slot: cache)
-    return ModelRunners(cache, dynamic, static, fused.get("fused"), fused.get("fused_greedy"))
+    encoder = cross = None
+    if manifest.seq2seq:
+        if device != "cpu":
+            raise EngineError(f"encoder-decoder bundles run on the CPU provider only so far; {bundle} needs provider='cpu'")
+        cross = CrossKV(spec.num_layers, spec.num_heads, manifest.max_source_len, spec.head_dim, manifest.dtype)
+        name, g = manifest.graph(model, "encoder")
+        encoder = EncoderRunner(sessions[name], name, g, cross)
+    return ModelRunners(cache, dynamic, static, fused.get("fused"), fused.get("fused_greedy"), encoder, cross)

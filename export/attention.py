@@ -96,9 +96,13 @@ def _register_gqa_schema() -> None:
                 formal("past_value", "T", param_option=optional),
                 formal("seqlens_k", "M"),
                 formal("total_sequence_length", "M"),
+                formal("cos_cache", "T", param_option=optional),
+                formal("sin_cache", "T", param_option=optional),
+                formal("position_ids", "I", param_option=optional),
+                formal("attention_bias", "T", param_option=optional),  # T5's relative bias (export/seq2seq.py)
             ],
             outputs=[formal("output", "T"), formal("present_key", "T"), formal("present_value", "T")],
-            type_constraints=[("T", ["tensor(float)", "tensor(float16)"], ""), ("M", ["tensor(int32)"], "")],
+            type_constraints=[("T", ["tensor(float)", "tensor(float16)"], ""), ("M", ["tensor(int32)"], ""), ("I", ["tensor(int64)"], "")],
             attributes=[
                 attr("num_heads", kind.INT, ""),
                 attr("kv_num_heads", kind.INT, ""),

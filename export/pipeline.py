@@ -59,6 +59,7 @@ class ExportConfig:
     draft_revision: str | None = None
     trust_remote_code: bool = False
     ngram_corpus: Path | None = None  # text file or folder: the n-gram drafter's table
+    max_source_len: int | None = None  # encoder-decoder: source tokens per request [default: the models' limit, or 512]
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -71,6 +72,8 @@ class ExportConfig:
             raise ConfigError(f"--max-seq-len {self.max_seq_len}: expected an integer >= {self.gamma + 2} (gamma + 2)")
         if isinstance(self.max_batch, bool) or not isinstance(self.max_batch, int) or not 1 <= self.max_batch <= MAX_BATCH:
             raise ConfigError(f"--max-batch {self.max_batch}: expected an integer in 1..{MAX_BATCH} (requests decoded together)")
+        if self.max_source_len is not None and (isinstance(self.max_source_len, bool) or not isinstance(self.max_source_len, int) or self.max_source_len < 2):
+            raise ConfigError(f"--max-source-len {self.max_source_len}: expected an integer >= 2 (source tokens per request)")
         if self.dtype not in DTYPES:
             raise ConfigError(f"--dtype {self.dtype}: expected one of {', '.join(DTYPES)}")
         names = ", ".join(q for q in QUANTIZATIONS if q)
@@ -102,16 +105,16 @@ class Progress:
 
 
 def _model_spec(src: Source, model, quantization: str | None) -> ModelSpec:
-    cfg = src.config
+    cfg, fam = src.config, src.family
     return ModelSpec(
         source=src.name,
         revision=src.commit,
-        family=src.family.name,
-        num_layers=cfg.num_hidden_layers,
-        num_heads=cfg.num_attention_heads,
-        num_kv_heads=src.family.kv_heads(cfg),
-        head_dim=src.family.head_dim(cfg),
-        hidden_size=cfg.hidden_size,
+        family=fam.name,
+        num_layers=fam.layers(cfg),
+        num_heads=fam.heads(cfg),
+        num_kv_heads=fam.kv_heads(cfg),
+        head_dim=fam.head_dim(cfg),
+        hidden_size=fam.hidden(cfg),
         max_position_embeddings=getattr(cfg, "max_position_embeddings", 0) or 0,
         parameters=parameter_count(model),
         quantization=quantization,
@@ -161,7 +164,39 @@ PORTABLE_GRAPHS = (
 )
 
 
-def planned_graphs(cfg: ExportConfig) -> tuple[GraphPlan, ...]:
+# Encoder-decoder bundles (export/seq2seq.py): each model's encoder, run once per request, and
+# its decoder graphs. Batch 1 and the ORT flavour only so far.
+SEQ2SEQ_GRAPHS = (
+    GraphPlan("target_encoder", "target", "encoder", None),
+    GraphPlan("target_dynamic", "target", "dynamic", None),
+    GraphPlan("target_verify", "target", "verify", "K"),
+    GraphPlan("draft_encoder", "draft", "encoder", None),
+    GraphPlan("draft_dynamic", "draft", "dynamic", None),
+    GraphPlan("draft_step", "draft", "step", 1),
+)
+DEFAULT_MAX_SOURCE = 512
+
+
+def check_seq2seq(cfg: ExportConfig, sources: dict[str, Source]) -> int | None:
+    """Refuse options an encoder-decoder bundle cannot have yet; its max source length (None: decoder-only)."""
+    if not sources["target"].family.seq2seq:
+        if cfg.max_source_len is not None:
+            raise ConfigError(f"--max-source-len {cfg.max_source_len}: {cfg.target} is decoder-only; the option is for encoder-decoder models (T5, BART, Marian)")
+        return None
+    flags = {"--max-batch": cfg.max_batch > 1, "--fused-draft": cfg.fused_draft, "--portable": cfg.portable}
+    bad = [f for f, on in flags.items() if on]
+    if bad:
+        raise ConfigError(f"{', '.join(bad)}: not supported for encoder-decoder bundles yet ({cfg.target}); export without {' and '.join(bad)}")
+    limits = [src.family.max_source(src.config) for src in sources.values()]
+    limit = min([n for n in limits if n] or [None]) if any(limits) else None
+    if cfg.max_source_len is not None and limit is not None and cfg.max_source_len > limit:
+        raise ConfigError(f"--max-source-len {cfg.max_source_len} exceeds the encoders' {limit} positions; pass --max-source-len {limit} or less")
+    return cfg.max_source_len or min(DEFAULT_MAX_SOURCE, limit or DEFAULT_MAX_SOURCE)
+
+
+def planned_graphs(cfg: ExportConfig, seq2seq: bool = False) -> tuple[GraphPlan, ...]:
+    if seq2seq:
+        return SEQ2SEQ_GRAPHS
     fused = tuple(GraphPlan(f"draft_{role}", "draft", role, "gamma") for role in FUSED_ROLES) if cfg.fused_draft else ()
     batched = []
     for b in batch_sizes(cfg.max_batch):
@@ -185,6 +220,7 @@ def export_bundle(cfg: ExportConfig, progress: Progress | None = None) -> Manife
     }
     check_pair(sources["target"], sources["draft"])
     check_corpus(cfg.ngram_corpus, sources["target"].tokenizer is not None)
+    max_source = check_seq2seq(cfg, sources)
     max_seq = cfg.max_seq_len or default_max_seq(sources.values())
 
     progress("load weights")
@@ -195,10 +231,11 @@ def export_bundle(cfg: ExportConfig, progress: Progress | None = None) -> Manife
     # float32 source, so the recorded figures are the deviation from the model the user gave.
     exported = {role: m if cfg.dtype == "float32" else copy.deepcopy(m).to(TORCH_DTYPES[cfg.dtype]) for role, m in models.items()}
     with staging(cfg.out) as tmp:
-        graphs = {plan.name: _export_graph(plan, cfg, exported[plan.model], specs[plan.model], max_seq, tmp, progress) for plan in planned_graphs(cfg)}
+        plans = planned_graphs(cfg, max_source is not None)
+        graphs = {p.name: _export_graph(p, cfg, exported[p.model], specs[p.model], max_seq, tmp, progress, max_source) for p in plans}
         progress("share weights")
         graphs = _share_weights(graphs, tmp)
-        figures = _validate(cfg, models, specs, graphs, max_seq, tmp, progress)
+        figures = _validate(cfg, models, specs, graphs, max_seq, tmp, progress, max_source)
         tols = {name: TOLERANCES[(cfg.dtype, None if name.endswith("_portable") else cfg.quantization(name.split("_")[0]))] for name in figures}
         check(figures, tols)  # batched graphs too; portable graphs stay float
         tol = tols["target"]
@@ -217,7 +254,8 @@ def export_bundle(cfg: ExportConfig, progress: Progress | None = None) -> Manife
         validation = {"tolerance": as_json(tol), **figures}
         if tols.get("draft", tol) != tol:
             validation["draft_tolerance"] = as_json(tols["draft"])
-        manifest = _manifest(cfg, target, specs, graphs, max_seq, tokenizer=tokenizer, chat_template=chat_template, ngram=ngram, validation=validation)
+        manifest = _manifest(cfg, target, specs, graphs, max_seq, tokenizer=tokenizer, chat_template=chat_template, ngram=ngram,
+                             validation=validation, max_source=max_source)  # fmt: skip
         progress("write bundle")
         commit(tmp, cfg.out, manifest)
     return manifest
@@ -236,7 +274,8 @@ def save_chat_template(tokenizer, folder: Path) -> str | None:
 
 
 def _manifest(cfg: ExportConfig, target: Source, specs: dict[str, ModelSpec], graphs: dict[str, GraphSpec], max_seq: int, *,
-              tokenizer: str | None, chat_template: str | None, ngram: dict | None, validation: dict) -> Manifest:  # fmt: skip
+              tokenizer: str | None, chat_template: str | None, ngram: dict | None, validation: dict,
+              max_source: int | None = None) -> Manifest:  # fmt: skip
     """The manifest of an exported bundle."""
     return Manifest(
         gamma=cfg.gamma,
@@ -256,21 +295,31 @@ def _manifest(cfg: ExportConfig, target: Source, specs: dict[str, ModelSpec], gr
         ngram=ngram,
         validation=validation,
         tools=_tools(),
+        max_source_len=max_source,
+        decoder_start_token_id=getattr(target.config, "decoder_start_token_id", None) if max_source is not None else None,
     )
 
 
-def _export_graph(plan: GraphPlan, cfg: ExportConfig, model, spec: ModelSpec, max_seq: int, tmp: Path, progress: Progress) -> GraphSpec:
-    """Export, optimize (ORT flavour) and quantize (ORT flavour, --quantize) one graph."""
+def _export_graph(plan: GraphPlan, cfg: ExportConfig, model, spec: ModelSpec, max_seq: int, tmp: Path, progress: Progress,
+                  max_source: int | None = None) -> GraphSpec:  # fmt: skip
+    """Export, optimize (ORT flavour) and quantize (ORT flavour, --quantize) one graph
+    (``max_source``: an encoder-decoder's source tokens; None: decoder-only)."""
     from specdec.export.batched import export_batched
     from specdec.export.fused import export_fused
     from specdec.export.graphs import export_decoder
     from specdec.export.optimize import optimize_for_cpu
     from specdec.export.quantize import external_files, quantize_int8, quantize_weight_only
+    from specdec.export.seq2seq import export_encoder, export_seq2seq_decoder
 
     progress(f"export {plan.name}")
     tokens = {"K": cfg.gamma + 1, "gamma": cfg.gamma}.get(plan.tokens, plan.tokens)
     file = f"{plan.name}.onnx"
-    if plan.role in FUSED_ROLES:
+    shape = (spec.num_layers, spec.num_heads, spec.head_dim)
+    if plan.role == "encoder":
+        inputs, outputs, io = export_encoder(model, tmp / file, spec.family, *shape, max_source, cfg.dtype)
+    elif max_source is not None:
+        inputs, outputs, io = export_seq2seq_decoder(model, tmp / file, spec.family, tokens, max_seq, *shape, max_source, cfg.dtype)
+    elif plan.role in FUSED_ROLES:
         inputs, outputs, io = export_fused(model, tmp / file, plan.batch, cfg.gamma, max_seq, spec.num_kv_heads, spec.head_dim, cfg.dtype,
                                            greedy=plan.role == "fused_greedy")  # fmt: skip
     elif plan.batch > 1:
@@ -303,12 +352,21 @@ def _share_weights(graphs: dict[str, GraphSpec], tmp: Path) -> dict[str, GraphSp
     return out
 
 
-def _validate(cfg: ExportConfig, models, specs, graphs: dict[str, GraphSpec], max_seq: int, tmp: Path, progress: Progress) -> dict:
+def _validate(cfg: ExportConfig, models, specs, graphs: dict[str, GraphSpec], max_seq: int, tmp: Path, progress: Progress,
+              max_source: int | None = None) -> dict:  # fmt: skip
     """Figures per model (and per portable graph): each static graph after the model's ORT dynamic graph."""
-    from specdec.export.validate import validate_batched, validate_fused, validate_model
+    from specdec.export.validate import validate_batched, validate_fused, validate_model, validate_seq2seq
 
     figures = {}
     for name, g in graphs.items():
+        if max_source is not None:
+            if g.role in ("verify", "step"):
+                progress(f"validate {g.model}")
+                s, m = specs[g.model], g.model
+                kv = (s.num_layers, s.num_kv_heads, max_seq, s.head_dim, cfg.dtype)
+                parts = [(f"{m}_{r}", graphs[f"{m}_{r}"]) for r in ("encoder", "dynamic")] + [(name, g)]
+                figures[m] = validate_seq2seq(models[m], tmp, *parts, kv, max_source, seed=cfg.seed)
+            continue
         if g.role in FUSED_ROLES:
             progress(f"validate {name}")
             s = specs[g.model]

@@ -85,6 +85,17 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
 def check_pair(target: Source, draft: Source) -> None:
     """Refuse a draft whose vocabulary or special tokens differ from the target's."""
     t, d = target.config, draft.config
+    if target.family.seq2seq != draft.family.seq2seq:
+        kinds = {True: "an encoder-decoder", False: "a decoder-only"}
+        raise ModelError(
+            f"target {target.name} is {kinds[target.family.seq2seq]} model ({t.model_type}) but draft {draft.name} is "
+            f"{kinds[draft.family.seq2seq]} one ({d.model_type}); pass a draft of the same kind"
+        )
+    if target.family.seq2seq and getattr(t, "decoder_start_token_id", None) != getattr(d, "decoder_start_token_id", None):
+        raise ModelError(
+            f"special-token mismatch: target decoder_start_token_id={t.decoder_start_token_id}, draft "
+            f"decoder_start_token_id={d.decoder_start_token_id}; the draft's decoder must start where the target's does"
+        )
     if t.vocab_size != d.vocab_size:
         raise ModelError(
             f"vocab mismatch: target {target.name} has vocab_size={t.vocab_size}, draft {draft.name} has {d.vocab_size}; "
@@ -111,10 +122,11 @@ def check_pair(target: Source, draft: Source) -> None:
 def load_model(src: Source) -> Any:
     """The source's torch model in float32, eval mode, from safetensors weights."""
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
+    auto = AutoModelForSeq2SeqLM if src.family.seq2seq else AutoModelForCausalLM
     try:
-        model = AutoModelForCausalLM.from_pretrained(
+        model = auto.from_pretrained(
             src.location,
             revision=src.revision,
             trust_remote_code=src.trust_remote_code,

@@ -210,3 +210,50 @@ def validate_fused(model: torch.nn.Module, bundle: Path, graph: tuple[str, Graph
             seqs[b] = seq + drafted[:keep] + [int(rng.integers(0, vocab))]
             cache.slot(b).append(1 + keep)
     return {"logits": worst if runner.sampling else None, "present_key": None, "present_value": None, "top1_agreement": agree / total, "positions": total}
+
+
+def validate_seq2seq(model: torch.nn.Module, bundle: Path, encoder: tuple[str, GraphSpec], dynamic: tuple[str, GraphSpec],
+                     static: tuple[str, GraphSpec], kv: tuple[int, int, int, int, str], max_source: int, seed: int = 0,
+                     rounds: int = 6) -> dict[str, float]:  # fmt: skip
+    """An encoder-decoder's graphs (export/seq2seq.py) against ``model``, as ``validate_model``:
+    a random source through the encoder graph, a random decoder prompt through the dynamic
+    graph, then ``rounds`` static calls with partial acceptance and rollbacks. PyTorch runs the
+    source and the whole decoder sequence so far at each call; the KV rows and the cross K/V are
+    checked through the logits of every later call, which read them."""
+    from specdec.engines.kv import CrossKV
+    from specdec.engines.ort import EncoderRunner, open_session
+
+    rng = np.random.default_rng(seed)
+    vocab = model.config.vocab_size
+    layers, heads, _, dim, dtype = kv
+    cache, cross = KVCache(*kv), CrossKV(layers, heads, max_source, dim, dtype)
+    enc = EncoderRunner(open_session(bundle, *encoder), *encoder, cross)
+    engines = {role: runner_for(bundle, name, spec, cache) for role, (name, spec) in (("dynamic", dynamic), ("static", static))}
+    source = rng.integers(0, vocab, size=int(rng.integers(2, min(max_source, 24) + 1))).tolist()
+    enc.run(np.array(source))
+    for e in engines.values():
+        e.bind_cross(cross)
+    seq: list[int] = []
+    worst, agree, total = 0.0, 0, 0
+
+    def compare(ours: np.ndarray, ids: list[int]) -> None:
+        nonlocal worst, agree, total
+        seq.extend(ids)
+        with torch.no_grad():
+            ref = model(input_ids=torch.tensor([source]), decoder_input_ids=torch.tensor([seq])).logits[0, -len(ids):].float().numpy()
+        worst = max(worst, float(np.abs(ours - ref).max()))
+        agree += int((ours.argmax(-1) == ref.argmax(-1)).sum())
+        total += len(ids)
+
+    prompt = rng.integers(0, vocab, size=int(rng.integers(2, 10))).tolist()
+    compare(engines["dynamic"].run(prompt).copy(), prompt)
+    cache.append(len(prompt))
+    step = static[1].tokens or 1
+    for r in range(rounds):
+        ids = rng.integers(0, vocab, size=step).tolist()
+        compare(engines["static"].run(ids).copy(), ids)
+        cache.append(int(rng.integers(1, step + 1)))  # partial acceptance
+        if r % 3 == 2 and cache.length > len(prompt) + 1:
+            cache.rewind_to(cache.length - 1)  # a draft-style rollback of committed rows
+        del seq[cache.length :]
+    return {"logits": worst, "present_key": None, "present_value": None, "top1_agreement": agree / total, "positions": total}

@@ -123,7 +123,7 @@ class SpeculativeDecoder:
 
     def request(
         self,
-        prompt: str | Sequence[int],
+        prompt: str | Sequence[int] | None = None,
         max_new_tokens: int = 128,
         temperature: float = 0.0,
         top_k: int | None = None,
@@ -133,18 +133,40 @@ class SpeculativeDecoder:
         ignore_eos: bool = False,
         lenience: float = 1.0,
         stop_token_ids: Sequence[int] = (),
+        source: str | Sequence[int] | None = None,
     ) -> Request:
         """A checked ``Request`` (text is encoded with the bundle's tokenizer); raises a
-        ``ValueError`` subclass naming the first bad argument. See ``Request`` for each one."""
+        ``ValueError`` subclass naming the first bad argument. See ``Request`` for each one.
+
+        Encoder-decoder bundles (``manifest.seq2seq``): the first argument is the source, or pass
+        ``source=`` and then ``prompt`` is a decoder prefix after the decoder start token."""
+        if self.manifest.seq2seq:
+            prompt, source = self._seq2seq_inputs(prompt, source)
+        elif isinstance(prompt, str):
+            prompt = self._encode(prompt, "prompt")
+        return Request(prompt, self.limits, max_new_tokens, temperature, top_k, top_p, seed, gamma, ignore_eos, lenience,
+                       stop_token_ids, source)  # fmt: skip
+
+    def _encode(self, text: str, what: str, special: bool = True) -> list[int]:
+        if self.codec is None:
+            raise InputError(f"{what} is text but bundle {self.bundle} has no tokenizer; pass token ids instead")
+        return self.codec.encode(text, special)
+
+    def _seq2seq_inputs(self, prompt, source) -> tuple[list[int], object]:
+        """(decoder prompt, source ids) of an encoder-decoder request: the source encoded with the
+        tokenizer's special tokens (T5's and BART's EOS), a decoder prefix without them."""
+        if source is None:
+            prompt, source = None, prompt
+        if isinstance(source, str):
+            source = self._encode(source, "source")
         if isinstance(prompt, str):
-            if self.codec is None:
-                raise InputError(f"prompt is text but bundle {self.bundle} has no tokenizer; pass token ids instead")
-            prompt = self.codec.encode(prompt)
-        return Request(prompt, self.limits, max_new_tokens, temperature, top_k, top_p, seed, gamma, ignore_eos, lenience, stop_token_ids)
+            prompt = self._encode(prompt, "prompt", special=False)
+        start = [self.manifest.decoder_start_token_id]
+        return start + ([] if prompt is None else list(np.asarray(prompt).reshape(-1).tolist())), source
 
     def generate(
         self,
-        prompt: str | Sequence[int],
+        prompt: str | Sequence[int] | None = None,
         max_new_tokens: int = 128,
         temperature: float = 0.0,
         top_k: int | None = None,
@@ -154,9 +176,11 @@ class SpeculativeDecoder:
         ignore_eos: bool = False,
         lenience: float = 1.0,
         stop_token_ids: Sequence[int] = (),
+        source: str | Sequence[int] | None = None,
     ) -> GenerationResult:
-        """Decode a whole request; arguments as ``Request``."""
-        req = self.request(prompt, max_new_tokens, temperature, top_k, top_p, seed, gamma, ignore_eos, lenience, stop_token_ids)
+        """Decode a whole request; arguments as ``request`` (an encoder-decoder bundle's first
+        argument is the source)."""
+        req = self.request(prompt, max_new_tokens, temperature, top_k, top_p, seed, gamma, ignore_eos, lenience, stop_token_ids, source)
         stream = Stream(self, req, incremental_text=False)  # text decoded once, at the end
         for _ in stream:
             pass
@@ -164,7 +188,7 @@ class SpeculativeDecoder:
 
     def stream(
         self,
-        prompt: str | Sequence[int],
+        prompt: str | Sequence[int] | None = None,
         max_new_tokens: int = 128,
         temperature: float = 0.0,
         top_k: int | None = None,
@@ -174,13 +198,15 @@ class SpeculativeDecoder:
         ignore_eos: bool = False,
         lenience: float = 1.0,
         stop_token_ids: Sequence[int] = (),
+        source: str | Sequence[int] | None = None,
     ) -> Stream:
         """An iterator of ``Piece`` as tokens are accepted; arguments as ``Request``.
 
         The request is checked here, before any work. The decoder is held from the first
         ``next`` until the stream is exhausted or closed.
         """
-        return Stream(self, self.request(prompt, max_new_tokens, temperature, top_k, top_p, seed, gamma, ignore_eos, lenience, stop_token_ids))
+        req = self.request(prompt, max_new_tokens, temperature, top_k, top_p, seed, gamma, ignore_eos, lenience, stop_token_ids, source)
+        return Stream(self, req)
 
     def run(self, req: Request, incremental_text: bool = True) -> Stream:
         """A ``Stream`` of an already built ``Request`` (e.g. one checked ahead of time)."""
@@ -244,8 +270,15 @@ class SpeculativeDecoder:
         return self.policies[key]
 
     def _start(self, req: Request, stats: Stats) -> int:
-        """Empty caches; the target takes prompt[:-1] and the drafter starts. Returns L = len(prompt)."""
+        """Empty caches; the encoders take the source (encoder-decoder bundles); the target takes
+        prompt[:-1] and the drafter starts. Returns L = len(prompt)."""
         target, L, t0 = self.models["target"], len(req.prompt), clock()
+        if req.source is not None:
+            for model in self.models.values():  # the draft's own encoder too: its cost is prefill
+                model.encode(req.source)
+            source_aware = getattr(self.drafter, "use_source", None)
+            if source_aware:
+                source_aware(req.source)
         target.cache.reset()
         self.seq[:L] = req.prompt
         if L > 1:

@@ -11,6 +11,11 @@ One small interface (``Drafter``). Every drafter works on the decoder's token bu
                                   deterministic drafters, which Algorithm 1 handles exactly)
     commit(seq, L, n)             the target kept n of them (seq[:L+n+1] is now committed)
 
+Encoder-decoder requests: before ``start`` the decoder hands a drafter with a ``use_source(ids)``
+method the request's source ids [N]; prompt lookup then copies from the source too (what
+makes speculation pay for translation and summarization), the per-request bigram table counts
+it, and the hierarchical drafter passes it to its inner drafter.
+
 Drafters are registered by name (``register``; ``DRAFTERS`` maps a name to its factory and
 whether it needs the bundle's draft model). A decoder also takes any object with that
 interface, a user's own drafter included (README "Writing a drafter").
@@ -76,9 +81,25 @@ def one_hot(q: np.ndarray, tokens: np.ndarray) -> None:
     q[np.arange(k), tokens] = 1.0
 
 
+def latest_match(hay: np.ndarray, tail: np.ndarray, max_ngram: int) -> tuple[int, int]:
+    """(end, n): the latest occurrence in ``hay`` of the longest suffix of ``tail`` (n tokens,
+    up to ``max_ngram``), as the index just past it, or (-1, 0)."""
+    ends = np.flatnonzero(hay == tail[-1])  # candidates matching 1 token
+    n = 1
+    while n < min(max_ngram, len(tail)) and ends.size:
+        longer = ends[ends >= n]
+        longer = longer[hay[longer - n] == tail[-1 - n]]
+        if not longer.size:
+            break
+        ends, n = longer, n + 1
+    return (int(ends[-1]) + 1, n) if ends.size else (-1, 0)
+
+
 class LookupDrafter:
     """Prompt lookup: find the latest earlier occurrence of the last n tokens (n = max_ngram
-    down to min_ngram) in seq[:L] and propose up to ``max_tokens`` tokens that followed it."""
+    down to min_ngram) in seq[:L] and propose up to ``max_tokens`` tokens that followed it.
+    With a source (encoder-decoder requests, ``use_source``) the source is searched too, and
+    the longer match wins (the decoder's own on a tie)."""
 
     name = "lookup"
 
@@ -88,7 +109,11 @@ class LookupDrafter:
         if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
             raise ConfigError(f"lookup max_tokens={max_tokens!r}: expected an integer >= 1 or None (= gamma)")
         self.max_ngram, self.min_ngram, self.max_tokens = max_ngram, min_ngram, max_tokens
+        self.source: np.ndarray | None = None  # [N] an encoder-decoder request's source ids
         self.calls = 0
+
+    def use_source(self, source: np.ndarray) -> None:
+        self.source = source
 
     def start(self, seq: np.ndarray, length: int) -> None:
         pass
@@ -96,23 +121,25 @@ class LookupDrafter:
     def match(self, seq: np.ndarray, length: int) -> int:
         """Start of the continuation of the latest occurrence of the longest suffix (up to
         max_ngram tokens, at least min_ngram) in seq[:length-1], or -1."""
-        ends = np.flatnonzero(seq[: length - 1] == seq[length - 1])  # candidates matching 1 token
-        n = 1
-        while n < self.max_ngram and ends.size:
-            longer = ends[ends >= n]
-            longer = longer[seq[longer - n] == seq[length - 1 - n]]
-            if not longer.size:
-                break
-            ends, n = longer, n + 1
-        return int(ends[-1]) + 1 if ends.size and n >= self.min_ngram else -1
+        end, n = latest_match(seq[: length - 1], seq[:length], self.max_ngram)
+        return end if n >= self.min_ngram else -1
 
     def propose(self, seq, length, gamma, cfg, rng, q) -> int:
         self.calls += 1
-        src = self.match(seq, length)
-        if src < 0:
+        limit = self.max_tokens or gamma
+        end, n = latest_match(seq[: length - 1], seq[:length], self.max_ngram)
+        if self.source is not None:
+            src_end, src_n = latest_match(self.source[:-1], seq[:length], self.max_ngram)  # a match needs a token after it
+            if src_n > n and src_n >= self.min_ngram:
+                k = min(gamma, len(self.source) - src_end, limit)
+                seq[length : length + k] = self.source[src_end : src_end + k]
+                if not cfg.greedy:
+                    one_hot(q, seq[length : length + k])
+                return k
+        if n < self.min_ngram or end < 0:
             return 0
-        k = min(gamma, length - src, self.max_tokens or gamma)
-        seq[length : length + k] = seq[src : src + k]
+        k = min(gamma, length - end, limit)
+        seq[length : length + k] = seq[end : end + k]
         if not cfg.greedy:
             one_hot(q, seq[length : length + k])
         return k
@@ -158,11 +185,17 @@ class NgramDrafter:
         self.name = "ngram" if order == 2 else "unigram"
         self.table = table
         self.counts: BigramCounts | None = None
+        self.source: np.ndarray | None = None  # [N] an encoder-decoder request's source ids: counted too
         self.calls = 0
+
+    def use_source(self, source: np.ndarray) -> None:
+        self.source = source
 
     def start(self, seq: np.ndarray, length: int) -> None:
         if self.fixed is None:
             self.counts = BigramCounts(self.vocab)
+            if self.source is not None:
+                self.counts.add(self.source.tolist())
             self.counts.add(seq[:length].tolist())
             self.table = self.counts.table
 
@@ -196,6 +229,11 @@ class ModelDrafter:
         self.name = ("model" if fused else "model-steps") if inner is None else f"hierarchical({inner.name})"
         self.calls = 0  # draft-model steps, for the stats (a fused call counts its γ: the bandwidth floor and adaptive γ price steps)
         self._r = None  # [γ, V] inner proposals' one-hot rows, allocated on first use
+
+    def use_source(self, source: np.ndarray) -> None:
+        """The source is encoded by the decoder (the draft's encoder too); the inner drafter may copy from it."""
+        if self.inner is not None and hasattr(self.inner, "use_source"):
+            self.inner.use_source(source)
 
     def start(self, seq: np.ndarray, length: int) -> None:
         cache = self.model.cache

@@ -20,29 +20,31 @@ class Limits:
     max_seq_len: int
     max_gamma: int  # the verify graph takes K = max_gamma + 1 tokens
     eos_token_ids: tuple[int, ...]
+    max_source_len: int | None = None  # an encoder-decoder bundle's source tokens; None: decoder-only
 
     @classmethod
     def of(cls, manifest) -> Limits:
-        return cls(manifest.vocab_size, manifest.max_seq_len, manifest.gamma, tuple(manifest.eos_token_ids))
+        return cls(manifest.vocab_size, manifest.max_seq_len, manifest.gamma, tuple(manifest.eos_token_ids), manifest.max_source_len)
 
 
 def _is_int(x) -> bool:
     return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
 
 
-def token_ids(prompt: Sequence[int] | np.ndarray, vocab: int) -> np.ndarray:
-    """``prompt`` as a flat int64 array [P] of ids in [0, vocab); an InputError names what is wrong."""
+def token_ids(prompt: Sequence[int] | np.ndarray, vocab: int, what: str = "prompt") -> np.ndarray:
+    """``prompt`` as a flat int64 array [P] of ids in [0, vocab); an InputError names what is wrong
+    (``what``: the argument's name in the message)."""
     try:
         arr = np.asarray(prompt)
     except (TypeError, ValueError):  # ragged nesting
         arr = np.asarray([[]])
     if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
-        raise InputError(f"prompt {str(prompt)[:60]!r}: expected a string or a flat list of integer token ids")
+        raise InputError(f"{what} {str(prompt)[:60]!r}: expected a string or a flat list of integer token ids")
     if arr.size == 0:
-        raise InputError("prompt is empty: it needs at least one token")
+        raise InputError(f"{what} is empty: it needs at least one token")
     bad = arr[(arr < 0) | (arr >= vocab)]
     if bad.size:
-        raise InputError(f"prompt token id {int(bad[0])} is outside the vocabulary [0, {vocab}); pass ids from the bundle's tokenizer")
+        raise InputError(f"{what} token id {int(bad[0])} is outside the vocabulary [0, {vocab}); pass ids from the bundle's tokenizer")
     return arr.astype(np.int64)
 
 
@@ -56,6 +58,8 @@ class Request:
     and ``adaptive`` says whether it adapts. ``lenience``: 1 is exact; l < 1 accepts more drafts
     and changes the output distribution (no token above p(x) / l; App. A.5). ``stop_token_ids``:
     tokens that end the request besides EOS (``ignore_eos`` drops only EOS), as vLLM's field.
+    ``source``: an encoder-decoder bundle's input ids (required there, refused by a decoder-only
+    bundle); ``prompt`` is then the decoder's start, beginning with its decoder_start_token_id.
     """
 
     prompt: np.ndarray  # [P] int64 token ids (a list is converted)
@@ -69,6 +73,7 @@ class Request:
     ignore_eos: bool = False
     lenience: float = 1.0
     stop_token_ids: Sequence[int] = ()  # more tokens that end the request (kept), also with ignore_eos
+    source: np.ndarray | None = None  # [N] int64: an encoder-decoder's source ids (a list is converted)
     sampling: SamplingConfig = field(init=False)
     adaptive: bool = field(init=False)
     stop: frozenset[int] = field(init=False)  # tokens that end the request (kept in the output)
@@ -90,6 +95,7 @@ class Request:
         put("max_new_tokens", int(self.max_new_tokens))
         if self.seed is not None and (not _is_int(self.seed) or self.seed < 0):
             raise InputError(f"seed={self.seed!r}: expected an integer >= 0 or None")
+        self._check_source()
         put("prompt", token_ids(self.prompt, lim.vocab_size))
         need = len(self.prompt) + self.max_new_tokens + lim.max_gamma
         if need > lim.max_seq_len:
@@ -104,3 +110,19 @@ class Request:
         put("stop_token_ids", tuple(int(t) for t in extra))
         eos = frozenset() if self.ignore_eos else frozenset(lim.eos_token_ids)
         put("stop", eos | frozenset(self.stop_token_ids))
+
+    def _check_source(self) -> None:
+        lim = self.limits
+        if lim.max_source_len is None:
+            if self.source is not None:
+                raise InputError("source: this bundle is decoder-only and takes a prompt, not a source; pass the text as the prompt")
+            return
+        if self.source is None:
+            raise InputError("source is missing: this is an encoder-decoder bundle; pass the source text or ids (generate(source))")
+        src = token_ids(self.source, lim.vocab_size, "source")
+        if len(src) > lim.max_source_len:
+            raise InputError(
+                f"source of {len(src)} tokens exceeds the bundle's max-source-len {lim.max_source_len}; "
+                "shorten it or re-export with a larger --max-source-len"
+            )
+        object.__setattr__(self, "source", src)

@@ -74,6 +74,7 @@ def plan_cmd(alpha: float, cost: float, cost_ops: float | None, gamma: int | Non
 @click.option("--draft-revision", default=None, help="Hub revision of the draft.")
 @click.option("--trust-remote-code", is_flag=True, help="Allow models that run their own code (off by default).")
 @click.option("--ngram-corpus", default=None, type=click.Path(path_type=Path), help="Text file or folder: count a bigram table into the bundle for --drafter ngram.")
+@click.option("--max-source-len", default=None, type=int, help="Encoder-decoder models: source tokens per request [default: the encoders' positions, at most 512].")
 def export_cmd(**options) -> None:
     """Export a target and draft to a validated ONNX bundle for the specdec runtime."""
     from specdec.export.pipeline import ExportConfig, Progress, bundle_size, export_bundle, planned_graphs

@@ -23,7 +23,7 @@ MANIFEST_NAME = "manifest.json"
 DTYPES = ("float32", "float16", "int64", "int32", "bool")
 MODELS = ("target", "draft")
 FUSED_ROLES = ("fused", "fused_greedy")  # the draft's γ steps in one call (export/fused.py): sampling, and argmax only
-ROLES = ("dynamic", "verify", "step", *FUSED_ROLES)
+ROLES = ("dynamic", "verify", "step", "encoder", *FUSED_ROLES)
 FLAVOURS = ("ort", "portable")
 
 
@@ -51,10 +51,14 @@ class GraphIO:
     (int32 [1], rows visible - 1) and ``total`` (int32 [], rows visible) and write the full
     buffer in place; "portable" graphs take ``past_length`` (int64 [], committed rows) and
     return only the S new rows.
+
+    Encoder-decoder bundles (export/seq2seq.py): an "encoder" graph has ``ids`` [1, N] (the
+    source) and ``cross`` outputs, a (key, value) pair [1, H, N, D] per decoder layer; their
+    decoder graphs take the same ``cross`` names as inputs.
     """
 
     ids: str
-    positions: str
+    positions: str | None  # None in an encoder graph
     logits: str | None  # a fused draft graph: its probs [B, γ, V] (None in the greedy one)
     past: tuple[tuple[str, str], ...]
     present: tuple[tuple[str, str], ...]
@@ -66,16 +70,17 @@ class GraphIO:
     temperature: str | None = None
     top_k: str | None = None
     top_p: str | None = None
+    cross: tuple[tuple[str, str], ...] = ()  # encoder-decoder: per decoder layer, the cross-attention K/V
 
     def __post_init__(self) -> None:
-        for name in ("past", "present"):
+        for name in ("past", "present", "cross"):
             object.__setattr__(self, name, tuple(tuple(pair) for pair in getattr(self, name)))
 
     def names(self) -> set[str]:
         """Every tensor name this mapping refers to."""
         out = {self.ids, self.positions, self.logits, self.seqlens, self.total, self.past_length}
         out |= {self.tokens, self.uniforms, self.temperature, self.top_k, self.top_p}
-        out |= {n for pair in (*self.past, *self.present) for n in pair}
+        out |= {n for pair in (*self.past, *self.present, *self.cross) for n in pair}
         return out - {None}
 
 
@@ -84,8 +89,9 @@ class GraphSpec:
     """One ONNX graph in the bundle.
 
     ``role``: "verify" (target, static K tokens per call), "step" (draft, static 1 token per
-    call), "dynamic" (any length: prompts, 1-token target steps, short verify calls), or
-    "fused" / "fused_greedy" (draft, γ steps and their token choice in one call: export/fused.py).
+    call), "dynamic" (any length: prompts, 1-token target steps, short verify calls),
+    "fused" / "fused_greedy" (draft, γ steps and their token choice in one call: export/fused.py),
+    or "encoder" (an encoder-decoder's encoder, run once per request: export/seq2seq.py).
     ``tokens`` is the static number of new tokens per call (tokens drafted, for a fused graph),
     or None when it is dynamic.
     ``data`` lists external-data files the graph reads.
@@ -153,6 +159,8 @@ class Manifest:
     ngram: dict[str, Any] | None = None  # {"file", "sha256", "corpus", "tokens"}: the n-gram drafter's table
     validation: dict[str, Any] = field(default_factory=dict)
     tools: dict[str, str] = field(default_factory=dict)
+    max_source_len: int | None = None  # encoder-decoder bundles: source tokens per request; None: decoder-only
+    decoder_start_token_id: int | None = None  # encoder-decoder bundles: the decoder's first token
     schema_version: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:
@@ -163,6 +171,11 @@ class Manifest:
         if self.gamma < 1:
             raise BundleError(f"manifest gamma={self.gamma}; expected >= 1: re-export the bundle")
         object.__setattr__(self, "eos_token_ids", tuple(self.eos_token_ids))
+
+    @property
+    def seq2seq(self) -> bool:
+        """An encoder-decoder bundle: requests give a source, decoding starts at decoder_start_token_id."""
+        return self.max_source_len is not None
 
     @property
     def k(self) -> int:

@@ -1,0 +1,257 @@
+"""Encoder-decoder graphs (T5, BART, Marian): an encoder graph run once per request, and decoder
+graphs over the same preallocated, in-place self-attention KV as the decoder-only ones.
+
+    encoder   input_ids int64 [1, N]  (N: source tokens, dynamic)
+              -> cross_key_i / cross_value_i [1, H, N, D] per *decoder* layer i: the
+                 encoder output already projected by layer i's cross-attention K/V
+    decoder   input_ids, position_ids [1, S]; seqlens_k, total_sequence_length; past_key_i /
+              past_value_i [1, H, MAX, D] (bound to the cache, written in place, as graphs.py);
+              cross_key_i / cross_value_i [1, H, N, D] (the encoder's outputs, bound as they are:
+              never copied per call) -> logits [1, S, V], present_key_i / present_value_i
+
+Self-attention is ORT's GroupQueryAttention (kv heads = heads). T5 adds a relative position
+bias to the scores, which GroupQueryAttention takes as ``attention_bias`` [1, H, S, T]; the
+graph computes it for the MAX buffer rows from ``position_ids`` and the op's translation
+slices it to the call's T rows. Cross-attention is plain MatMul/Softmax over the bound K/V.
+
+Each family is one ``Seq2SeqFamily`` entry: how to build its decoder module and where its
+cross-attention K/V projections are. The differences (T5: pre-RMSNorm, no attention scale,
+relative bias, tied head scaled by d_model^-0.5; BART/Marian: post-LayerNorm, learned or
+sinusoidal positions, embedding scale, final_logits_bias) live in those modules, at export time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import onnxscript
+import torch
+from onnxscript import opset18 as op
+
+from specdec.export import attention
+from specdec.export.graphs import TORCH_DTYPES, signature
+from specdec.manifest import GraphIO, TensorSpec
+
+
+@torch.library.custom_op("specdec::gqa_bias", mutates_args=())
+def gqa_bias(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    past_key: torch.Tensor,
+    past_value: torch.Tensor,
+    seqlens_k: torch.Tensor,
+    total_len: torch.Tensor,
+    bias: torch.Tensor,
+    num_heads: int,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``specdec::gqa`` with an additive score bias [1, H, S, MAX] (rows [0, total) are used)."""
+    b, s, _ = query.shape
+    d = past_key.shape[-1]
+    total = int(total_len)
+    start = total - s
+    pk, pv = past_key.clone(), past_value.clone()
+    pk[:, :, start:total] = key.view(b, s, num_heads, d).transpose(1, 2)
+    pv[:, :, start:total] = value.view(b, s, num_heads, d).transpose(1, 2)
+    q = query.view(b, s, num_heads, d).transpose(1, 2)  # [1, H, S, D]
+    scores = (q @ pk[:, :, :total].transpose(-1, -2)) * scale + bias[..., :total]  # [1, H, S, T]
+    visible = torch.arange(total)[None, :] <= torch.arange(s)[:, None] + start
+    out = scores.masked_fill(~visible, float("-inf")).softmax(-1) @ pv[:, :, :total]
+    return out.transpose(1, 2).reshape(b, s, num_heads * d), pk, pv
+
+
+@gqa_bias.register_fake
+def _gqa_bias_fake(query, key, value, past_key, past_value, seqlens_k, total_len, bias, num_heads, scale):
+    return torch.empty_like(query), torch.empty_like(past_key), torch.empty_like(past_value)
+
+
+_MSFT = onnxscript.values.Opset("com.microsoft", 1)
+
+
+def _gqa_bias_to_onnx(query, key, value, past_key, past_value, seqlens_k, total_len, bias, num_heads: int, scale: float):
+    total = op.Reshape(op.Cast(total_len, to=7), op.Constant(value_ints=[1]))  # 7: INT64
+    rows = op.Slice(bias, op.Constant(value_ints=[0]), total, op.Constant(value_ints=[3]))  # [1, H, S, T]
+    return _MSFT.GroupQueryAttention(
+        query, key, value, past_key, past_value, seqlens_k, total_len, None, None, None, rows,
+        num_heads=num_heads, kv_num_heads=num_heads, scale=scale, local_window_size=-1,
+    )  # fmt: skip
+
+
+TRANSLATION = {**attention.CUSTOM_TRANSLATION, torch.ops.specdec.gqa_bias.default: _gqa_bias_to_onnx}
+
+
+def _heads(x: torch.Tensor, heads: int) -> torch.Tensor:
+    """[1, N, H*D] -> [1, H, N, D]."""
+    return x.view(x.shape[0], x.shape[1], heads, -1).transpose(1, 2)
+
+
+def cross_attention(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, heads: int, scale: float) -> torch.Tensor:
+    """q [1, S, H*D] over the encoder's K/V [1, H, N, D] (every source row visible) -> [1, S, H*D]."""
+    weights = (_heads(q, heads) @ key.transpose(-1, -2)) * scale  # [1, H, S, N]
+    out = weights.softmax(-1) @ value  # [1, H, S, D]
+    return out.transpose(1, 2).reshape(q.shape[0], q.shape[1], -1)
+
+
+def self_attention(q, k, v, past_k, past_v, seqlens, total, heads: int, scale: float, bias=None):
+    """New rows' q/k/v [1, S, H*D] over the cache buffer -> output [1, S, H*D], present K, present V."""
+    if bias is None:
+        return torch.ops.specdec.gqa(q, k, v, past_k, past_v, seqlens, total, heads, heads, scale, 0)
+    return torch.ops.specdec.gqa_bias(q, k, v, past_k, past_v, seqlens, total, bias, heads, scale)
+
+
+class T5Decoder(torch.nn.Module):
+    """T5's decoder stack and head: pre-RMSNorm blocks, unscaled attention, the relative position
+    bias of block 0 shared by every block, and a tied head scaled by d_model^-0.5."""
+
+    def __init__(self, model, max_seq: int):
+        super().__init__()
+        from transformers.models.t5.modeling_t5 import T5Attention
+
+        cfg = model.config
+        self.dec, self.lm_head, self.heads, self.max_seq = model.get_decoder(), model.lm_head, cfg.num_heads, max_seq
+        self.out_scale = cfg.d_model**-0.5 if cfg.tie_word_embeddings else 1.0
+        rel = self.dec.block[0].layer[0].SelfAttention
+        self.bias_table, self.bucket = rel.relative_attention_bias, T5Attention._relative_position_bucket
+        self.buckets, self.distance = rel.relative_attention_num_buckets, rel.relative_attention_max_distance
+
+    def position_bias(self, position_ids: torch.Tensor) -> torch.Tensor:
+        """[1, H, S, MAX]: bias of query position i for key row j (rows past i are masked anyway)."""
+        rel = torch.arange(self.max_seq, device=position_ids.device)[None, :] - position_ids[0][:, None]  # [S, MAX]
+        buckets = self.bucket(rel, bidirectional=False, num_buckets=self.buckets, max_distance=self.distance)
+        return self.bias_table(buckets).permute(2, 0, 1).unsqueeze(0)
+
+    def forward(self, input_ids, position_ids, seqlens, total, past, cross):
+        h = self.dec.embed_tokens(input_ids)
+        bias = self.position_bias(position_ids)
+        presents = []
+        for i, block in enumerate(self.dec.block):
+            sa_layer, ca_layer, ff = block.layer
+            sa, x = sa_layer.SelfAttention, sa_layer.layer_norm(h)
+            out, pk, pv = self_attention(sa.q(x), sa.k(x), sa.v(x), past[2 * i], past[2 * i + 1], seqlens, total, self.heads, 1.0, bias)
+            h = h + sa.o(out)
+            ca = ca_layer.EncDecAttention
+            h = h + ca.o(cross_attention(ca.q(ca_layer.layer_norm(h)), cross[2 * i], cross[2 * i + 1], self.heads, 1.0))
+            h = ff(h)
+            presents += [pk, pv]
+        h = self.dec.final_layer_norm(h) * self.out_scale
+        return self.lm_head(h), presents
+
+
+class BartDecoder(torch.nn.Module):
+    """BART's and Marian's decoder stack and head: post-LayerNorm blocks, learned (BART, offset 2)
+    or sinusoidal (Marian) positions, the embedding scale, final_logits_bias."""
+
+    def __init__(self, model, max_seq: int):
+        super().__init__()
+        cfg = model.config
+        self.dec, self.lm_head, self.heads = model.get_decoder(), model.lm_head, cfg.decoder_attention_heads
+        self.scale = (cfg.d_model // self.heads) ** -0.5
+        self.offset = getattr(self.dec.embed_positions, "offset", 0)
+        # BART's embed_tokens scales inside (BartScaledWordEmbedding); Marian's decoder scales after it
+        self.embed_scale = 1.0 if hasattr(self.dec.embed_tokens, "embed_scale") else getattr(self.dec, "embed_scale", 1.0)
+        self.logits_bias = getattr(model, "final_logits_bias", None)
+
+    def forward(self, input_ids, position_ids, seqlens, total, past, cross):
+        dec = self.dec
+        h = dec.embed_tokens(input_ids) * self.embed_scale + dec.embed_positions.weight[position_ids + self.offset]
+        if getattr(dec, "layernorm_embedding", None) is not None:
+            h = dec.layernorm_embedding(h)
+        presents = []
+        for i, layer in enumerate(dec.layers):
+            sa = layer.self_attn
+            out, pk, pv = self_attention(sa.q_proj(h), sa.k_proj(h), sa.v_proj(h), past[2 * i], past[2 * i + 1], seqlens, total, self.heads, self.scale)
+            h = layer.self_attn_layer_norm(h + sa.out_proj(out))
+            ca = layer.encoder_attn
+            h = layer.encoder_attn_layer_norm(h + ca.out_proj(cross_attention(ca.q_proj(h), cross[2 * i], cross[2 * i + 1], self.heads, self.scale)))
+            h = layer.final_layer_norm(h + layer.fc2(layer.activation_fn(layer.fc1(h))))
+            presents += [pk, pv]
+        if getattr(dec, "layer_norm", None) is not None:  # pre-LN variants (mBART) end with a norm
+            h = dec.layer_norm(h)
+        logits = self.lm_head(h)
+        return (logits + self.logits_bias if self.logits_bias is not None else logits), presents
+
+
+@dataclass(frozen=True)
+class Seq2SeqFamily:
+    decoder: Callable[[torch.nn.Module, int], torch.nn.Module]  # (model, MAX) -> module(ids, pos, seqlens, total, past, cross)
+    cross_proj: Callable[[torch.nn.Module], list[tuple[torch.nn.Module, torch.nn.Module]]]  # per decoder layer: (K, V) projections
+
+
+SEQ2SEQ = {
+    "t5": Seq2SeqFamily(T5Decoder, lambda m: [(b.layer[1].EncDecAttention.k, b.layer[1].EncDecAttention.v) for b in m.get_decoder().block]),
+    "bart": Seq2SeqFamily(BartDecoder, lambda m: [(layer.encoder_attn.k_proj, layer.encoder_attn.v_proj) for layer in m.get_decoder().layers]),
+}
+
+
+class _Encoder(torch.nn.Module):
+    def __init__(self, model, family: str, heads: int):
+        super().__init__()
+        self.encoder, self.heads = model.get_encoder(), heads
+        self.proj = torch.nn.ModuleList(torch.nn.ModuleList(kv) for kv in SEQ2SEQ[family].cross_proj(model))
+
+    def forward(self, input_ids):
+        h = self.encoder(input_ids=input_ids).last_hidden_state  # [1, N, d_model]
+        return tuple(_heads(p(h), self.heads) for kv in self.proj for p in kv)
+
+
+class _Decoder(torch.nn.Module):
+    def __init__(self, model, family: str, max_seq: int):
+        super().__init__()
+        self.body = SEQ2SEQ[family].decoder(model, max_seq)
+
+    def forward(self, input_ids, position_ids, scalars, past, cross):
+        logits, presents = self.body(input_ids, position_ids, scalars[0], scalars[1], list(past), list(cross))
+        return (logits.float(), *presents)
+
+
+def cross_names(layers: int) -> tuple[tuple[str, str], ...]:
+    return tuple((f"cross_key_{i}", f"cross_value_{i}") for i in range(layers))
+
+
+def _export(module, args, path: Path, inputs, outputs, dynamic) -> None:
+    with torch.no_grad():
+        program = torch.onnx.export(
+            module.eval(), args, dynamo=True, input_names=[t.name for t in inputs], output_names=[t.name for t in outputs],
+            dynamic_shapes=dynamic, custom_translation_table=TRANSLATION, optimize=True, verbose=False,
+        )  # fmt: skip
+    program.save(str(path), external_data=True)
+
+
+def export_encoder(model, path: Path, family: str, layers: int, heads: int, head_dim: int, max_source: int, dtype: str):
+    """The encoder graph: source ids -> each decoder layer's cross-attention K/V."""
+    inputs = [TensorSpec("input_ids", "int64", (1, "source"))]
+    names = cross_names(layers)
+    outputs = [TensorSpec(n, dtype, (1, heads, "source", head_dim)) for pair in names for n in pair]
+    io = GraphIO("input_ids", None, None, (), (), cross=names)
+    example = min(7, max_source)
+    n = torch.export.Dim("source", min=2, max=max(3, max_source))
+    _export(_Encoder(model, family, heads), (torch.arange(example).view(1, example) % 5 + 3,), path, inputs, outputs, ({1: n},))
+    return inputs, outputs, io
+
+
+def export_seq2seq_decoder(model, path: Path, family: str, tokens: int | None, max_seq: int, layers: int, heads: int, head_dim: int,
+                           max_source: int, dtype: str):  # fmt: skip
+    """A decoder graph (S = ``tokens`` per call, None: dynamic), reading the encoder's cross K/V."""
+    inputs, outputs, io = signature(layers, heads, head_dim, model.config.vocab_size, max_seq, tokens, dtype)
+    names = cross_names(layers)
+    inputs += [TensorSpec(n, dtype, (1, heads, "source", head_dim)) for pair in names for n in pair]
+    io = dataclasses.replace(io, cross=names)
+    s = 3 if tokens is None else tokens
+    src = min(7, max_source)
+    t = TORCH_DTYPES[dtype]
+    args = (
+        torch.zeros(1, s, dtype=torch.long),
+        torch.arange(s).view(1, s) + 2,
+        [torch.tensor([s + 1], dtype=torch.int32), torch.tensor(s + 2, dtype=torch.int32)],
+        [torch.zeros(1, heads, max_seq, head_dim, dtype=t) for _ in range(2 * layers)],
+        [torch.randn(1, heads, src, head_dim).to(t) for _ in range(2 * layers)],
+    )
+    n = torch.export.Dim("source", min=2, max=max(3, max_source))
+    seq = torch.export.Dim("S", min=1, max=max_seq) if tokens is None else None
+    dynamic = ({1: seq} if seq else None, {1: seq} if seq else None, [None, None], [None] * (2 * layers), [{2: n}] * (2 * layers))
+    _export(_Decoder(model, family, max_seq), args, path, inputs, outputs, dynamic)
+    return inputs, outputs, io
