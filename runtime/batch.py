@@ -129,6 +129,9 @@ class BatchEngine:
     @staticmethod
     def check_options(m, max_batch: int | None, drafter: str, max_queue: int) -> int:
         """Refuse options this bundle cannot run (a ``ConfigError``); returns the row count."""
+        if m.seq2seq:
+            raise ConfigError("this is an encoder-decoder bundle; the batched engine and the server run decoder-only bundles so far: "
+                              "use SpeculativeDecoder (specdec generate --source) for it")  # fmt: skip
         rows = m.max_batch if max_batch is None else max_batch
         ok_batch = isinstance(rows, int) and not isinstance(rows, bool) and 1 <= rows <= m.max_batch
         if not ok_batch or isinstance(max_queue, bool) or not isinstance(max_queue, int) or max_queue < 1:

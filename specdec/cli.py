@@ -99,6 +99,8 @@ def summary(out: Path, m, size: int) -> str:
         quant = f"  quantization target {m.target.quantization or 'none'}, draft {m.draft.quantization or 'none'}"
     lines.append(f"  gamma {m.gamma} (K={m.k})  max-seq-len {m.max_seq_len}  max-batch {m.max_batch}  vocab {m.vocab_size}  dtype {m.dtype}{quant}")
     lines.append(f"  eos {list(m.eos_token_ids)}  bos {m.bos_token_id}  tokenizer {'yes' if m.tokenizer else 'no'}")
+    if m.seq2seq:
+        lines.append(f"  encoder-decoder: max-source-len {m.max_source_len}  decoder start {m.decoder_start_token_id}")
     if m.ngram:
         lines.append(f"  n-gram table {m.ngram['file']}: {m.ngram['tokens']} tokens from {m.ngram['files']} files of {m.ngram['corpus']}")
     for name, g in m.graphs.items():
@@ -148,6 +150,8 @@ def inspect_cmd(bundle: Path, as_json: bool) -> None:
 @click.argument("bundle", type=click.Path(path_type=Path))
 @click.option("--prompt", default=None, help="Prompt text (needs the bundle's tokenizer).")
 @click.option("--prompt-ids", default=None, help="Prompt token ids, comma-separated: 1,2,3.")
+@click.option("--source", default=None, help="Encoder-decoder bundles: the source text (--prompt is then a decoder prefix).")
+@click.option("--source-ids", default=None, help="Encoder-decoder bundles: source token ids, comma-separated.")
 @click.option("--max-new-tokens", default=128, show_default=True, type=int)
 @click.option("--temperature", default=0.0, show_default=True, type=float, help="0 = greedy.")
 @click.option("--top-k", default=None, type=int, help="Keep the k most likely tokens (0 or unset = off).")
@@ -162,24 +166,24 @@ def inspect_cmd(bundle: Path, as_json: bool) -> None:
 @click.option("--provider", default="cpu", show_default=True, type=click.Choice(["cpu", "cuda"]))
 @click.option("--threads", default=None, type=int, help="ONNX Runtime intra-op threads per model session [default: one per core].")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with tokens, text and stats.")
-def generate_cmd(bundle: Path, prompt: str | None, prompt_ids: str | None, provider: str, threads: int | None, as_json: bool,
-                 drafter: str, lookup_ngram: int, lookup_max_tokens: int | None, gamma: str | None, **kw) -> None:
-    """Decode with a bundle: text (or token ids) to stdout as accepted, a stats line to stderr."""
+def generate_cmd(bundle: Path, prompt: str | None, prompt_ids: str | None, source: str | None, source_ids: str | None, provider: str,
+                 threads: int | None, as_json: bool, drafter: str, lookup_ngram: int, lookup_max_tokens: int | None, gamma: str | None,
+                 **kw) -> None:  # fmt: skip
+    """Decode with a bundle: text (or token ids) to stdout as accepted, a stats line to stderr.
+
+    An encoder-decoder bundle (T5, BART, Marian) takes --source (or --prompt as its source)."""
     from specdec.errors import InputError
     from specdec.runtime.decoder import SpeculativeDecoder
     from specdec.runtime.drafters import LookupDrafter
 
-    if (prompt is None) == (prompt_ids is None):
-        raise InputError("give exactly one of --prompt TEXT and --prompt-ids 1,2,3")
-    if prompt_ids is not None:
-        try:
-            prompt = [int(x) for x in prompt_ids.split(",") if x.strip()]
-        except ValueError:
-            raise InputError(f"--prompt-ids {prompt_ids!r}: expected comma-separated integers such as 1,2,3") from None
+    prompt = _text_or_ids("--prompt", prompt, prompt_ids)
+    source = _text_or_ids("--source", source, source_ids)
+    if prompt is None and source is None:
+        raise InputError("give --prompt TEXT or --prompt-ids 1,2,3 (an encoder-decoder bundle: --source TEXT or --source-ids 1,2,3)")
     lookup = LookupDrafter(max_ngram=lookup_ngram, max_tokens=lookup_max_tokens)  # checked whatever the drafter
     spec = lookup if drafter == "lookup" else drafter
     dec = SpeculativeDecoder.load(bundle, provider=provider, threads=_threads(threads), drafter=spec)
-    stream = dec.stream(prompt, gamma=_gamma(gamma), **kw)
+    stream = dec.stream(prompt, gamma=_gamma(gamma), source=source, **kw)
     for piece in stream:
         if not as_json:
             out = piece.text if piece.text is not None else "".join(f"{t} " for t in piece.tokens)
@@ -199,8 +203,9 @@ def generate_cmd(bundle: Path, prompt: str | None, prompt_ids: str | None, provi
 @click.option("--adaptive", is_flag=True, help="Also run each drafter with adaptive γ (gamma=auto).")
 @click.option("--temperatures", default="0,1", show_default=True, help="Comma-separated sampling temperatures.")
 @click.option("--prompts", "n_prompts", default=4, show_default=True, type=int, help="Prompts, from --corpus.")
-@click.option("--corpus", default="stdlib", show_default=True, type=click.Choice(["stdlib", "code"]),
-              help="Prompts from held-out stdlib files, or function openings of third-party packages (numpy, click, tqdm, onnxruntime).")
+@click.option("--corpus", default="stdlib", show_default=True, type=click.Choice(["stdlib", "code", "functions"]),
+              help="Prompts from held-out stdlib files, or function openings of third-party packages (numpy, click, tqdm, onnxruntime); "
+                   "functions: whole functions of those packages, up to --prompt-tokens, as sources (encoder-decoder bundles).")
 @click.option("--prompt-tokens", default=64, show_default=True, type=int)
 @click.option("--tokens", default=128, show_default=True, type=int, help="New tokens per request.")
 @click.option("--rounds", default=2, show_default=True, type=int)
@@ -227,15 +232,20 @@ def bench_cmd(bundle: Path, gammas: str | None, drafters: str, adaptive: bool, t
     decoders = {names[0]: dec, **{d: dec.fork(drafter=d) for d in names[1:]}}
     gs = list(range(dec.manifest.gamma + 1)) if gammas is None else sorted({0, *_numbers("--gammas", gammas, int)})
     temps = _numbers("--temperatures", temperatures, float)
+    seq2seq = dec.manifest.seq2seq
+    if seq2seq != (corpus == "functions"):
+        raise InputError(f"--corpus {corpus}: " + ("an encoder-decoder bundle takes --corpus functions (whole functions as sources)" if seq2seq
+                                                  else "whole functions are sources for encoder-decoder bundles; use stdlib or code"))  # fmt: skip
     prompts = bench.prompts(corpus, dec.codec.encode, n_prompts, prompt_tokens)
     if not prompts:
         raise InputError(f"found no {corpus} prompt of {prompt_tokens} tokens (with as many after it); lower --prompt-tokens")
     dec.request(prompts[0], max_new_tokens=tokens, gamma=max(gs))  # check the sizes before any work
     cfgs = bench.configs(names, gs, adaptive)
-    floor = Floor.measure(bundle, dec.manifest, prompt_tokens + tokens // 2)
+    # An encoder-decoder's shared weights file holds its encoder too, so the floor of a decoder call is not known from it
+    floor = None if seq2seq else Floor.measure(bundle, dec.manifest, prompt_tokens + tokens // 2)
     results, text = {}, []
     for t in temps:
-        rows = bench.summarize(bench.run(decoders, cfgs, prompts, tokens, rounds, t), floor)
+        rows = bench.summarize(bench.run(decoders, cfgs, prompts, tokens, rounds, t, ignore_eos=not seq2seq), floor)
         title = f"T={t:g}"
         results[title] = rows
         plan = bench.planned_gamma(rows, dec.manifest.gamma, names[0])
@@ -245,7 +255,8 @@ def bench_cmd(bundle: Path, gammas: str | None, drafters: str, adaptive: bool, t
         f"bundle {bundle}: target {m.target.parameters / 1e6:.1f}M, draft {m.draft.parameters / 1e6:.2f}M params, {m.dtype}; "
         f"{len(prompts)} held-out prompts ({corpus}) of {prompt_tokens} tokens x {rounds} rounds x {tokens} new tokens per configuration, interleaved; "
         f"α is the maximum-likelihood estimate from accepted and rejected drafts, c is per drafted token\n"
-        f"{floor.line()}; × bandwidth floor = decode time / the floor of the calls it made (specdec/bench/floor.py)\n"
+        + (f"{floor.line()}; × bandwidth floor = decode time / the floor of the calls it made (specdec/bench/floor.py)\n" if floor else
+           "sources encoded once per request by both encoders (prefill); requests end at EOS or --tokens\n")
     )
     md = header + "\n" + "\n".join(text)
     click.echo(md)
@@ -301,6 +312,20 @@ def bench_batch_cmd(bundle: Path, concurrency: str, temperatures: str, requests:
             plot(rows, out / "load.png")
         except ImportError:
             click.echo("plots need matplotlib: pip install 'specdec[bench]'", err=True)
+
+
+def _text_or_ids(option: str, text: str | None, ids: str | None) -> str | list[int] | None:
+    """The value of ``option`` TEXT or its ``-ids`` twin (comma-separated ids); at most one may be given."""
+    from specdec.errors import InputError
+
+    if text is not None and ids is not None:
+        raise InputError(f"give one of {option} TEXT and {option}-ids 1,2,3, not both")
+    if ids is None:
+        return text
+    try:
+        return [int(x) for x in ids.split(",") if x.strip()]
+    except ValueError:
+        raise InputError(f"{option}-ids {ids!r}: expected comma-separated integers such as 1,2,3") from None
 
 
 def _threads(threads: int | None):

@@ -64,3 +64,19 @@ def family_bundle(request, tmp_path_factory):
     out = root / "bundle"
     manifest = export_bundle(ExportConfig(str(target), str(draft), out, gamma=4, max_seq_len=192, max_batch=4, fused_draft=request.param == "llama"))
     return request.param, target, draft, out, manifest
+
+
+@pytest.fixture(scope="session", params=["t5", "bart", "marian"])
+def seq2seq_bundle(request, tmp_path_factory):
+    """Per encoder-decoder family: a target, a near draft (a noisy copy with its own encoder) and
+    their bundle (γ = 4, max-seq-len 160, max-source-len 64)."""
+    pytest.importorskip("torch")
+    from models import save_seq2seq_pair
+
+    from specdec.export.pipeline import ExportConfig, export_bundle
+
+    root = tmp_path_factory.mktemp(request.param)
+    target, draft = save_seq2seq_pair(root, request.param)
+    out = root / "bundle"
+    manifest = export_bundle(ExportConfig(str(target), str(draft), out, gamma=4, max_seq_len=160, max_source_len=64))
+    return request.param, target, draft, out, manifest

@@ -122,3 +122,89 @@ def save_pair(root: Path, family: str, seed: int = 0, near: float | None = None)
         make_tokenizer(folder)
         out.append(folder)
     return out[0], out[1]
+
+
+# -- encoder-decoder (T5, BART, Marian) ---------------------------------------------------------
+
+SEQ2SEQ_FAMILIES = ["t5", "bart", "marian"]
+# (matrix scale, head scale) per family for a top-1 mass of ~0.6-0.8: peaked, with bins left for
+# chi-square. T5's attention is unscaled (no 1/sqrt(d)): its own init is peaked enough, and its
+# matrices x4 make PyTorch's own float32 forward drift 2e-3 from float64 (nothing can be checked
+# to 1e-4 then) and its argmax chaotic under the draft's noise.
+SEQ2SEQ_SCALES = {"t5": (1.0, 1.0), "bart": (4.0, 3.0), "marian": (4.0, 8.0)}
+# The near draft's noise per family: argmax agreement ~0.65-0.95 along the target's greedy path.
+SEQ2SEQ_NEAR = {"t5": 0.05, "bart": 0.1, "marian": 0.1}
+
+
+def seq2seq_config(family: str, size: str = "target"):
+    """A tiny encoder-decoder config of ``family`` (head_dim 16: ORT's attention kernel needs a
+    multiple of 8); decoding starts at the pad id, as T5 and Marian do. The head is untied: a
+    random model whose head is its embedding mostly repeats its last input token, which would
+    make greedy outputs one token long and prove little (the tied T5 head, scaled by
+    d_model^-0.5, is checked by tests/export/test_seq2seq_export.py)."""
+    from transformers import AutoConfig
+
+    big = size == "target"
+    d, heads, layers = (64, 4, 2) if big else (32, 2, 1)
+    common = dict(vocab_size=VOCAB, bos_token_id=0, eos_token_id=1, pad_token_id=2, decoder_start_token_id=2, tie_word_embeddings=False)
+    bart = dict(d_model=d, encoder_layers=layers, decoder_layers=layers, encoder_attention_heads=heads, decoder_attention_heads=heads,
+                encoder_ffn_dim=2 * d, decoder_ffn_dim=2 * d, max_position_embeddings=256, dropout=0.0, forced_eos_token_id=None)
+    kw = {
+        "t5": dict(d_model=d, d_kv=16, num_heads=heads, d_ff=2 * d, num_layers=layers, num_decoder_layers=layers,
+                   feed_forward_proj="relu", dropout_rate=0.0, relative_attention_max_distance=64),
+        "bart": bart,
+        "marian": {**bart, "scale_embedding": True},
+    }[family]
+    return AutoConfig.for_model(family, **common, **kw)
+
+
+def peaked_seq2seq(cfg, seed: int):
+    """An encoder-decoder from ``cfg`` made peaked as ``peaked_model``: matrices and the decoder's
+    last norm (T5's final norm; BART's and Marian's last layer's output norm) scaled by the
+    family's ``SEQ2SEQ_SCALES``."""
+    import torch
+    from transformers import AutoModelForSeq2SeqLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForSeq2SeqLM.from_config(cfg, dtype=torch.float32).eval()
+    inner, head = SEQ2SEQ_SCALES[cfg.model_type]
+    dec = model.get_decoder()
+    last = dec.final_layer_norm if hasattr(dec, "final_layer_norm") else dec.layers[-1].final_layer_norm
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.mul_(inner)
+        last.weight.mul_(head)
+        if getattr(last, "bias", None) is not None:
+            last.bias.mul_(head)
+    return model
+
+
+def seq2seq_top1_mass(model, seed: int = 0) -> float:
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(3, model.config.vocab_size, (4, 16), generator=g)
+    tgt = torch.randint(3, model.config.vocab_size, (4, 16), generator=g)
+    with torch.no_grad():
+        probs = model(input_ids=src, decoder_input_ids=tgt).logits.softmax(-1)
+    return float(probs.max(-1).values.mean())
+
+
+def save_seq2seq_pair(root: Path, family: str, seed: int = 0, near: bool = True, tied: bool = False) -> tuple[Path, Path]:
+    """Target and draft checkpoints of an encoder-decoder ``family`` under ``root``: the draft is
+    a noisy copy (its own encoder too; ``SEQ2SEQ_NEAR``), or without ``near`` a smaller random
+    model. ``tied``: the head is the embedding (T5 then scales its input by d_model^-0.5)."""
+    cfgs = [seq2seq_config(family, size) for size in ("target", "draft")]
+    for cfg in cfgs:
+        cfg.tie_word_embeddings = tied
+    target = peaked_seq2seq(cfgs[0], seed)
+    draft = near_copy(target, SEQ2SEQ_NEAR[family], seed + 1) if near else peaked_seq2seq(cfgs[1], seed + 1)
+    out = []
+    for size, model in (("target", target), ("draft", draft)):
+        folder = root / f"{family}-{size}"
+        assert seq2seq_top1_mass(model) > 0.35, f"{family} {size} is not peaked: top-1 mass {seq2seq_top1_mass(model):.2f}"
+        model.save_pretrained(folder, safe_serialization=True)
+        make_tokenizer(folder)
+        out.append(folder)
+    return out[0], out[1]

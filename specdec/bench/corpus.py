@@ -7,6 +7,8 @@ Two corpora:
 - ``code``: function openings from third-party packages that every specdec install has (numpy,
   click, tqdm, onnxruntime's Python layer) — code the demo pair never saw in training, a harder
   and more honest test of a draft trained on the stdlib.
+- ``functions``: whole functions from the same packages, as *sources* for encoder-decoder
+  bundles (the seq2seq demo pair rewrites a function with its local names normalized).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from pathlib import Path
 
 EXCLUDED = {"site-packages", "test", "tests", "idle_test", "testing", "_vendor", "vendor"}
 CODE_PACKAGES = ("numpy", "click", "tqdm", "onnxruntime")
-CORPORA = ("stdlib", "code")
+CORPORA = ("stdlib", "code", "functions")
 _DEF = re.compile(r"^[ \t]*(?:async[ \t]+)?def[ \t]", re.MULTILINE)
 
 
@@ -89,10 +91,46 @@ def _first_function(files, encode, length: int) -> list[int] | None:
     return None
 
 
+def function_sources(encode, count: int, length: int, packages: tuple[str, ...] = CODE_PACKAGES) -> list[list[int]]:
+    """``count`` whole functions (``def`` to the end of the body, dedented) of ``length // 2`` to
+    ``length`` tokens, one per file, round-robin over ``packages``: sources for encoder-decoder
+    bundles."""
+    queues = [iter(package_files(p)) for p in packages]
+    out: list[list[int]] = []
+    while queues and len(out) < count:
+        for q in list(queues):
+            ids = next((ids for f in q for ids in _functions(f, encode) if length // 2 <= len(ids) <= length), None)
+            if ids is None:
+                queues.remove(q)
+            else:
+                out.append(ids)
+            if len(out) == count:
+                break
+    return out
+
+
+def _functions(f: Path, encode):
+    """Token ids of each function in file ``f``, in order (none when it does not parse)."""
+    import ast
+    import textwrap
+
+    text = f.read_text(encoding="utf-8", errors="replace")
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError):
+        return
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            segment = ast.get_source_segment(text, node, padded=True)
+            if segment:
+                yield encode(textwrap.dedent(segment))
+
+
 def prompts(corpus: str, encode, count: int, length: int) -> list[list[int]]:
-    """Prompts from ``corpus`` ("stdlib" held-out files or third-party "code")."""
+    """Prompts from ``corpus``: "stdlib" held-out files, third-party "code", or whole third-party
+    "functions" (sources for encoder-decoder bundles, up to ``length`` tokens)."""
     from specdec.errors import InputError
 
     if corpus not in CORPORA:
         raise InputError(f"corpus {corpus!r}: expected one of {', '.join(CORPORA)}")
-    return (held_out_prompts if corpus == "stdlib" else code_prompts)(encode, count, length)
+    return {"stdlib": held_out_prompts, "code": code_prompts, "functions": function_sources}[corpus](encode, count, length)

@@ -61,13 +61,15 @@ def configs(drafters: list[str], gammas: list[int], adaptive: bool) -> list[Conf
     return out
 
 
-def run(decoders: dict, cfgs: list[Config], prompts: list[list[int]], tokens: int, rounds: int, temperature: float) -> dict[Config, Tally]:
+def run(decoders: dict, cfgs: list[Config], prompts: list[list[int]], tokens: int, rounds: int, temperature: float,
+        ignore_eos: bool = True) -> dict[Config, Tally]:  # fmt: skip
     """Interleaved rounds: each round, every prompt is decoded once by every configuration
-    (seeded); ``decoders`` maps a drafter name to a decoder using it."""
+    (seeded); ``decoders`` maps a drafter name to a decoder using it. ``ignore_eos=False``
+    (encoder-decoder tasks, whose output ends): requests stop at EOS or ``tokens``."""
     tallies = {c: Tally() for c in cfgs}
 
     def go(c: Config, prompt, n: int, seed: int):
-        return decoders[c.drafter].generate(prompt, max_new_tokens=n, gamma=c.gamma, temperature=temperature, seed=seed, ignore_eos=True)
+        return decoders[c.drafter].generate(prompt, max_new_tokens=n, gamma=c.gamma, temperature=temperature, seed=seed, ignore_eos=ignore_eos)
 
     for c in cfgs:  # warm-up: first calls pay for lazy initialisation
         go(c, prompts[0], 8, 0)
