@@ -215,6 +215,7 @@ def bench_cmd(bundle: Path, gammas: str | None, drafters: str, adaptive: bool, t
               prompt_tokens: int, tokens: int, rounds: int, threads: int | None, out: Path | None) -> None:
     """Drafters and γ against γ = 0, side by side and interleaved, with Theorem 3.8's prediction."""
     from specdec import bench
+    from specdec.bench.corpus import CODE_PACKAGES
     from specdec.bench.floor import Floor
     from specdec.errors import ConfigError, InputError
     from specdec.runtime.decoder import SpeculativeDecoder
@@ -253,8 +254,10 @@ def bench_cmd(bundle: Path, gammas: str | None, drafters: str, adaptive: bool, t
     m = dec.manifest
     header = (
         f"bundle {bundle}: target {m.target.parameters / 1e6:.1f}M, draft {m.draft.parameters / 1e6:.2f}M params, {m.dtype}; "
-        f"{len(prompts)} held-out prompts ({corpus}) of {prompt_tokens} tokens x {rounds} rounds x {tokens} new tokens per configuration, interleaved; "
-        f"α is the maximum-likelihood estimate from accepted and rejected drafts, c is per drafted token\n"
+        + (f"{len(prompts)} sources (whole functions of {', '.join(CODE_PACKAGES)}) of {min(map(len, prompts))}-{max(map(len, prompts))} tokens "
+           f"x {rounds} rounds x up to {tokens} new tokens per configuration, interleaved; " if seq2seq else
+           f"{len(prompts)} held-out prompts ({corpus}) of {prompt_tokens} tokens x {rounds} rounds x {tokens} new tokens per configuration, interleaved; ")
+        + "α is the maximum-likelihood estimate from accepted and rejected drafts, c is per drafted token\n"
         + (f"{floor.line()}; × bandwidth floor = decode time / the floor of the calls it made (specdec/bench/floor.py)\n" if floor else
            "sources encoded once per request by both encoders (prefill); requests end at EOS or --tokens\n")
     )

@@ -131,7 +131,7 @@ SEQ2SEQ_FAMILIES = ["t5", "bart", "marian"]
 # chi-square. T5's attention is unscaled (no 1/sqrt(d)): its own init is peaked enough, and its
 # matrices x4 make PyTorch's own float32 forward drift 2e-3 from float64 (nothing can be checked
 # to 1e-4 then) and its argmax chaotic under the draft's noise.
-SEQ2SEQ_SCALES = {"t5": (1.0, 1.0), "bart": (4.0, 3.0), "marian": (4.0, 8.0)}
+SEQ2SEQ_SCALES = {"t5": (1.0, 1.0), "bart": (4.0, 8.0), "marian": (4.0, 8.0)}
 # The near draft's noise per family: argmax agreement ~0.65-0.95 along the target's greedy path.
 SEQ2SEQ_NEAR = {"t5": 0.05, "bart": 0.1, "marian": 0.1}
 
@@ -168,6 +168,8 @@ def peaked_seq2seq(cfg, seed: int):
     torch.manual_seed(seed)
     model = AutoModelForSeq2SeqLM.from_config(cfg, dtype=torch.float32).eval()
     inner, head = SEQ2SEQ_SCALES[cfg.model_type]
+    if cfg.model_type == "t5" and cfg.tie_word_embeddings:
+        head *= cfg.d_model**0.5  # a tied T5 head scales its input by d_model^-0.5: undo it
     dec = model.get_decoder()
     last = dec.final_layer_norm if hasattr(dec, "final_layer_norm") else dec.layers[-1].final_layer_norm
     with torch.no_grad():
@@ -202,9 +204,40 @@ def save_seq2seq_pair(root: Path, family: str, seed: int = 0, near: bool = True,
     draft = near_copy(target, SEQ2SEQ_NEAR[family], seed + 1) if near else peaked_seq2seq(cfgs[1], seed + 1)
     out = []
     for size, model in (("target", target), ("draft", draft)):
+        if not tied:
+            _own_embeddings(model)
         folder = root / f"{family}-{size}"
         assert seq2seq_top1_mass(model) > 0.35, f"{family} {size} is not peaked: top-1 mass {seq2seq_top1_mass(model):.2f}"
         model.save_pretrained(folder, safe_serialization=True)
         make_tokenizer(folder)
         out.append(folder)
     return out[0], out[1]
+
+
+def _own_embeddings(model) -> None:
+    """BART's encoder and decoder embeddings share one Parameter with ``shared``: save_pretrained
+    keeps one copy, and an untied config then reloads the others at random. Give each its own."""
+    import copy
+
+    for part in (model.get_encoder(), model.get_decoder()):
+        part.embed_tokens = copy.deepcopy(part.embed_tokens)
+
+
+def load_seq2seq(src):
+    from transformers import AutoModelForSeq2SeqLM
+
+    return AutoModelForSeq2SeqLM.from_pretrained(src).eval()
+
+
+def seq2seq_greedy(model, source: list[int], n: int) -> list[int]:
+    """The target's own greedy decode: encoder once, then a plain argmax loop over HF's cache."""
+    import torch
+
+    with torch.no_grad():
+        enc = model.get_encoder()(input_ids=torch.tensor([source]))
+        tok, past, out = model.config.decoder_start_token_id, None, []
+        for _ in range(n):
+            o = model(encoder_outputs=enc, decoder_input_ids=torch.tensor([[tok]]), past_key_values=past, use_cache=True)
+            past, tok = o.past_key_values, int(o.logits[0, -1].argmax())
+            out.append(tok)
+    return out

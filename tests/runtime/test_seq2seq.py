@@ -15,6 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("scipy.stats")
 
+from models import load_seq2seq, seq2seq_greedy  # noqa: E402
 from test_decoder_exact import chi_square_p, first_diff  # noqa: E402
 
 from specdec.errors import ConfigError, InputError  # noqa: E402
@@ -26,22 +27,7 @@ NEW = 100
 P_MIN = 1e-4  # chi-square p-value floor; runs use seeds 0..N-1, so each test is deterministic
 
 
-def load(src):
-    from transformers import AutoModelForSeq2SeqLM
-
-    return AutoModelForSeq2SeqLM.from_pretrained(src).eval()
-
-
-def torch_greedy(model, source: list[int], n: int) -> list[int]:
-    """The target's own greedy decode: encoder once, then a plain argmax loop over HF's cache."""
-    with torch.no_grad():
-        enc = model.get_encoder()(input_ids=torch.tensor([source]))
-        tok, past, out = model.config.decoder_start_token_id, None, []
-        for _ in range(n):
-            o = model(encoder_outputs=enc, decoder_input_ids=torch.tensor([[tok]]), past_key_values=past, use_cache=True)
-            past, tok = o.past_key_values, int(o.logits[0, -1].argmax())
-            out.append(tok)
-    return out
+load, torch_greedy = load_seq2seq, seq2seq_greedy
 
 
 def test_bundle_has_encoders_and_cross_inputs(seq2seq_bundle):

@@ -1,0 +1,87 @@
+"""specdec-export for encoder-decoder models: a tied T5 head and a draft of another shape, and
+the options an encoder-decoder bundle refuses (one line, exit 2, nothing written)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from models import load_seq2seq, save_seq2seq_pair, seq2seq_greedy  # noqa: E402
+from test_bad_input import assert_one_line_error, export_cli  # noqa: E402
+from test_cli import run  # noqa: E402
+
+from specdec.runtime import SpeculativeDecoder  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tied_t5(tmp_path_factory):
+    """A tied T5 target (its head scaled by d_model^-0.5) and a smaller random T5 draft: other
+    layer and head counts, its own encoder."""
+    root = tmp_path_factory.mktemp("t5tied")
+    return save_seq2seq_pair(root, "t5", near=False, tied=True)
+
+
+def test_tied_t5_with_a_smaller_draft(tied_t5, tmp_path):
+    target, draft = tied_t5
+    out = tmp_path / "bundle"
+    res = export_cli("--target", str(target), "--draft", str(draft), "--out", str(out), "--gamma", "3", "--max-seq-len", "96", "--max-source-len", "32")
+    assert res.returncode == 0, res.stderr[-2000:]
+    m = json.loads((out / "manifest.json").read_text())
+    assert (m["target"]["num_layers"], m["draft"]["num_layers"], m["draft"]["num_heads"]) == (2, 1, 2)
+    assert m["validation"]["target"]["logits"] < 1e-4 and m["validation"]["draft"]["logits"] < 1e-4
+    dec = SpeculativeDecoder.load(out)
+    model = load_seq2seq(target)
+    for source in ([5, 17, 42, 99, 7, 3, 250, 61, 1], [30, 31, 32, 33, 34, 30, 31, 32, 1]):
+        assert dec.generate(source, max_new_tokens=40, ignore_eos=True).tokens == seq2seq_greedy(model, source, 40)
+    inspect = run("inspect", str(out))
+    assert "encoder-decoder: max-source-len 32  decoder start 2" in inspect.stdout
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (("--max-batch", "2"), ("--max-batch", "not supported for encoder-decoder bundles yet")),
+        (("--fused-draft",), ("--fused-draft", "not supported for encoder-decoder bundles yet")),
+        (("--portable",), ("--portable", "not supported for encoder-decoder bundles yet")),
+        (("--max-source-len", "1"), ("--max-source-len 1", "expected an integer >= 2")),
+    ],
+)
+def test_options_an_encoder_decoder_refuses(tied_t5, tmp_path, args, words):
+    target, draft = tied_t5
+    out = tmp_path / "bundle"
+    assert_one_line_error(export_cli("--target", str(target), "--draft", str(draft), "--out", str(out), *args), *words)
+    assert not out.exists()
+
+
+def test_source_longer_than_the_encoders_positions(tmp_path):
+    target, draft = save_seq2seq_pair(tmp_path, "bart")  # max_position_embeddings 256
+    out = tmp_path / "bundle"
+    res = export_cli("--target", str(target), "--draft", str(draft), "--out", str(out), "--max-source-len", "300")
+    assert_one_line_error(res, "--max-source-len 300 exceeds the encoders' 256 positions", "pass --max-source-len 256")
+    assert not out.exists()
+
+
+def test_mixed_pairs_are_refused(tied_t5, llama_bundle, tmp_path):
+    target, _ = tied_t5
+    llama_target = llama_bundle[0]
+    out = tmp_path / "bundle"
+    res = export_cli("--target", str(target), "--draft", str(llama_target), "--out", str(out))
+    assert_one_line_error(res, "is an encoder-decoder model (t5) but draft", "a decoder-only one (llama)")
+    res = export_cli("--target", str(llama_target), "--draft", str(llama_target), "--out", str(out), "--max-source-len", "64")
+    assert_one_line_error(res, "--max-source-len 64", "is decoder-only")
+    # a draft whose decoder starts elsewhere
+    from transformers import AutoConfig
+
+    other = tmp_path / "other"
+    import shutil
+
+    shutil.copytree(tied_t5[1], other)
+    cfg = AutoConfig.from_pretrained(other)
+    cfg.decoder_start_token_id = 0
+    cfg.save_pretrained(other)
+    res = export_cli("--target", str(target), "--draft", str(other), "--out", str(out))
+    assert_one_line_error(res, "decoder_start_token_id=2", "decoder_start_token_id=0")
+    assert not out.exists()
