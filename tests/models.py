@@ -136,7 +136,7 @@ SEQ2SEQ_SCALES = {"t5": (1.0, 1.0), "bart": (4.0, 8.0), "marian": (4.0, 8.0)}
 SEQ2SEQ_NEAR = {"t5": 0.05, "bart": 0.1, "marian": 0.1}
 
 
-def seq2seq_config(family: str, size: str = "target"):
+def seq2seq_config(family: str, size: str = "target", **extra):
     """A tiny encoder-decoder config of ``family`` (head_dim 16: ORT's attention kernel needs a
     multiple of 8); decoding starts at the pad id, as T5 and Marian do. The head is untied: a
     random model whose head is its embedding mostly repeats its last input token, which would
@@ -155,7 +155,7 @@ def seq2seq_config(family: str, size: str = "target"):
         "bart": bart,
         "marian": {**bart, "scale_embedding": True},
     }[family]
-    return AutoConfig.for_model(family, **common, **kw)
+    return AutoConfig.for_model(family, **{**common, **kw, **extra})
 
 
 def peaked_seq2seq(cfg, seed: int):
@@ -193,13 +193,12 @@ def seq2seq_top1_mass(model, seed: int = 0) -> float:
     return float(probs.max(-1).values.mean())
 
 
-def save_seq2seq_pair(root: Path, family: str, seed: int = 0, near: bool = True, tied: bool = False) -> tuple[Path, Path]:
+def save_seq2seq_pair(root: Path, family: str, seed: int = 0, near: bool = True, tied: bool = False, **target_config) -> tuple[Path, Path]:
     """Target and draft checkpoints of an encoder-decoder ``family`` under ``root``: the draft is
     a noisy copy (its own encoder too; ``SEQ2SEQ_NEAR``), or without ``near`` a smaller random
-    model. ``tied``: the head is the embedding (T5 then scales its input by d_model^-0.5)."""
-    cfgs = [seq2seq_config(family, size) for size in ("target", "draft")]
-    for cfg in cfgs:
-        cfg.tie_word_embeddings = tied
+    model. ``tied``: the head is the embedding (T5 then scales its input by d_model^-0.5).
+    ``target_config``: more options of the target's config (e.g. T5's feed_forward_proj)."""
+    cfgs = [seq2seq_config(family, "target", tie_word_embeddings=tied, **target_config), seq2seq_config(family, "draft", tie_word_embeddings=tied)]
     target = peaked_seq2seq(cfgs[0], seed)
     draft = near_copy(target, SEQ2SEQ_NEAR[family], seed + 1) if near else peaked_seq2seq(cfgs[1], seed + 1)
     out = []

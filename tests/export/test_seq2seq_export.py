@@ -18,10 +18,10 @@ from specdec.runtime import SpeculativeDecoder  # noqa: E402
 
 @pytest.fixture(scope="module")
 def tied_t5(tmp_path_factory):
-    """A tied T5 target (its head scaled by d_model^-0.5) and a smaller random T5 draft: other
-    layer and head counts, its own encoder."""
+    """A tied T5 target (its head scaled by d_model^-0.5) with gated-GELU feed-forwards (T5 v1.1,
+    flan-T5) and a smaller random T5 draft: ReLU, other layer and head counts, its own encoder."""
     root = tmp_path_factory.mktemp("t5tied")
-    return save_seq2seq_pair(root, "t5", near=False, tied=True)
+    return save_seq2seq_pair(root, "t5", near=False, tied=True, feed_forward_proj="gated-gelu")
 
 
 def test_tied_t5_with_a_smaller_draft(tied_t5, tmp_path):
