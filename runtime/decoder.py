@@ -32,7 +32,7 @@ from specdec.errors import BusyError, InputError
 from specdec.manifest import Manifest, load_manifest
 from specdec.runtime.adaptive import AdaptiveGamma
 from specdec.runtime.drafters import Drafter, DrafterContext, check_drafter, make_drafter, needs_draft_model
-from specdec.runtime.request import Limits, Request
+from specdec.runtime.request import Limits, Request, token_ids
 from specdec.runtime.speculative import accept
 from specdec.runtime.stats import Iteration, Stats
 from specdec.runtime.text import Detokenizer, TextCodec
@@ -162,7 +162,7 @@ class SpeculativeDecoder:
         if isinstance(prompt, str):
             prompt = self._encode(prompt, "prompt", special=False)
         start = [self.manifest.decoder_start_token_id]
-        return start + ([] if prompt is None else list(np.asarray(prompt).reshape(-1).tolist())), source
+        return start + ([] if prompt is None else token_ids(prompt, self.manifest.vocab_size).tolist()), source
 
     def generate(
         self,
