@@ -322,7 +322,7 @@ def _text_or_ids(option: str, text: str | None, ids: str | None) -> str | list[i
     from specdec.errors import InputError
 
     if text is not None and ids is not None:
-        raise InputError(f"give one of {option} TEXT and {option}-ids 1,2,3, not both")
+        raise InputError(f"give exactly one of {option} TEXT and {option}-ids 1,2,3, not both")
     if ids is None:
         return text
     try:

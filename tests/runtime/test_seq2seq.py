@@ -157,7 +157,7 @@ def test_cli_generate_with_a_source(seq2seq_bundle, llama_bundle):
     for args, message in (
         ((), "give --prompt TEXT or --prompt-ids 1,2,3 (an encoder-decoder bundle: --source TEXT"),
         (("--source-ids", ",".join(["5"] * 65)), "exceeds the bundle's max-source-len 64"),
-        (("--source", "x", "--source-ids", "5"), "give one of --source TEXT and --source-ids"),
+        (("--source", "x", "--source-ids", "5"), "give exactly one of --source TEXT and --source-ids"),
     ):
         res = run("generate", str(out), *args)
         assert res.returncode == 2 and message in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
