@@ -203,9 +203,9 @@ def generate_cmd(bundle: Path, prompt: str | None, prompt_ids: str | None, sourc
 @click.option("--adaptive", is_flag=True, help="Also run each drafter with adaptive γ (gamma=auto).")
 @click.option("--temperatures", default="0,1", show_default=True, help="Comma-separated sampling temperatures.")
 @click.option("--prompts", "n_prompts", default=4, show_default=True, type=int, help="Prompts, from --corpus.")
-@click.option("--corpus", default="stdlib", show_default=True, type=click.Choice(["stdlib", "code", "functions"]),
+@click.option("--corpus", default="stdlib", show_default=True, type=click.Choice(["stdlib", "code", "functions", "code-functions"]),
               help="Prompts from held-out stdlib files, or function openings of third-party packages (numpy, click, tqdm, onnxruntime); "
-                   "functions: whole functions of those packages, up to --prompt-tokens, as sources (encoder-decoder bundles).")
+                   "encoder-decoder bundles: whole functions, up to --prompt-tokens, of held-out stdlib files (functions) or those packages (code-functions).")
 @click.option("--prompt-tokens", default=64, show_default=True, type=int)
 @click.option("--tokens", default=128, show_default=True, type=int, help="New tokens per request.")
 @click.option("--rounds", default=2, show_default=True, type=int)
@@ -215,7 +215,7 @@ def bench_cmd(bundle: Path, gammas: str | None, drafters: str, adaptive: bool, t
               prompt_tokens: int, tokens: int, rounds: int, threads: int | None, out: Path | None) -> None:
     """Drafters and γ against γ = 0, side by side and interleaved, with Theorem 3.8's prediction."""
     from specdec import bench
-    from specdec.bench.corpus import CODE_PACKAGES
+    from specdec.bench.corpus import CODE_PACKAGES, SOURCE_CORPORA
     from specdec.bench.floor import Floor
     from specdec.errors import ConfigError, InputError
     from specdec.runtime.decoder import SpeculativeDecoder
@@ -234,8 +234,8 @@ def bench_cmd(bundle: Path, gammas: str | None, drafters: str, adaptive: bool, t
     gs = list(range(dec.manifest.gamma + 1)) if gammas is None else sorted({0, *_numbers("--gammas", gammas, int)})
     temps = _numbers("--temperatures", temperatures, float)
     seq2seq = dec.manifest.seq2seq
-    if seq2seq != (corpus == "functions"):
-        raise InputError(f"--corpus {corpus}: " + ("an encoder-decoder bundle takes --corpus functions (whole functions as sources)" if seq2seq
+    if seq2seq != (corpus in SOURCE_CORPORA):
+        raise InputError(f"--corpus {corpus}: " + ("an encoder-decoder bundle takes --corpus functions or code-functions (whole functions as sources)" if seq2seq
                                                   else "whole functions are sources for encoder-decoder bundles; use stdlib or code"))  # fmt: skip
     prompts = bench.prompts(corpus, dec.codec.encode, n_prompts, prompt_tokens)
     if not prompts:
@@ -254,7 +254,7 @@ def bench_cmd(bundle: Path, gammas: str | None, drafters: str, adaptive: bool, t
     m = dec.manifest
     header = (
         f"bundle {bundle}: target {m.target.parameters / 1e6:.1f}M, draft {m.draft.parameters / 1e6:.2f}M params, {m.dtype}; "
-        + (f"{len(prompts)} sources (whole functions of {', '.join(CODE_PACKAGES)}) of {min(map(len, prompts))}-{max(map(len, prompts))} tokens "
+        + (f"{len(prompts)} sources (whole functions of {'held-out stdlib files' if corpus == 'functions' else ', '.join(CODE_PACKAGES)}) of {min(map(len, prompts))}-{max(map(len, prompts))} tokens "
            f"x {rounds} rounds x up to {tokens} new tokens per configuration, interleaved; " if seq2seq else
            f"{len(prompts)} held-out prompts ({corpus}) of {prompt_tokens} tokens x {rounds} rounds x {tokens} new tokens per configuration, interleaved; ")
         + "α is the maximum-likelihood estimate from accepted and rejected drafts, c is per drafted token\n"

@@ -7,8 +7,9 @@ Two corpora:
 - ``code``: function openings from third-party packages that every specdec install has (numpy,
   click, tqdm, onnxruntime's Python layer) — code the demo pair never saw in training, a harder
   and more honest test of a draft trained on the stdlib.
-- ``functions``: whole functions from the same packages, as *sources* for encoder-decoder
-  bundles (the seq2seq demo pair rewrites a function with its local names normalized).
+- ``functions`` / ``code-functions``: whole functions of the held-out stdlib files / of the
+  third-party packages, as *sources* for encoder-decoder bundles (the seq2seq demo pair
+  rewrites a function with its local names normalized).
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from pathlib import Path
 
 EXCLUDED = {"site-packages", "test", "tests", "idle_test", "testing", "_vendor", "vendor"}
 CODE_PACKAGES = ("numpy", "click", "tqdm", "onnxruntime")
-CORPORA = ("stdlib", "code", "functions")
+CORPORA = ("stdlib", "code", "functions", "code-functions")
+SOURCE_CORPORA = ("functions", "code-functions")  # sources for encoder-decoder bundles
 _DEF = re.compile(r"^[ \t]*(?:async[ \t]+)?def[ \t]", re.MULTILINE)
 
 
@@ -91,11 +93,11 @@ def _first_function(files, encode, length: int) -> list[int] | None:
     return None
 
 
-def function_sources(encode, count: int, length: int, packages: tuple[str, ...] = CODE_PACKAGES) -> list[list[int]]:
+def function_sources(encode, count: int, length: int, packages: tuple[str, ...] | None = None) -> list[list[int]]:
     """``count`` whole functions (``def`` to the end of the body, dedented) of ``length // 2`` to
-    ``length`` tokens, one per file, round-robin over ``packages``: sources for encoder-decoder
-    bundles."""
-    queues = [iter(package_files(p)) for p in packages]
+    ``length`` tokens, one per file: of the held-out stdlib files, or round-robin over
+    ``packages``. Sources for encoder-decoder bundles."""
+    queues = [iter(stdlib_files(held_out=True))] if packages is None else [iter(package_files(p)) for p in packages]
     out: list[list[int]] = []
     while queues and len(out) < count:
         for q in list(queues):
@@ -127,10 +129,13 @@ def _functions(f: Path, encode):
 
 
 def prompts(corpus: str, encode, count: int, length: int) -> list[list[int]]:
-    """Prompts from ``corpus``: "stdlib" held-out files, third-party "code", or whole third-party
-    "functions" (sources for encoder-decoder bundles, up to ``length`` tokens)."""
+    """Prompts from ``corpus``: "stdlib" held-out files, third-party "code", or whole functions
+    (sources for encoder-decoder bundles, up to ``length`` tokens) of held-out stdlib files
+    ("functions") or third-party packages ("code-functions")."""
     from specdec.errors import InputError
 
     if corpus not in CORPORA:
         raise InputError(f"corpus {corpus!r}: expected one of {', '.join(CORPORA)}")
+    if corpus == "code-functions":
+        return function_sources(encode, count, length, CODE_PACKAGES)
     return {"stdlib": held_out_prompts, "code": code_prompts, "functions": function_sources}[corpus](encode, count, length)

@@ -58,6 +58,24 @@ def test_code_prompts_are_function_openings_from_third_party_packages():
         bench.prompts("web", encode, 1, 8)
 
 
+@pytest.mark.parametrize("corpus", ["functions", "code-functions"])
+def test_function_sources_are_whole_functions(corpus):
+    """Sources for encoder-decoder bundles: whole functions (they parse on their own) of
+    length // 2 .. length tokens, from held-out stdlib files or third-party packages."""
+    import ast
+
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(Path(__file__).parents[2] / "models" / "demo" / "target" / "tokenizer.json"))
+    encode = lambda text: tok.encode(text).ids  # noqa: E731
+    sources = bench.prompts(corpus, encode, 5, 120)
+    assert len(sources) == 5 and all(60 <= len(s) <= 120 for s in sources)
+    for s in sources:
+        tree = ast.parse(tok.decode(s))
+        assert isinstance(tree.body[0], (ast.FunctionDef, ast.AsyncFunctionDef)) and len(tree.body) == 1
+    assert bench.prompts(corpus, encode, 5, 120) == sources  # stable
+
+
 def test_bandwidth_floor_counts_weights_without_the_embedding_and_the_kv_rows(llama_bundle):
     from specdec.bench.floor import Floor, call_bytes, read_bandwidth
     from specdec.manifest import load_manifest
