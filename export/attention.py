@@ -55,9 +55,7 @@ def gqa(
     d = past_key.shape[-1]
     total = int(total_len)
     start = total - s
-    pk, pv = past_key.clone(), past_value.clone()
-    pk[:, :, start:total] = key.view(b, s, kv_heads, d).transpose(1, 2)
-    pv[:, :, start:total] = value.view(b, s, kv_heads, d).transpose(1, 2)
+    pk, pv = write_rows(past_key, past_value, key, value, start, total)
     q = query.view(b, s, num_heads, d).transpose(1, 2)  # [1, H, S, D]
     rep = num_heads // kv_heads
     k = pk[:, :, :total].repeat_interleave(rep, 1)  # [1, H, T, D]
@@ -70,6 +68,16 @@ def gqa(
         visible &= (i - j) < local_window
     out = scores.masked_fill(~visible, float("-inf")).softmax(-1) @ v
     return out.transpose(1, 2).reshape(b, s, num_heads * d), pk, pv
+
+
+def write_rows(past_key, past_value, key, value, start: int, total: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Copies of the buffers [1, kvH, MAX, D] with the new rows key/value [1, S, kvH*D] at [start, total)."""
+    b, s, _ = key.shape
+    heads, d = past_key.shape[1], past_key.shape[-1]
+    pk, pv = past_key.clone(), past_value.clone()
+    pk[:, :, start:total] = key.view(b, s, heads, d).transpose(1, 2)
+    pv[:, :, start:total] = value.view(b, s, heads, d).transpose(1, 2)
+    return pk, pv
 
 
 @gqa.register_fake

@@ -54,9 +54,7 @@ def gqa_bias(
     d = past_key.shape[-1]
     total = int(total_len)
     start = total - s
-    pk, pv = past_key.clone(), past_value.clone()
-    pk[:, :, start:total] = key.view(b, s, num_heads, d).transpose(1, 2)
-    pv[:, :, start:total] = value.view(b, s, num_heads, d).transpose(1, 2)
+    pk, pv = attention.write_rows(past_key, past_value, key, value, start, total)
     q = query.view(b, s, num_heads, d).transpose(1, 2)  # [1, H, S, D]
     scores = (q @ pk[:, :, :total].transpose(-1, -2)) * scale + bias[..., :total]  # [1, H, S, T]
     visible = torch.arange(total)[None, :] <= torch.arange(s)[:, None] + start

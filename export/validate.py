@@ -80,23 +80,32 @@ def validate_model(
         agree += int((ours.argmax(-1) == ref.argmax(-1)).sum())
         total += len(ids)
 
-    prompt = rng.integers(0, vocab, size=int(rng.integers(5, 20))).tolist()
-    compare(engines["dynamic"].run(prompt).copy(), prompt)
-    cache.append(len(prompt))
-    step = static[1].tokens or 1
-    for r in range(rounds):
-        ids = rng.integers(0, vocab, size=step).tolist()
-        compare(engines["static"].run(ids).copy(), ids)
-        cache.append(int(rng.integers(1, step + 1)))  # partial acceptance
-        if r % 3 == 2 and cache.length > len(prompt) + 1:
-            cache.rewind_to(cache.length - 1)  # a draft-style rollback of committed rows
-        ref_cache.crop(cache.length)
+    decode_like_the_loop(engines, cache, compare, rng, vocab, (5, 20), rounds, ref_cache.crop)
     for i in range(len(cache.keys)):
         k, v = _kv(ref_cache, i)
         n = cache.length
         diffs["present_key"] = max(diffs["present_key"], float(np.abs(cache.keys[i][0, :, :n] - k[0].float().numpy()).max()))
         diffs["present_value"] = max(diffs["present_value"], float(np.abs(cache.values[i][0, :, :n] - v[0].float().numpy()).max()))
     return {**diffs, "top1_agreement": agree / total, "positions": total}
+
+
+def decode_like_the_loop(engines: dict, cache: KVCache, compare, rng: np.random.Generator, vocab: int, prompt_sizes: tuple[int, int],
+                         rounds: int, committed) -> None:  # fmt: skip
+    """Drive a model's ``engines`` ("dynamic", "static") as decoding does: a random prompt
+    through the dynamic graph, then ``rounds`` static calls of random tokens, each followed by a
+    partial acceptance and sometimes a deeper rewind. ``compare(logits, ids)`` checks each call
+    against PyTorch; ``committed(n)`` tells the reference that n rows are now committed."""
+    prompt = rng.integers(0, vocab, size=int(rng.integers(*prompt_sizes))).tolist()
+    compare(engines["dynamic"].run(prompt).copy(), prompt)
+    cache.append(len(prompt))
+    step = engines["static"].capacity
+    for r in range(rounds):
+        ids = rng.integers(0, vocab, size=step).tolist()
+        compare(engines["static"].run(ids).copy(), ids)
+        cache.append(int(rng.integers(1, step + 1)))  # partial acceptance
+        if r % 3 == 2 and cache.length > len(prompt) + 1:
+            cache.rewind_to(cache.length - 1)  # a draft-style rollback of committed rows
+        committed(cache.length)
 
 
 def check(figures: dict[str, dict[str, float]], tolerances: dict[str, Tolerance]) -> None:
@@ -245,15 +254,5 @@ def validate_seq2seq(model: torch.nn.Module, bundle: Path, encoder: tuple[str, G
         agree += int((ours.argmax(-1) == ref.argmax(-1)).sum())
         total += len(ids)
 
-    prompt = rng.integers(0, vocab, size=int(rng.integers(2, 10))).tolist()
-    compare(engines["dynamic"].run(prompt).copy(), prompt)
-    cache.append(len(prompt))
-    step = static[1].tokens or 1
-    for r in range(rounds):
-        ids = rng.integers(0, vocab, size=step).tolist()
-        compare(engines["static"].run(ids).copy(), ids)
-        cache.append(int(rng.integers(1, step + 1)))  # partial acceptance
-        if r % 3 == 2 and cache.length > len(prompt) + 1:
-            cache.rewind_to(cache.length - 1)  # a draft-style rollback of committed rows
-        del seq[cache.length :]
+    decode_like_the_loop(engines, cache, compare, rng, vocab, (2, 10), rounds, lambda n: seq.__delitem__(slice(n, None)))
     return {"logits": worst, "present_key": None, "present_value": None, "top1_agreement": agree / total, "positions": total}

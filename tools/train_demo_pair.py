@@ -126,6 +126,19 @@ def lr_at(step: int, total: int, peak: float, warmup: int = 200) -> float:
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
+def resume(ckpt: Path, model, opt, name: str) -> dict:
+    """The training state saved at ``ckpt`` (model and optimizer restored from it), or a fresh one."""
+    import torch
+
+    if not ckpt.is_file():
+        return dict(step=0, seconds=0.0, log=[])
+    saved = torch.load(ckpt, weights_only=False)
+    model.load_state_dict(saved["model"])
+    opt.load_state_dict(saved["opt"])
+    print(f"{name}: resumed at step {saved['state']['step']} ({saved['state']['seconds'] / 60:.1f} min)", flush=True)
+    return saved["state"]
+
+
 def train(name: str, model, data: np.ndarray, steps: int, batch: int, peak_lr: float, teacher=None, data_seed: int = SEED):
     """Train for ``steps`` optimizer steps (resuming from the last checkpoint)."""
     import torch
@@ -133,13 +146,7 @@ def train(name: str, model, data: np.ndarray, steps: int, batch: int, peak_lr: f
 
     ckpt = WORK / f"{name}.pt"
     opt = torch.optim.AdamW(model.parameters(), lr=peak_lr, betas=(0.9, 0.95), weight_decay=0.1)
-    state = dict(step=0, seconds=0.0, log=[])
-    if ckpt.is_file():
-        saved = torch.load(ckpt, weights_only=False)
-        model.load_state_dict(saved["model"])
-        opt.load_state_dict(saved["opt"])
-        state = saved["state"]
-        print(f"{name}: resumed at step {state['step']} ({state['seconds'] / 60:.1f} min)", flush=True)
+    state = resume(ckpt, model, opt, name)
     if state["step"] >= steps:
         return state
     model.train()

@@ -47,7 +47,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train_demo_pair import corpus_files, lr_at, read  # noqa: E402
+from train_demo_pair import corpus_files, lr_at, read, resume  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 WORK = ROOT / ".bench" / "seq2seq"
@@ -289,13 +289,7 @@ def train(name: str, model, data: list, steps: int, peak_lr: float, batch: int =
 
     ckpt = WORK / f"{name}.pt"
     opt = torch.optim.AdamW(model.parameters(), lr=peak_lr, betas=(0.9, 0.98), weight_decay=0.05)
-    state = dict(step=0, seconds=0.0, log=[])
-    if ckpt.is_file():
-        saved = torch.load(ckpt, weights_only=False)
-        model.load_state_dict(saved["model"])
-        opt.load_state_dict(saved["opt"])
-        state = saved["state"]
-        print(f"{name}: resumed at step {state['step']} ({state['seconds'] / 60:.1f} min)", flush=True)
+    state = resume(ckpt, model, opt, name)
     if state["step"] >= steps:
         return state
     model.train()
