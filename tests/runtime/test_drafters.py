@@ -53,6 +53,22 @@ def test_lookup_match_is_the_latest_longest_suffix(max_n, min_n):
     assert found > 100
 
 
+def test_lookup_copies_from_a_source_when_its_match_is_longer():
+    """Encoder-decoder requests: the source is searched too; the longer match wins, the
+    output's own on a tie, and a source match needs a token after it."""
+    cfg = SamplingConfig(1.0)
+    seq, q = np.zeros(32, dtype=np.int64), np.zeros((4, 40))
+    d = LookupDrafter(max_ngram=3)
+    d.use_source(np.array([20, 5, 6, 7, 30, 31, 32, 1]))
+    seq[:5] = [2, 6, 9, 6, 7]  # "6 7" matches 2 tokens of the source, 1 of the output
+    assert d.propose(seq, 5, 4, cfg, None, q) == 4 and seq[5:9].tolist() == [30, 31, 32, 1]
+    assert (q[:4].argmax(-1) == [30, 31, 32, 1]).all() and q[:4].sum() == 4  # one-hot rows of what it copied
+    seq[:5] = [2, 6, 7, 9, 7]  # "9 7" matches 1 token in both: the output's own continuation wins
+    assert d.propose(seq, 5, 4, cfg, None, q) == 2 and seq[5:7].tolist() == [9, 7]
+    seq[:3] = [2, 4, 1]  # "1" ends the source: nothing follows it there, and not in the output
+    assert d.propose(seq, 3, 4, cfg, None, q) == 0
+
+
 def test_lookup_proposes_the_continuation_and_one_hot_rows():
     seq = np.zeros(32, dtype=np.int64)
     text = [7, 8, 9, 10, 11, 3, 7, 8]  # "7 8" occurred before, followed by 9 10 11 3
