@@ -17,11 +17,13 @@ draft d_model 128, 2 encoder + 1 decoder layers (~1.2M parameters), head dimensi
 (teacher forcing), then the draft is distilled from it (0.8 x KL to the target's softmax at T=1
 + 0.2 x cross-entropy, as for the decoder-only draft).
 
-    python tools/train_seq2seq_pair.py [--target-steps 1500] [--draft-steps 1000] [--out models/demo/seq2seq] \
+    python tools/train_seq2seq_pair.py [--target-steps 1100] [--draft-steps 800] [--out models/demo/seq2seq] \
         [--threads 1] [--work .bench/seq2seq]
 
-Budgets are in steps, so a run is deterministic (on this CPU with 1 thread: ~1.5 s per target
-step and ~0.85 s per draft step with its teacher, batches of 32 pairs; ~38 + ~15 min).
+(the defaults, batches of 32 pairs, peak learning rates 1.5e-3 and 2e-3, 100 warmup steps and
+no dropout, are the recipe of the pair in models/demo/seq2seq). Budgets are in steps, so a run is
+deterministic (on this 2-core CPU with 1 thread: ~1.9 s per target step and ~1.07 s per draft
+step with its teacher; 35 + 14 min, plus ~1.5 min of evaluation).
 Resumable: state is checkpointed under --work every few minutes and a rerun continues where it
 stopped. At the end it writes float16 safetensors checkpoints, generation configs and the
 tokenizer to --out/target and --out/draft, and a model card (README.md) and training.json
@@ -56,8 +58,8 @@ VOCAB = 4096
 EOS, PAD = 0, 1
 MIN_TOKENS, MAX_TOKENS = 16, 160
 SEED = 0
-BATCH = 16
-WARMUP = 200
+BATCH = 32
+WARMUP = 100
 COMMON = dict(vocab_size=VOCAB, d_kv=32, feed_forward_proj="relu", tie_word_embeddings=True, relative_attention_num_buckets=32,
               relative_attention_max_distance=128, dropout_rate=0.0, eos_token_id=EOS, pad_token_id=PAD,
               decoder_start_token_id=PAD, bos_token_id=None)  # fmt: skip
@@ -279,7 +281,8 @@ def held_ce(model, data: list) -> float:
     return total / count
 
 
-def train(name: str, model, data: list, steps: int, peak_lr: float, batch: int = BATCH, teacher=None, monitor=None) -> dict:
+def train(name: str, model, data: list, steps: int, peak_lr: float, batch: int = BATCH, warmup: int = WARMUP, teacher=None,
+          monitor=None) -> dict:
     """``steps`` AdamW steps (warmup + cosine) of cross-entropy, or of 0.8 KL(target || draft) + 0.2 CE
     when ``teacher`` is given, resuming from the last checkpoint under WORK. Every 250 steps the
     cross-entropy on ``monitor`` (some held-out pairs; only logged, nothing is selected on it) is
@@ -298,7 +301,7 @@ def train(name: str, model, data: list, steps: int, peak_lr: float, batch: int =
         t0 = time.time()
         step = state["step"]
         for g in opt.param_groups:
-            g["lr"] = lr_at(step, steps, peak_lr, WARMUP)
+            g["lr"] = lr_at(step, steps, peak_lr, warmup)
         x, mask, y = batch_at(data, step, batch)
         logits = model(input_ids=x, attention_mask=mask, labels=y).logits
         keep = y != -100
@@ -376,6 +379,15 @@ def save(model, tok, folder: Path) -> None:
     model.to(torch.float32)
     tok.save_pretrained(folder)
     append_eos(folder / "tokenizer.json")
+    model_inputs(folder / "tokenizer_config.json")
+
+
+def model_inputs(path: Path) -> None:
+    """Make the saved tokenizer return only what T5 takes (no ``token_type_ids``), so that
+    ``model.generate(**tok(text, return_tensors="pt"))`` works."""
+    config = json.loads(path.read_text(encoding="utf-8"))
+    config["model_input_names"] = ["input_ids", "attention_mask"]
+    path.write_text(json.dumps(config, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def append_eos(path: Path) -> None:
@@ -397,7 +409,7 @@ A T5 (encoder-decoder) target ({tparams / 1e6:.1f}M parameters) and draft ({dpar
 this machine by
 
     python tools/train_seq2seq_pair.py --target-steps {args.target_steps} --draft-steps {args.draft_steps} \\
-        --target-lr {args.target_lr:g} --draft-lr {args.draft_lr:g} --dropout {args.dropout:g} --batch {args.batch} --threads {args.threads}
+        --target-lr {args.target_lr:g} --draft-lr {args.draft_lr:g} --dropout {args.dropout:g} --batch {args.batch} --warmup {args.warmup} --threads {args.threads}
 
 (seed {SEED}; CPU, {args.threads} thread; {minutes:.0f} min of training: target {states['target']['seconds'] / 60:.0f} min,
 draft {states['draft']['seconds'] / 60:.0f} min). They exist to demonstrate and benchmark speculative decoding of
@@ -428,7 +440,7 @@ sequence-to-sequence models, not to be useful refactoring tools.
   relative-position buckets (max distance 128). Target: d_model {TARGET['d_model']}, {TARGET['num_heads']} heads, d_ff {TARGET['d_ff']},
   {TARGET['num_layers']} encoder + {TARGET['num_decoder_layers']} decoder layers. Draft (own encoder): d_model {DRAFT['d_model']}, {DRAFT['num_heads']} heads,
   d_ff {DRAFT['d_ff']}, {DRAFT['num_layers']} encoder + {DRAFT['num_decoder_layers']} decoder layer.
-- **Training**: batches of {args.batch} pairs, AdamW, {WARMUP} warmup steps + cosine decay, dropout {args.dropout} (saved
+- **Training**: batches of {args.batch} pairs, AdamW, {args.warmup} warmup steps + cosine decay, dropout {args.dropout} (saved
   configs: 0). Target: {states['target']['step']} steps of
   cross-entropy (teacher forcing). Draft: {states['draft']['step']} steps distilled from the target (0.8 × KL to the
   target's softmax at T=1 + 0.2 × cross-entropy, on the same teacher-forced positions).
@@ -446,10 +458,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target-steps", type=int, default=1100)
     ap.add_argument("--draft-steps", type=int, default=800)
-    ap.add_argument("--target-lr", type=float, default=3e-3)
-    ap.add_argument("--draft-lr", type=float, default=3e-3)
+    ap.add_argument("--target-lr", type=float, default=1.5e-3)
+    ap.add_argument("--draft-lr", type=float, default=2e-3)
     ap.add_argument("--batch", type=int, default=BATCH, help="pairs per step")
-    ap.add_argument("--dropout", type=float, default=0.1, help="while training (the saved configs say 0)")
+    ap.add_argument("--warmup", type=int, default=WARMUP, help="warmup steps, then cosine decay to 0.1 x the peak")
+    ap.add_argument("--dropout", type=float, default=0.0,
+                    help="while training (the saved configs say 0); a run with dropout resumes exactly only at the same RNG state, so not from a checkpoint")
     ap.add_argument("--out", type=Path, default=ROOT / "models" / "demo" / "seq2seq")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--work", type=Path, default=WORK, help="checkpoints and the pair cache")
@@ -477,11 +491,11 @@ def main() -> None:
 
     target, draft = make_model(TARGET, args.dropout), make_model(DRAFT, args.dropout)
     monitor = held_data[-128:]  # evaluate() generates from the first 50
-    states = {"target": train("target", target, train_data, args.target_steps, args.target_lr, args.batch, monitor=monitor)}
+    states = {"target": train("target", target, train_data, args.target_steps, args.target_lr, args.batch, args.warmup, monitor=monitor)}
     target.eval()
     for p in target.parameters():
         p.requires_grad_(False)
-    states["draft"] = train("draft", draft, train_data, args.draft_steps, args.draft_lr, args.batch, teacher=target, monitor=monitor)
+    states["draft"] = train("draft", draft, train_data, args.draft_steps, args.draft_lr, args.batch, args.warmup, teacher=target, monitor=monitor)
     t0 = time.time()
     figures = evaluate(target, draft, tok, held_data, held_pairs)
     figures.update(source_tokens=round(lengths["source"], 2), target_tokens=round(lengths["target"], 2))
