@@ -179,7 +179,7 @@ def generate_cmd(bundle: Path, prompt: str | None, prompt_ids: str | None, sourc
     prompt = _text_or_ids("--prompt", prompt, prompt_ids)
     source = _text_or_ids("--source", source, source_ids)
     if prompt is None and source is None:
-        raise InputError("give --prompt TEXT or --prompt-ids 1,2,3 (an encoder-decoder bundle: --source TEXT or --source-ids 1,2,3)")
+        raise InputError("give exactly one of --prompt TEXT and --prompt-ids 1,2,3 (an encoder-decoder bundle: --source TEXT or --source-ids 1,2,3)")
     lookup = LookupDrafter(max_ngram=lookup_ngram, max_tokens=lookup_max_tokens)  # checked whatever the drafter
     spec = lookup if drafter == "lookup" else drafter
     dec = SpeculativeDecoder.load(bundle, provider=provider, threads=_threads(threads), drafter=spec)

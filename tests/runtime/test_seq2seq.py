@@ -145,7 +145,7 @@ def test_cli_generate_with_a_source(seq2seq_bundle, llama_bundle):
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout)["tokens"] == torch_greedy(load(target), SOURCES[0], 10)
     for args, message in (
-        ((), "give --prompt TEXT or --prompt-ids 1,2,3 (an encoder-decoder bundle: --source TEXT"),
+        ((), "give exactly one of --prompt TEXT and --prompt-ids 1,2,3 (an encoder-decoder bundle: --source TEXT"),
         (("--source-ids", ",".join(["5"] * 65)), "exceeds the bundle's max-source-len 64"),
         (("--source", "x", "--source-ids", "5"), "give exactly one of --source TEXT and --source-ids"),
     ):
