@@ -187,8 +187,8 @@ def check_seq2seq(cfg: ExportConfig, sources: dict[str, Source]) -> int | None:
     bad = [f for f, on in flags.items() if on]
     if bad:
         raise ConfigError(f"{', '.join(bad)}: not supported for encoder-decoder bundles yet ({cfg.target}); export without {' and '.join(bad)}")
-    limits = [src.family.max_source(src.config) for src in sources.values()]
-    limit = min([n for n in limits if n] or [None]) if any(limits) else None
+    known = [n for n in (src.family.max_source(src.config) for src in sources.values()) if n]  # T5: none of its own
+    limit = min(known) if known else None
     if cfg.max_source_len is not None and limit is not None and cfg.max_source_len > limit:
         raise ConfigError(f"--max-source-len {cfg.max_source_len} exceeds the encoders' {limit} positions; pass --max-source-len {limit} or less")
     return cfg.max_source_len or min(DEFAULT_MAX_SOURCE, limit or DEFAULT_MAX_SOURCE)
