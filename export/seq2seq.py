@@ -167,8 +167,6 @@ class BartDecoder(torch.nn.Module):
             h = layer.encoder_attn_layer_norm(h + ca.out_proj(cross_attention(ca.q_proj(h), cross[2 * i], cross[2 * i + 1], self.heads, self.scale)))
             h = layer.final_layer_norm(h + layer.fc2(layer.activation_fn(layer.fc1(h))))
             presents += [pk, pv]
-        if getattr(dec, "layer_norm", None) is not None:  # pre-LN variants (mBART) end with a norm
-            h = dec.layer_norm(h)
         logits = self.lm_head(h)
         return (logits + self.logits_bias if self.logits_bias is not None else logits), presents
 
