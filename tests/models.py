@@ -67,15 +67,23 @@ def peaked_model(cfg, seed: int, inner: float = 4.0, head: float = 8.0):
 
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    final = [m for name, m in model.named_modules() if re.search(r"(norm|ln_f)$", name) and not re.search(r"\.\d+\.", name)]
+    return sharpen(model, inner, final, head)  # the final norm only
+
+
+def sharpen(model, inner: float, norms: list, head: float):
+    """Scale every weight matrix by ``inner`` and the ``norms`` (weight and bias) by ``head``:
+    the last norm's scale multiplies the logits exactly."""
+    import torch
+
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() == 2:
                 p.mul_(inner)
-        for name, module in model.named_modules():
-            if re.search(r"(norm|ln_f)$", name) and not re.search(r"\.\d+\.", name):  # the final norm only
-                module.weight.mul_(head)
-                if getattr(module, "bias", None) is not None:
-                    module.bias.mul_(head)
+        for norm in norms:
+            norm.weight.mul_(head)
+            if getattr(norm, "bias", None) is not None:
+                norm.bias.mul_(head)
     return model
 
 
@@ -172,14 +180,7 @@ def peaked_seq2seq(cfg, seed: int):
         head *= cfg.d_model**0.5  # a tied T5 head scales its input by d_model^-0.5: undo it
     dec = model.get_decoder()
     last = dec.final_layer_norm if hasattr(dec, "final_layer_norm") else dec.layers[-1].final_layer_norm
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.mul_(inner)
-        last.weight.mul_(head)
-        if getattr(last, "bias", None) is not None:
-            last.bias.mul_(head)
-    return model
+    return sharpen(model, inner, [last], head)
 
 
 def seq2seq_top1_mass(model, seed: int = 0) -> float:

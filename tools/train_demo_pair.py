@@ -139,6 +139,18 @@ def resume(ckpt: Path, model, opt, name: str) -> dict:
     return saved["state"]
 
 
+def optimizer_step(model, opt, loss, state: dict, t0: float) -> None:
+    """One AdamW step on ``loss`` (gradients clipped to norm 1), counted in ``state`` with its time since ``t0``."""
+    import torch
+
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    state["step"] += 1
+    state["seconds"] += time.time() - t0
+
+
 def train(name: str, model, data: np.ndarray, steps: int, batch: int, peak_lr: float, teacher=None, data_seed: int = SEED):
     """Train for ``steps`` optimizer steps (resuming from the last checkpoint)."""
     import torch
@@ -165,12 +177,7 @@ def train(name: str, model, data: np.ndarray, steps: int, batch: int, peak_lr: f
                 soft = teacher(x).logits.log_softmax(-1)
             kl = F.kl_div(logits.log_softmax(-1), soft, log_target=True, reduction="batchmean") / SEQ
             loss = 0.8 * kl + 0.2 * ce
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        state["step"] += 1
-        state["seconds"] += time.time() - t0
+        optimizer_step(model, opt, loss, state, t0)
         if state["step"] % 50 == 0:
             state["log"].append((state["step"], round(float(ce), 4)))
             print(f"{name} step {state['step']}/{steps} ce {float(ce):.3f} loss {float(loss):.3f} "

@@ -49,7 +49,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train_demo_pair import corpus_files, lr_at, read, resume  # noqa: E402
+from train_demo_pair import corpus_files, lr_at, optimizer_step, read, resume  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 WORK = ROOT / ".bench" / "seq2seq"
@@ -312,12 +312,7 @@ def train(name: str, model, data: list, steps: int, peak_lr: float, batch: int =
                 soft = teacher(input_ids=x, attention_mask=mask, labels=y).logits[keep].log_softmax(-1)
             kl = F.kl_div(logits[keep].log_softmax(-1), soft, log_target=True, reduction="batchmean")
             loss = 0.8 * kl + 0.2 * ce
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        state["step"] += 1
-        state["seconds"] += time.time() - t0
+        optimizer_step(model, opt, loss, state, t0)
         ce_sum, ce_n = ce_sum + float(ce.detach()), ce_n + 1
         if state["step"] % 50 == 0:
             state["log"].append((state["step"], round(ce_sum / ce_n, 4)))
