@@ -67,18 +67,23 @@ def code_prompts(encode, count: int, length: int, packages: tuple[str, ...] = CO
     on) in a third-party package, one per file, taken round-robin over ``packages`` so no package
     dominates. A function is used when the text from its ``def`` has at least 2 x ``length``
     tokens (the continuation is real code)."""
-    queues = [iter(package_files(p)) for p in packages]
-    prompts: list[list[int]] = []
-    while queues and len(prompts) < count:
+    return _round_robin([iter(package_files(p)) for p in packages], count, lambda files: _first_function(files, encode, length))
+
+
+def _round_robin(queues: list, count: int, take) -> list[list[int]]:
+    """Up to ``count`` items, ``take(queue)`` from each queue of files in turn (None: that queue
+    has run out), so no queue dominates."""
+    out: list[list[int]] = []
+    while queues and len(out) < count:
         for q in list(queues):
-            prompt = _first_function(q, encode, length)
-            if prompt is None:
+            item = take(q)
+            if item is None:
                 queues.remove(q)
             else:
-                prompts.append(prompt)
-            if len(prompts) == count:
+                out.append(item)
+            if len(out) == count:
                 break
-    return prompts
+    return out
 
 
 def _first_function(files, encode, length: int) -> list[int] | None:
@@ -98,17 +103,7 @@ def function_sources(encode, count: int, length: int, packages: tuple[str, ...] 
     ``length`` tokens, one per file: of the held-out stdlib files, or round-robin over
     ``packages``. Sources for encoder-decoder bundles."""
     queues = [iter(stdlib_files(held_out=True))] if packages is None else [iter(package_files(p)) for p in packages]
-    out: list[list[int]] = []
-    while queues and len(out) < count:
-        for q in list(queues):
-            ids = next((ids for f in q for ids in _functions(f, encode) if length // 2 <= len(ids) <= length), None)
-            if ids is None:
-                queues.remove(q)
-            else:
-                out.append(ids)
-            if len(out) == count:
-                break
-    return out
+    return _round_robin(queues, count, lambda files: next((ids for f in files for ids in _functions(f, encode) if length // 2 <= len(ids) <= length), None))
 
 
 def _functions(f: Path, encode):
