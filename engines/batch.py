@@ -26,11 +26,14 @@ from specdec.manifest import GraphSpec
 class SlotCache:
     """Per layer keys/values [slots + 1, kvH, MAX, D]; ``slot(s)`` is a KVCache view of slot s."""
 
-    def __init__(self, layers: int, kv_heads: int, max_seq: int, head_dim: int, dtype: str, slots: int):
-        shape = (slots + 1, kv_heads, max_seq, head_dim)
-        self.keys = [np.zeros(shape, dtype=NP_DTYPES[dtype]) for _ in range(layers)]  # [slots+1, kvH, MAX, D]
-        self.values = [np.zeros(shape, dtype=NP_DTYPES[dtype]) for _ in range(layers)]
-        self.views = [KVCache.over([k[s : s + 1] for k in self.keys], [v[s : s + 1] for v in self.values]) for s in range(slots + 1)]
+    def __init__(self, layers: int, kv_heads: int, max_seq: int, head_dim: int, dtype: str, slots: int, device: str = "cpu"):
+        if device == "cpu":
+            shape = (slots + 1, kv_heads, max_seq, head_dim)
+            self.keys = [np.zeros(shape, dtype=NP_DTYPES[dtype]) for _ in range(layers)]  # [slots+1, kvH, MAX, D]
+            self.values = [np.zeros(shape, dtype=NP_DTYPES[dtype]) for _ in range(layers)]
+            self.views = [KVCache.over([k[s : s + 1] for k in self.keys], [v[s : s + 1] for v in self.values]) for s in range(slots + 1)]
+        else:  # device buffers per slot: the graphs bind every row's KV by pointer, contiguous or not
+            self.views = [KVCache(layers, kv_heads, max_seq, head_dim, dtype, device) for _ in range(slots + 1)]
         self.scratch = slots  # the slot unused rows of a batched call write into (never read)
         self.max_seq = max_seq
 
@@ -75,8 +78,8 @@ class BatchRunner:
         for i, ptrs in enumerate(view.pointers()):
             (k_in, v_in), (k_out, v_out) = self.io.past[r * self.layers + i], self.io.present[r * self.layers + i]
             for tin, tout, ptr in ((k_in, k_out, ptrs[0]), (v_in, v_out, ptrs[1])):
-                self.binding.bind_input(tin, "cpu", 0, view.dtype, list(view.shape), ptr)
-                self.binding.bind_output(tout, "cpu", 0, view.dtype, list(view.shape), ptr)
+                self.binding.bind_input(tin, view.device, 0, view.dtype, list(view.shape), ptr)
+                self.binding.bind_output(tout, view.device, 0, view.dtype, list(view.shape), ptr)
         self.bound_slots[r] = slot
 
     def _bind_tokens(self, s: int) -> None:

@@ -1,6 +1,6 @@
-"""Drafters: what proposes the tokens the target verifies.
+"""Drafters: what proposes the tokens the target verifies, one sequence at a time.
 
-One small interface (``Drafter``). Every drafter works on the decoder's token buffer ``seq``
+One small interface (``Drafter``). Every drafter works on its row's token buffer ``seq``
 [MAX], where ``seq[:L]`` is committed (prompt + output) and proposals are written at
 ``seq[L:L+k]``:
 
@@ -11,33 +11,29 @@ One small interface (``Drafter``). Every drafter works on the decoder's token bu
                                   deterministic drafters, which Algorithm 1 handles exactly)
     commit(seq, L, n)             the target kept n of them (seq[:L+n+1] is now committed)
 
-Encoder-decoder requests: before ``start`` the decoder hands a drafter with a ``use_source(ids)``
-method the request's source ids [N]; prompt lookup then copies from the source too (what
+The engine runs one drafter per slot behind ``proposers.PerRow``; the bundle's draft model is
+a batched proposer of its own (``proposers.DraftModel``, registered here as "model" and
+"model-steps"). Encoder-decoder requests: before ``start`` a drafter with a ``use_source(ids)``
+method gets the request's source ids [N]; prompt lookup then copies from the source too (what
 makes speculation pay for translation and summarization), the per-request bigram table counts
 it, and the hierarchical drafter passes it to its inner drafter.
 
-Drafters are registered by name (``register``; ``DRAFTERS`` maps a name to its factory and
-whether it needs the bundle's draft model). A decoder also takes any object with that
-interface, a user's own drafter included (README "Writing a drafter").
+Drafters are registered by name (``register``; ``DRAFTERS`` maps a name to its factory,
+whether it needs the bundle's draft model and whether it is batched). Both engines also take
+any object with the ``Drafter`` interface, a user's own drafter included (docs "Writing a drafter").
 
 Speculative sampling is exact for any q that truly is the distribution each token was drawn
 from, so every drafter here keeps the target's output distribution:
 
-- ``ModelDrafter``: the bundle's draft model (sampled from its standardized rows). When the
-  bundle has fused draft graphs (export/fused.py) and a call drafts their γ, the γ steps and
-  the token choices run as one graph call, with uniforms from the request's generator; the
-  q rows it returns are the ones each token was drawn from.
 - ``NgramDrafter``: a bigram ("ngram") or unigram ("unigram") table, the most frequent successor; table lookups,
   c ≈ 0 (paper §3.6, Table 3). The table comes from the bundle (``specdec-export
   --ngram-corpus``) or, without one, from each request's prompt.
 - ``LookupDrafter``: prompt lookup, copying what followed the latest earlier occurrence of
   the last n tokens of prompt + output (§3.6, "copying from the prompt").
-- ``ModelDrafter(fused=False)`` ("model-steps"): the same draft model, one call per token
-  (what bundles without fused graphs run; kept to measure what fusing gains).
-- ``ModelDrafter(inner=...)``: hierarchical. A cheap drafter proposes tokens *for the draft
-  model*, which checks them with one call of its dynamic graph and speculative sampling
-  against its own q. What it emits is then distributed exactly as the draft model's own
-  samples, so the q rows handed to the target are the draft's and the target level stays exact.
+- ``HierarchicalDrafter``: a cheap drafter proposes tokens *for the draft model*, which checks
+  them with one call and speculative sampling against its own q. What it emits is then
+  distributed exactly as the draft model's own samples, so the q rows handed to the target
+  are the draft's and the target level stays exact.
 """
 
 from __future__ import annotations
@@ -51,7 +47,7 @@ import numpy as np
 
 from specdec.errors import ConfigError
 from specdec.ngram_table import NgramTable
-from specdec.runtime.sampling import SamplingConfig, draw, standardize
+from specdec.runtime.sampling import SamplingConfig, standardize
 from specdec.runtime.speculative import verify, verify_greedy
 
 
@@ -215,74 +211,37 @@ class NgramDrafter:
             self.counts.add(seq[length : length + accepted + 1].tolist(), int(seq[length - 1]))
 
 
-class ModelDrafter:
-    """The bundle's draft model over its own KV cache; with ``inner``, hierarchical.
+class HierarchicalDrafter:
+    """The bundle's draft model checking an ``inner`` drafter's guesses (one slot of it:
+    ``proposers.SlotModel``). The engine feeds the prompt to the draft's slot.
 
     Cache invariant: rows for seq[:cache.length] are held; seq[cache.length:L] (1 token, or
     2 after a fully accepted call) are fed on the next call.
     """
 
-    def __init__(self, model, inner: Drafter | None = None, fused: bool = True):
-        self.model = model  # engines.ort.ModelRunners: cache, dynamic (any length), static (1 token), fused
+    def __init__(self, model, inner: Drafter):
+        self.model = model  # proposers.SlotModel: cache, run(feed)
         self.inner = inner
-        self.fused = fused  # use the bundle's fused draft graphs where they apply
-        self.name = ("model" if fused else "model-steps") if inner is None else f"hierarchical({inner.name})"
-        self.calls = 0  # draft-model steps, for the stats (a fused call counts its γ: the bandwidth floor and adaptive γ price steps)
+        self.name = f"hierarchical({inner.name})"
+        self.calls = 0  # draft-model calls, for the stats
         self._r = None  # [γ, V] inner proposals' one-hot rows, allocated on first use
 
     def use_source(self, source: np.ndarray) -> None:
-        """The source is encoded by the decoder (the draft's encoder too); the inner drafter may copy from it."""
-        if self.inner is not None and hasattr(self.inner, "use_source"):
+        """The source is encoded by the engine (the draft's encoder too); the inner drafter may copy from it."""
+        if hasattr(self.inner, "use_source"):
             self.inner.use_source(source)
 
     def start(self, seq: np.ndarray, length: int) -> None:
-        cache = self.model.cache
-        cache.reset()
-        if length > 1:
-            self.model.dynamic.run(seq[: length - 1])
-            cache.append(length - 1)
-        if self.inner is not None:
-            self.inner.start(seq, length)
+        self.inner.start(seq, length)
 
     def _run(self, feed: np.ndarray) -> np.ndarray:
         """Logits [len(feed), V] for the tokens fed, appended to the cache (caller rewinds)."""
-        engine = self.model.static if len(feed) == 1 else self.model.dynamic
-        rows = engine.run(feed)
+        rows = self.model.run(feed)
         self.model.cache.append(len(feed))
         self.calls += 1
         return rows
 
     def propose(self, seq, length, gamma, cfg, rng, q) -> int:
-        if self.inner is None:
-            return self._propose_plain(seq, length, gamma, cfg, rng, q)
-        return self._propose_hierarchical(seq, length, gamma, cfg, rng, q)
-
-    def _fused(self, gamma: int, cfg: SamplingConfig):
-        """The fused runner for this call, or None: it drafts exactly the graph's γ."""
-        m = self.model
-        runner = (m.fused_greedy or m.fused) if cfg.greedy else m.fused
-        return runner if self.fused and runner is not None and runner.gamma == gamma else None
-
-    def _propose_plain(self, seq, length, gamma, cfg, rng, q) -> int:
-        cache = self.model.cache
-        fused = self._fused(gamma, cfg)
-        if fused is not None and length + gamma <= cache.max_seq:
-            if length - cache.length > 1:  # after a fully accepted call: catch up on all but the last token
-                self._run(seq[cache.length : length - 1])
-            seq[length : length + gamma] = fused.run((0,), (seq[length - 1],), (cfg,), (rng,))[0]
-            cache.append(gamma)  # rows for seq[L-1] and the first γ - 1 proposals
-            self.calls += gamma
-            if not cfg.greedy:
-                q[:gamma] = fused.probs[0]
-            return gamma
-        row = self._run(seq[cache.length : length])[-1]  # [V]
-        for i in range(gamma):
-            seq[length + i] = draw(row, cfg, rng, q[i])
-            if i < gamma - 1:
-                row = self._run(seq[length + i : length + i + 1])[0]
-        return gamma
-
-    def _propose_hierarchical(self, seq, length, gamma, cfg, rng, q) -> int:
         """Fill seq[length:length+gamma] with draft-model samples, each call checking the inner
         drafter's guesses: feed pending + guesses y_1..y_h, keep the accepted prefix and the
         draft's own next token (Algorithm 1 one level down)."""
@@ -312,28 +271,31 @@ class ModelDrafter:
 
 
 class DrafterContext(NamedTuple):
-    """What a drafter factory may use: the bundle, and the draft model's runners when registered
-    with ``needs_draft_model``."""
+    """What a drafter factory may use: the bundle, and with ``needs_draft_model`` the draft
+    model: its ``Executor`` for a batched factory, one slot of it (``proposers.SlotModel``) for
+    a per-sequence one."""
 
     bundle: Path
     manifest: object  # specdec.manifest.Manifest
-    draft: object | None  # engines.ort.ModelRunners of the draft model, or None
+    draft: object | None
 
 
 @dataclass(frozen=True)
 class Registration:
-    factory: Callable[[DrafterContext], Drafter]
-    needs_draft_model: bool  # the decoder then loads the draft model's cache and runners
+    factory: Callable[[DrafterContext], object]
+    needs_draft_model: bool  # the engine then loads the draft model's executor and feeds it prompts
+    batched: bool = False  # the factory makes one ``proposers.Proposer`` for all slots, not a Drafter per slot
 
 
 DRAFTERS: dict[str, Registration] = {}
 
 
-def register(name: str, needs_draft_model: bool = False) -> Callable:
-    """Decorator: make ``factory(ctx) -> Drafter`` available as ``drafter=name``."""
+def register(name: str, needs_draft_model: bool = False, batched: bool = False) -> Callable:
+    """Decorator: make ``factory(ctx)`` available as ``drafter=name``: a ``Drafter`` per slot, or
+    with ``batched`` one ``Proposer`` for all slots."""
 
-    def add(factory: Callable[[DrafterContext], Drafter]) -> Callable[[DrafterContext], Drafter]:
-        DRAFTERS[name] = Registration(factory, needs_draft_model)
+    def add(factory: Callable[[DrafterContext], object]) -> Callable[[DrafterContext], object]:
+        DRAFTERS[name] = Registration(factory, needs_draft_model, batched)
         return factory
 
     return add
@@ -349,9 +311,15 @@ def bundle_table(ctx: DrafterContext) -> NgramTable | None:
     return NgramTable.load(inside(ctx.bundle, m.ngram["file"]), m.vocab_size)
 
 
-register("model", needs_draft_model=True)(lambda ctx: ModelDrafter(ctx.draft))
-register("model-steps", needs_draft_model=True)(lambda ctx: ModelDrafter(ctx.draft, fused=False))  # one call per draft token
-register("hierarchical", needs_draft_model=True)(lambda ctx: ModelDrafter(ctx.draft, inner=LookupDrafter()))
+def _draft_model(fused: bool) -> Callable[[DrafterContext], object]:
+    from specdec.runtime.proposers import DraftModel
+
+    return lambda ctx: DraftModel(ctx.draft, ctx.manifest.gamma, ctx.manifest.k, fused)
+
+
+register("model", needs_draft_model=True, batched=True)(_draft_model(fused=True))
+register("model-steps", needs_draft_model=True, batched=True)(_draft_model(fused=False))  # one call per draft token
+register("hierarchical", needs_draft_model=True)(lambda ctx: HierarchicalDrafter(ctx.draft, inner=LookupDrafter()))
 register("lookup")(lambda ctx: LookupDrafter())
 register("ngram")(lambda ctx: NgramDrafter(ctx.manifest.vocab_size, bundle_table(ctx), order=2))
 register("unigram")(lambda ctx: NgramDrafter(ctx.manifest.vocab_size, bundle_table(ctx), order=1))
@@ -374,8 +342,19 @@ def needs_draft_model(spec) -> bool:
 
 
 def make_drafter(spec, ctx: DrafterContext) -> Drafter:
-    """A fresh drafter with its own state, for one decoder (an object is copied)."""
+    """A fresh per-sequence drafter with its own state (an object is copied)."""
     check_drafter(spec)
     if not isinstance(spec, str):
         return copy.copy(spec)
     return DRAFTERS[spec].factory(ctx)
+
+
+def make_proposer(spec, bundle: Path, manifest, draft, slots: int):
+    """The proposer of an engine with ``slots`` slots: a batched registration's own, else a
+    fresh drafter per slot behind ``proposers.PerRow`` (``draft``: the draft model's Executor or None)."""
+    from specdec.runtime.proposers import PerRow, SlotModel
+
+    check_drafter(spec)
+    if isinstance(spec, str) and DRAFTERS[spec].batched:
+        return DRAFTERS[spec].factory(DrafterContext(bundle, manifest, draft))
+    return PerRow([make_drafter(spec, DrafterContext(bundle, manifest, draft and SlotModel(draft, s))) for s in range(slots)])

@@ -1,8 +1,11 @@
-"""A submitted request's handle: the engine thread pushes tokens, the caller's thread reads pieces.
+"""A request's handle: the engine pushes tokens, the caller reads pieces.
 
-Thread-safe by construction: the engine only calls ``_push`` / ``_finish``; the caller iterates,
-waits on ``result()`` or calls ``cancel()``. Text is decoded on the caller's side, so the engine
-thread spends no time in the tokenizer.
+The same object serves both drivers. ``BatchEngine``: the engine thread pushes and the
+caller's thread reads; thread-safe by construction, since the engine only calls ``_push`` /
+``_finish`` and the caller iterates, waits on ``result()`` or calls ``cancel()``.
+``SpeculativeDecoder``: a handle with a ``pump`` steps the engine on the caller's thread
+whenever no piece is waiting. Text is decoded on the caller's side, so an engine thread
+spends no time in the tokenizer.
 """
 
 from __future__ import annotations
@@ -10,9 +13,8 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
-from typing import AsyncIterator, Callable, Iterator
+from typing import AsyncIterator, Callable, Iterator, NamedTuple
 
-from specdec.runtime.decoder import GenerationResult, Piece
 from specdec.runtime.request import Request
 from specdec.runtime.stats import Stats
 from specdec.runtime.text import Detokenizer, TextCodec
@@ -20,13 +22,28 @@ from specdec.runtime.text import Detokenizer, TextCodec
 _END = object()
 
 
+class Piece(NamedTuple):
+    """Tokens accepted by one iteration, and the text they complete (None without a tokenizer)."""
+
+    tokens: list[int]
+    text: str | None
+
+
+class GenerationResult(NamedTuple):
+    tokens: list[int]  # generated tokens only (an EOS that stopped decoding is included)
+    text: str | None  # decoded text when the bundle has a tokenizer
+    stats: Stats
+
+
 class Handle:
     """One request in a ``BatchEngine``: iterate (once) for ``Piece``s as tokens are accepted,
     ``result()`` to wait for the whole output, ``cancel()`` to stop it (its slot is freed within
     one engine iteration; the result then has ``finish_reason == "cancelled"``)."""
 
-    def __init__(self, request: Request, codec: TextCodec | None, stats: Stats):
-        self.request, self.codec, self.stats = request, codec, stats
+    def __init__(self, request: Request, codec: TextCodec | None, stats: Stats, pump: Callable[[], None] | None = None):
+        """``pump``: run on the reader's thread while no piece waits (one engine step), or None
+        when another thread pushes."""
+        self.request, self.codec, self.stats, self.pump = request, codec, stats, pump
         self.tokens: list[int] = []  # filled by the engine thread
         self.error: BaseException | None = None  # set when the engine failed this request
         self.start_time = 0.0  # when the engine took it (perf_counter)
@@ -59,9 +76,18 @@ class Handle:
 
     def __iter__(self) -> Iterator[Piece]:
         detok = Detokenizer(self.codec) if self.codec else None
-        while (item := self._pieces.get()) is not _END:
+        while (item := self._next()) is not _END:
             yield Piece(item, detok.push(item) if detok else None)
         yield from self._ending(detok)
+
+    def _next(self):
+        if self.pump is None:
+            return self._pieces.get()
+        while True:
+            try:
+                return self._pieces.get_nowait()
+            except queue.Empty:
+                self.pump()
 
     async def __aiter__(self) -> AsyncIterator[Piece]:
         """As ``__iter__``, for an asyncio reader: waits without blocking the event loop (the

@@ -8,8 +8,8 @@ from typing import Sequence
 import numpy as np
 
 from specdec.errors import ConfigError, InputError
+from specdec.runtime.params import SamplingParams, is_int as _is_int
 from specdec.runtime.sampling import SamplingConfig
-from specdec.runtime.speculative import check_lenience
 
 
 @dataclass(frozen=True)
@@ -25,10 +25,6 @@ class Limits:
     @classmethod
     def of(cls, manifest) -> Limits:
         return cls(manifest.vocab_size, manifest.max_seq_len, manifest.gamma, tuple(manifest.eos_token_ids), manifest.max_source_len)
-
-
-def _is_int(x) -> bool:
-    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
 
 
 def token_ids(prompt: Sequence[int] | np.ndarray, vocab: int, what: str = "prompt") -> np.ndarray:
@@ -50,66 +46,64 @@ def token_ids(prompt: Sequence[int] | np.ndarray, vocab: int, what: str = "promp
 
 @dataclass(frozen=True, eq=False)
 class Request:
-    """One request; building it checks every field and raises a ``ValueError`` subclass naming the
-    first bad one, so nothing is decoded for a bad request.
+    """One request checked against its bundle: its input and its ``SamplingParams``. Building it
+    raises a ``ValueError`` subclass naming the first bad field, so nothing is decoded for a bad
+    request.
 
-    ``gamma``: draft tokens per target call, 0..the bundle's γ, None for the bundle's γ, or "auto"
-    to choose it each iteration (§3.5) up to the bundle's γ; once built it holds the int ceiling
-    and ``adaptive`` says whether it adapts. ``lenience``: 1 is exact; l < 1 accepts more drafts
-    and changes the output distribution (no token above p(x) / l; App. A.5). ``stop_token_ids``:
-    tokens that end the request besides EOS (``ignore_eos`` drops only EOS), as vLLM's field.
-    ``source``: an encoder-decoder bundle's input ids (required there, refused by a decoder-only
-    bundle); ``prompt`` is then the decoder's start, beginning with its decoder_start_token_id.
+    Once built, ``gamma`` is the int ceiling and ``adaptive`` says whether it adapts; ``stop`` is
+    every token that ends the request (kept in the output). ``source``: an encoder-decoder
+    bundle's input ids (required there, refused by a decoder-only bundle); ``prompt`` is then
+    the decoder's start, beginning with its decoder_start_token_id.
     """
 
     prompt: np.ndarray  # [P] int64 token ids (a list is converted)
     limits: Limits
-    max_new_tokens: int = 128
-    temperature: float = 0.0
-    top_k: int | None = None
-    top_p: float | None = None
-    seed: int | None = None
-    gamma: int | str | None = None
-    ignore_eos: bool = False
-    lenience: float = 1.0
-    stop_token_ids: Sequence[int] = ()  # more tokens that end the request (kept), also with ignore_eos
+    params: SamplingParams = SamplingParams()
     source: np.ndarray | None = None  # [N] int64: an encoder-decoder's source ids (a list is converted)
     sampling: SamplingConfig = field(init=False)
+    gamma: int = field(init=False)
     adaptive: bool = field(init=False)
     stop: frozenset[int] = field(init=False)  # tokens that end the request (kept in the output)
 
     def __post_init__(self) -> None:
-        lim, put = self.limits, lambda k, v: object.__setattr__(self, k, v)
-        put("sampling", SamplingConfig(self.temperature, self.top_k, self.top_p))
-        put("lenience", check_lenience(self.lenience))
-        put("adaptive", self.gamma == "auto")
-        gamma = lim.max_gamma if self.gamma is None or self.adaptive else self.gamma
+        lim, par, put = self.limits, self.params, lambda k, v: object.__setattr__(self, k, v)
+        if not isinstance(par, SamplingParams):
+            raise InputError(f"params={par!r}: expected a SamplingParams")
+        put("sampling", par.sampling)
+        put("adaptive", par.gamma == "auto")
+        gamma = lim.max_gamma if par.gamma is None or self.adaptive else par.gamma
         if not _is_int(gamma) or not 0 <= gamma <= lim.max_gamma:
             raise ConfigError(
                 f"gamma={gamma!r}: this bundle's verify graph takes K={lim.max_gamma + 1} tokens, so gamma must be "
                 f"0..{lim.max_gamma} or 'auto'; re-export with a larger --gamma for more"
             )
         put("gamma", int(gamma))
-        if not _is_int(self.max_new_tokens) or self.max_new_tokens < 1:
-            raise InputError(f"max_new_tokens={self.max_new_tokens!r}: expected an integer >= 1")
-        put("max_new_tokens", int(self.max_new_tokens))
-        if self.seed is not None and (not _is_int(self.seed) or self.seed < 0):
-            raise InputError(f"seed={self.seed!r}: expected an integer >= 0 or None")
         self._check_source()
         put("prompt", token_ids(self.prompt, lim.vocab_size))
-        need = len(self.prompt) + self.max_new_tokens + lim.max_gamma
+        need = len(self.prompt) + par.max_new_tokens + lim.max_gamma
         if need > lim.max_seq_len:
             raise InputError(
-                f"prompt ({len(self.prompt)} tokens) + max_new_tokens ({self.max_new_tokens}) + the bundle's gamma "
+                f"prompt ({len(self.prompt)} tokens) + max_new_tokens ({par.max_new_tokens}) + the bundle's gamma "
                 f"({lim.max_gamma}) = {need} exceeds max-seq-len {lim.max_seq_len}; shorten the request or re-export "
                 f"with a larger --max-seq-len"
             )
-        extra = self.stop_token_ids
-        if isinstance(extra, (str, bytes)) or not hasattr(extra, "__iter__") or not all(_is_int(t) and 0 <= t < lim.vocab_size for t in extra):
-            raise InputError(f"stop_token_ids={extra!r}: expected a list of token ids in [0, {lim.vocab_size})")
-        put("stop_token_ids", tuple(int(t) for t in extra))
-        eos = frozenset() if self.ignore_eos else frozenset(lim.eos_token_ids)
-        put("stop", eos | frozenset(self.stop_token_ids))
+        bad = [t for t in par.stop_token_ids if t >= lim.vocab_size]
+        if bad:
+            raise InputError(f"stop_token_ids={list(par.stop_token_ids)!r}: expected token ids in [0, {lim.vocab_size})")
+        eos = frozenset() if par.ignore_eos else frozenset(lim.eos_token_ids)
+        put("stop", eos | frozenset(par.stop_token_ids))
+
+    @property
+    def max_new_tokens(self) -> int:
+        return self.params.max_new_tokens
+
+    @property
+    def seed(self) -> int | None:
+        return self.params.seed
+
+    @property
+    def lenience(self) -> float:
+        return self.params.lenience
 
     def _check_source(self) -> None:
         lim = self.limits
@@ -126,3 +120,30 @@ class Request:
                 "shorten it or re-export with a larger --max-source-len"
             )
         object.__setattr__(self, "source", src)
+
+
+def make_request(prompt, params: SamplingParams, limits: Limits, codec, source=None, start_token: int | None = None) -> Request:
+    """A checked ``Request`` from what a caller gives: text is encoded with ``codec`` (the
+    bundle's tokenizer, or None: ids only).
+
+    Encoder-decoder bundles (``start_token``: their decoder_start_token_id): the first argument
+    is the source, or pass ``source`` and then ``prompt`` is a decoder prefix after the start token.
+    The source is encoded with the tokenizer's special tokens (T5's and BART's EOS), a decoder
+    prefix without them."""
+
+    def encode(text: str, what: str, special: bool = True) -> list[int]:
+        if codec is None:
+            raise InputError(f"{what} is text but the bundle has no tokenizer; pass token ids instead")
+        return codec.encode(text, special)
+
+    if start_token is not None:
+        if source is None:
+            prompt, source = None, prompt
+        if isinstance(source, str):
+            source = encode(source, "source")
+        if isinstance(prompt, str):
+            prompt = encode(prompt, "prompt", special=False)
+        prompt = [start_token] + ([] if prompt is None else token_ids(prompt, limits.vocab_size).tolist())
+    elif isinstance(prompt, str):
+        prompt = encode(prompt, "prompt")
+    return Request(prompt, limits, params, source)

@@ -1,0 +1,174 @@
+"""One model's execution: provider, sessions, the slot KV cache and the choice of graph, in one owner.
+
+    Executor (target or draft)
+      cache     SlotCache: per slot a KVCache view, plus a scratch slot; allocated at load
+      forward(slots, feeds) -> logits [n, S, V]
+                  1 row:  the batch-1 graph over that slot's view (its fixed-length binding
+                          when the feed fills it: the target's K-token verify, a 1-token step)
+                  n rows: the smallest batched graph holding n rows (engines/batch.py)
+      fused(rows, greedy)  the draft's γ-steps-in-one-call runner for a call of that many rows
+      encode(slot, source) an encoder-decoder's encoder writes the slot's cross K/V
+      KV manager: length / commit / rewind_to / reset / keep, per slot
+
+The device is a value given at load (``provider``), never a literal: the KV buffers live on
+it and every runner binds them there. Host buffers (ids, positions, logits) stay on the host:
+acceptance reads the logits in NumPy.
+
+Invariant: rows [0, length(slot)) of a slot are committed; a call writes its rows at
+[length, length + S) in place and the caller keeps some with ``commit`` (the rest are never
+read: every call overwrites from the committed length), so a rollback is a length change.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import onnxruntime as ort
+
+from specdec.engines.batch import BatchRunner, SlotCache
+from specdec.engines.fused import FusedRunner
+from specdec.engines.kv import CrossKV, KVCache
+from specdec.engines.ort import DEVICE, EncoderRunner, GraphRunner, fixed_tokens, fused_graph, open_session, runner_for
+from specdec.engines.threads import ThreadPolicy
+from specdec.errors import ConfigError, EngineError
+from specdec.manifest import FUSED_ROLES, Manifest
+
+
+def batched_sizes(manifest: Manifest, slots: int) -> tuple[int, ...]:
+    """The batched graph sizes an engine of ``slots`` rows needs: ascending, up to the first that
+    holds them all (none for one slot). A ConfigError if the bundle lacks one that large."""
+    if slots == 1:
+        return ()
+    sizes = tuple(b for b in manifest.batch_sizes() if b < slots) + tuple(b for b in manifest.batch_sizes() if b >= slots)[:1]
+    if max(sizes, default=0) < slots:
+        raise ConfigError(f"bundle has no batched graph for {slots} rows; re-export with --max-batch {slots}")
+    return sizes
+
+
+def graph_names(manifest: Manifest, models: Sequence[str], slots: int, fused: bool) -> list[str]:
+    """Every graph an engine of ``slots`` rows opens a session for: each model's batch-1 dynamic
+    graph (which also runs its fixed-length calls: the weights are in memory once per graph
+    shape), its encoder, the batched graphs it needs, and the draft's fused graphs."""
+    names = []
+    for model in models:
+        names.append(manifest.graph(model, "dynamic")[0])
+        if manifest.seq2seq:
+            names.append(manifest.graph(model, "encoder")[0])
+        names += [manifest.graph(model, "dynamic", batch=b)[0] for b in batched_sizes(manifest, slots)]
+    if fused and "draft" in models:
+        for rows in (1, *batched_sizes(manifest, slots)):
+            names += [found[0] for role in FUSED_ROLES if (found := fused_graph(manifest, role, rows))]
+    return names
+
+
+def open_sessions(bundle: Path, manifest: Manifest, names: Sequence[str], provider: str, threads: ThreadPolicy) -> dict[str, ort.InferenceSession]:
+    """graph name -> session, each signature checked against the manifest (sessions are
+    thread-safe and hold the weights; executors over them share them)."""
+    return {name: open_session(bundle, name, manifest.graphs[name], provider, threads) for name in names}
+
+
+class Executor:
+    """One model ("target" or "draft") of a bundle over ``slots`` cache slots."""
+
+    def __init__(self, bundle: Path, manifest: Manifest, model: str, sessions: dict, provider: str = "cpu", slots: int = 1):
+        m, spec = manifest, getattr(manifest, model)
+        self.model, self.device, self.slots = model, DEVICE[provider], slots
+        self.cache = SlotCache(spec.num_layers, spec.num_kv_heads, m.max_seq_len, spec.head_dim, m.dtype, slots, self.device)
+        name, g = m.graph(model, "dynamic")
+        view = self.cache.slot(0)
+        self.dynamic: GraphRunner = runner_for(bundle, name, g, view, session=sessions[name])  # any length
+        self.static: GraphRunner = runner_for(bundle, name, g, view, session=sessions[name], tokens=fixed_tokens(m, model))
+        self.batched = {}
+        for b in batched_sizes(m, slots):
+            name, g = m.graph(model, "dynamic", batch=b)
+            self.batched[b] = BatchRunner(sessions[name], name, g, self.cache, m.k)
+        self.fused_runners: dict[tuple[int, bool], FusedRunner] = {}  # (graph rows, argmax only) -> runner
+        for rows in (1, *self.batched):
+            for role in FUSED_ROLES:
+                found = fused_graph(m, role, rows)
+                if model == "draft" and found and found[0] in sessions:
+                    self.fused_runners[rows, role == "fused_greedy"] = FusedRunner(sessions[found[0]], *found, self.cache.slot, self.cache.scratch)
+        self.encoder = None
+        if m.seq2seq:
+            if self.device != "cpu":
+                raise EngineError(f"encoder-decoder bundles run on the CPU provider only so far; {bundle} needs provider='cpu'")
+            self.cross = [CrossKV(spec.num_layers, spec.num_heads, m.max_source_len, spec.head_dim, m.dtype) for _ in range(slots)]
+            name, g = m.graph(model, "encoder")
+            self.encoder = EncoderRunner(sessions[name], name, g, self.cross[0])
+        self._cross_slot = {id(self.dynamic): -1, id(self.static): -1}  # slot whose cross K/V each batch-1 runner reads
+        self.calls = 0  # forward calls (the fused drafter adds its γ steps)
+
+    # -- running ----------------------------------------------------------------------------
+
+    def forward(self, slots: Sequence[int], feeds: Sequence[np.ndarray]) -> np.ndarray:
+        """Logits [n, S, V] for n slots' feeds (S: the longest; a row's logits past its feed are
+        padding), their KV rows written at each slot's committed length. A view the next call
+        overwrites. Committing is the caller's (``commit``)."""
+        self.calls += 1
+        if len(slots) == 1:
+            return self._one(slots[0], feeds[0])[None]
+        return self.batched[self.rows_for(len(slots))].run(slots, feeds)
+
+    def rows_for(self, n: int) -> int:
+        """The graph row count a call of ``n`` rows runs (1: the batch-1 graphs)."""
+        return 1 if n == 1 else min(b for b in self.batched if b >= n)
+
+    def _one(self, slot: int, feed: np.ndarray) -> np.ndarray:
+        runner = self.static if len(feed) == self.static.capacity else self.dynamic
+        view = self.cache.slot(slot)
+        if runner.cache is not view:
+            runner.bind_cache(view)
+        if self.encoder is not None and self._cross_slot[id(runner)] != slot:
+            runner.bind_cross(self.cross[slot])
+            self._cross_slot[id(runner)] = slot
+        return runner.run(feed)
+
+    def fused(self, rows: int, greedy: bool) -> FusedRunner | None:
+        """The fused draft runner for a call of ``rows`` rows (the argmax-only variant when all
+        are greedy and the bundle has it), or None."""
+        size = self.rows_for(rows)
+        return (self.fused_runners.get((size, True)) if greedy else None) or self.fused_runners.get((size, False))
+
+    def encode(self, slot: int, source: np.ndarray) -> None:
+        """Run the encoder on a request's source [N] into ``slot``'s cross K/V."""
+        self.encoder.cross = self.cross[slot]
+        self.encoder.run(source)
+        for key, bound in self._cross_slot.items():
+            if bound == slot:
+                self._cross_slot[key] = -1  # the runner re-binds: the source length sets the shape
+
+    # -- the KV manager -----------------------------------------------------------------------
+
+    def slot(self, s: int) -> KVCache:
+        return self.cache.slot(s)
+
+    def length(self, s: int) -> int:
+        return self.cache.slot(s).length
+
+    def commit(self, s: int, n: int) -> None:
+        """Keep the next ``n`` rows the last call wrote in slot ``s``."""
+        self.cache.slot(s).append(n)
+
+    def rewind_to(self, s: int, n: int) -> None:
+        """Forget slot ``s``'s rows from ``n`` on; O(1)."""
+        self.cache.slot(s).rewind_to(n)
+
+    def reset(self, s: int) -> None:
+        self.cache.slot(s).reset()
+
+    def keep(self, s: int, rows: Sequence[int]) -> None:
+        """Commit the uncommitted rows ``rows`` (absolute positions, ascending, each >= the committed
+        length) of slot ``s``, moved in place to follow the committed ones: how a verified tree's
+        accepted path is compacted. The rows between are forgotten."""
+        view = self.cache.slot(s)
+        start = view.length
+        rows = np.asarray(rows, dtype=np.int64)
+        if len(rows) and (rows[0] < start or np.any(np.diff(rows) <= 0) or rows[-1] >= view.max_seq):
+            raise ConfigError(f"keep rows {rows.tolist()}: expected ascending positions in [{start}, {view.max_seq})")
+        dest = np.arange(start, start + len(rows))
+        if not np.array_equal(rows, dest):
+            for buf in (*view.keys, *view.values):
+                buf[:, :, dest] = buf[:, :, rows]  # [1, kvH, n, D]; fancy indexing reads before it writes
+        view.append(len(rows))

@@ -1,0 +1,154 @@
+"""The engine core: slots, the step plan, one speculative step, and emission, for one request or many.
+
+    Engine(bundle, slots)
+      target, draft   an Executor per model (engines/executor.py), ``slots`` KV slots each
+      proposer        drafts for every row (runtime/proposers.py)
+      start(req, sink, slot)   a request takes a slot: caches emptied, source encoded
+      step()                   cancelled rows leave; schedule -> feed prompt chunks -> one
+                               ``speculative_step`` over the decoding rows -> adapt γ -> emit
+
+Two drivers step it: ``BatchEngine`` (runtime/batch.py) from its own thread with a queue, and
+``SpeculativeDecoder`` (runtime/decoder.py), one slot stepped on the caller's thread.
+Emission clips each row's accepted tokens to its budget and at its first stop token, pushes
+them to the row's ``Handle``, and frees the slot when the request ends.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from specdec.engines.executor import Executor
+from specdec.manifest import Manifest
+from specdec.runtime.adaptive import Acceptance, AdaptiveGamma
+from specdec.runtime.drafters import make_proposer, needs_draft_model
+from specdec.runtime.handles import Handle
+from specdec.runtime.request import Request
+from specdec.runtime.stats import Iteration
+from specdec.runtime.step import Row, schedule, speculative_step
+
+clock = time.perf_counter
+
+
+def clip(tokens: np.ndarray, budget: int, stop: frozenset[int]) -> tuple[list[int], bool]:
+    """What one iteration emits of its ``tokens``: at most ``budget``, ending at the first stop
+    token (kept); and whether a stop token ended them."""
+    out = tokens[:budget].tolist()
+    for j, tok in enumerate(out):
+        if tok in stop:
+            return out[: j + 1], True
+    return out, False
+
+
+class Engine:
+    """``slots`` requests in flight over one bundle's sessions (``sessions``: graph name -> session).
+
+    ``prefill_chunk``: prompt tokens a joining row feeds per step (None: the whole prompt at
+    once, as one request alone does); a chunk runs alone through the batch-1 graphs, so a long
+    prompt stalls the rows in flight for one chunk per step. ``observer``, when set, is called
+    after each step with one ``Iteration`` per decoded row (what a metrics exporter counts).
+    """
+
+    def __init__(self, bundle: Path, manifest: Manifest, sessions: dict, drafter, slots: int = 1, provider: str = "cpu",
+                 prefill_chunk: int | None = None):  # fmt: skip
+        self.manifest, self.slots, self.prefill_chunk = manifest, slots, prefill_chunk
+        self.target = Executor(bundle, manifest, "target", sessions, provider, slots)
+        self.draft = Executor(bundle, manifest, "draft", sessions, provider, slots) if needs_draft_model(drafter) else None
+        self.proposer = make_proposer(drafter, bundle, manifest, self.draft, slots)
+        self.models = (self.target, self.draft) if self.draft else (self.target,)
+        self.seqs = np.zeros((slots, manifest.max_seq_len), dtype=np.int64)  # [slots, MAX]
+        self.qs = np.zeros((slots, manifest.gamma, manifest.vocab_size), dtype=np.float64)  # [slots, γ, V]
+        self.rows: dict[int, Row] = {}  # slot -> row in flight
+        self.policies: dict[tuple, AdaptiveGamma] = {}  # (graph rows, sampling, lenience) -> adaptive γ
+        self.acceptances: dict[tuple, Acceptance] = {}  # (sampling, lenience) -> α, shared across graph sizes
+        self.occupancy: Counter = Counter()  # decoding rows per step -> steps
+        self.observer: Callable[[list[Iteration]], None] | None = None
+
+    def free_slot(self) -> int | None:
+        return next((s for s in range(self.slots) if s not in self.rows), None)
+
+    def start(self, req: Request, sink: Handle, slot: int) -> Row:
+        """Give ``req`` the slot: caches emptied, an encoder-decoder's source encoded by each
+        model (its time counts as prefill); the prompt is fed by the next steps."""
+        t0, L = clock(), len(req.prompt)
+        for model in self.models:
+            model.reset(slot)
+            if req.source is not None:
+                model.encode(slot, req.source)
+        seq = self.seqs[slot]
+        seq[:L] = req.prompt
+        sink.start_time = t0
+        row = self.rows[slot] = Row(req, sink, slot, seq, self.qs[slot], np.random.default_rng(req.seed), L, req.max_new_tokens)
+        sink.stats.prefill_seconds += clock() - t0
+        return row
+
+    def step(self) -> None:
+        """One iteration for every row in flight (see the module docstring)."""
+        for row in [r for r in self.rows.values() if r.sink.cancelled.is_set()]:
+            self.free(row, "cancelled")
+        plan = schedule(list(self.rows.values()), self.target.length, self.prefill_chunk, self._width)
+        for slot, start, stop in plan.prefill:
+            self._prefill(self.rows[slot], start, stop)
+        rows = [self.rows[s] for s, _ in plan.decode]
+        for r in rows:
+            if not r.ready:
+                r.ready = True
+                self.proposer.start(r)
+        if not rows:
+            return
+        gammas = [g for _, g in plan.decode]
+        its = speculative_step(rows, gammas, self.proposer, self.target)
+        policy = self._policy(len(rows), rows) if any(r.req.adaptive for r in rows) else None
+        if policy:  # a batch's acceptance step is part of what verifying k costs
+            it = its[0]
+            policy.observe([i.drafted for i in its], [i.accepted for i in its], it.draft_calls, it.draft_seconds, it.target_seconds + it.accept_seconds)
+        self.occupancy[len(rows)] += 1
+        for r, it in zip(rows, its):
+            r.stats.record(it)
+            self._emit(r, it.accepted)
+        if self.observer:
+            self.observer(its)
+
+    def _width(self, rows: list[Row]) -> int:
+        """γ for the adaptive ones of a step's decoding ``rows``."""
+        return self._policy(len(rows), rows).next()
+
+    def _policy(self, rows: int, among: list[Row]) -> AdaptiveGamma:
+        """The adaptive-γ policy of calls of ``rows`` rows (costs are the graph's that runs them)
+        at the sampling setting of the step's first adaptive row (α depends on it). Policies
+        live as long as the engine: a request starts from what earlier ones learned."""
+        req = next(r.req for r in among if r.req.adaptive)
+        setting = (req.sampling, req.lenience)
+        key = (self.target.rows_for(rows), *setting)
+        if key not in self.policies:
+            acceptance = self.acceptances.setdefault(setting, Acceptance())
+            self.policies[key] = AdaptiveGamma(self.manifest.gamma, acceptance=acceptance)
+        return self.policies[key]
+
+    def _prefill(self, r: Row, start: int, stop: int) -> None:
+        """Feed seq[start:stop] of a joining row to every model's slot (batch-1 graphs)."""
+        t0 = clock()
+        for model in self.models:
+            model.forward([r.slot], [r.seq[start:stop]])
+            model.commit(r.slot, stop - start)
+        r.stats.prefill_seconds += clock() - t0
+
+    def _emit(self, r: Row, n: int) -> None:
+        """Push what the row's iteration kept (clipped to its budget and at a stop token)."""
+        emitted, stopped = clip(r.seq[r.length : r.length + n + 1], r.left, r.req.stop)
+        r.length, r.left = r.length + n + 1, r.left - len(emitted)
+        r.stats.new_tokens += len(emitted)
+        r.stats.total_seconds = clock() - r.sink.start_time
+        r.sink._push(emitted)
+        if stopped or r.left == 0:
+            self.free(r, "eos" if stopped else "length")
+
+    def free(self, r: Row, reason: str | None, error: BaseException | None = None) -> None:
+        """The row leaves its slot; its handle ends with ``reason`` (and ``error``)."""
+        self.rows.pop(r.slot, None)
+        r.stats.total_seconds = clock() - r.sink.start_time
+        r.sink._finish(reason, error)

@@ -1,0 +1,149 @@
+"""Proposers: what drafts for every row of a step, batched.
+
+    start(row)                       a row is fed and about to decode (seq[:L] is its prompt)
+    propose(rows, gammas) -> ks      write k_r <= γ_r tokens at seq[L:L+k_r] of each row, and
+                                     unless sampling is greedy the q rows they were drawn from
+    commit(rows, accepted, logits)   the target kept n_r of row r's drafts (its token at
+                                     seq[L+n_r]); ``logits`` [n, S, V] is the target call's output
+
+Two kinds:
+- ``DraftModel``: the bundle's draft model over its own ``Executor``, all rows in one call per
+  draft step, or, where the bundle has fused draft graphs and a row drafts their γ, one call
+  for all γ steps (export/fused.py). "model" uses the fused graphs, "model-steps" never does.
+- ``PerRow``: today's per-sequence drafters (``drafters.Drafter``: prompt lookup, n-gram
+  tables, the hierarchical drafter, a user's own object), one per slot.
+
+Draft-cache invariant (``DraftModel``): the slot holds rows for seq[:length(slot)];
+seq[length:L] (1 token, or 2 after a fully accepted call, or more after plain steps) is fed
+by the next draft call. A backlog longer than a batched call takes is caught up alone first.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, NamedTuple, Protocol, Sequence
+
+import numpy as np
+
+from specdec.runtime.sampling import draw
+
+if TYPE_CHECKING:
+    from specdec.engines.executor import Executor
+    from specdec.runtime.drafters import Drafter
+    from specdec.runtime.step import Row
+
+
+class Proposer(Protocol):
+    name: str
+    calls: int  # draft steps so far (a fused call counts its γ), for the stats and adaptive γ
+
+    def start(self, row: Row) -> None: ...
+
+    def propose(self, rows: Sequence[Row], gammas: Sequence[int]) -> list[int]: ...
+
+    def commit(self, rows: Sequence[Row], accepted: Sequence[int], logits: np.ndarray) -> None: ...
+
+
+class DraftModel:
+    """The bundle's draft model for all rows (see the module docstring)."""
+
+    def __init__(self, draft: Executor, gamma: int, max_tokens: int, fused: bool = True):
+        self.draft, self.gamma, self.max_tokens, self.use_fused = draft, gamma, max_tokens, fused
+        self.name = "model" if fused else "model-steps"
+
+    @property
+    def calls(self) -> int:
+        return self.draft.calls
+
+    def start(self, row: Row) -> None:
+        pass  # the engine fed the prompt to the draft's slot with the target's
+
+    def propose(self, rows: Sequence[Row], gammas: Sequence[int]) -> list[int]:
+        max_seq = self.draft.cache.max_seq
+        fused = [r for r, g in zip(rows, gammas) if g == self.gamma and r.length + g <= max_seq] if self.use_fused else []
+        runner = self.draft.fused(len(fused), all(r.req.sampling.greedy for r in fused)) if fused else None
+        if runner is None:
+            fused = []
+        else:
+            self._propose_fused(fused, runner)
+        done = {id(r) for r in fused}
+        stepping = [(r, g) for r, g in zip(rows, gammas) if g and id(r) not in done]
+        for j in range(max((g for _, g in stepping), default=0)):
+            step = [r for r, g in stepping if g > j]
+            feeds = [self._feed(r, r.length + j, len(step)) for r in step]
+            logits = self.draft.forward([r.slot for r in step], feeds)  # [n, S, V]
+            for i, (r, feed) in enumerate(zip(step, feeds)):
+                self.draft.commit(r.slot, len(feed))
+                r.seq[r.length + j] = draw(logits[i, len(feed) - 1], r.req.sampling, r.rng, r.q[j])
+        return list(gammas)
+
+    def _propose_fused(self, rows: list[Row], runner) -> None:
+        """γ proposals for every row in one fused call, after one call feeding the rows whose slot
+        is more than one token behind (those whose last call accepted all)."""
+        behind = [(r, f) for r in rows if len(f := self._feed(r, r.length, len(rows))[:-1])]  # all but the last token
+        if behind:
+            self.draft.forward([r.slot for r, _ in behind], [f for _, f in behind])
+            for r, f in behind:
+                self.draft.commit(r.slot, len(f))
+        tokens = runner.run([r.slot for r in rows], [r.seq[r.length - 1] for r in rows], [r.req.sampling for r in rows], [r.rng for r in rows])
+        g = runner.gamma
+        self.draft.calls += g  # steps, as the stepped path counts them
+        for i, r in enumerate(rows):
+            r.seq[r.length : r.length + g] = tokens[i]
+            self.draft.commit(r.slot, g)  # rows for seq[L-1] and the first γ - 1 proposals
+            if runner.sampling and not r.req.sampling.greedy:
+                r.q[:g] = runner.probs[i]
+
+    def _feed(self, r: Row, end: int, rows: int) -> np.ndarray:
+        """What the draft is fed up to position ``end`` in a call of ``rows`` rows: the tokens its
+        slot has not seen. In a batched call a backlog longer than the graph takes (after plain
+        steps) is caught up alone first; one row's call takes any length."""
+        done = self.draft.length(r.slot)
+        if rows > 1 and end - done > self.max_tokens:
+            self.draft.forward([r.slot], [r.seq[done : end - 1]])
+            self.draft.commit(r.slot, end - 1 - done)
+            done = end - 1
+        return r.seq[done:end]
+
+    def commit(self, rows: Sequence[Row], accepted: Sequence[int], logits: np.ndarray) -> None:
+        for r, n in zip(rows, accepted):
+            self.draft.rewind_to(r.slot, min(self.draft.length(r.slot), r.length + n))
+
+
+class PerRow:
+    """Per-sequence drafters (the ``Drafter`` interface), one per slot, behind the batched interface."""
+
+    def __init__(self, drafters: Sequence[Drafter]):
+        self.drafters = list(drafters)
+        self.name = self.drafters[0].name
+
+    @property
+    def calls(self) -> int:
+        return sum(d.calls for d in self.drafters)
+
+    def start(self, row: Row) -> None:
+        d = self.drafters[row.slot]
+        if row.req.source is not None and hasattr(d, "use_source"):
+            d.use_source(row.req.source)
+        d.start(row.seq, row.length)
+
+    def propose(self, rows: Sequence[Row], gammas: Sequence[int]) -> list[int]:
+        return [self.drafters[r.slot].propose(r.seq, r.length, g, r.req.sampling, r.rng, r.q) if g else 0 for r, g in zip(rows, gammas)]
+
+    def commit(self, rows: Sequence[Row], accepted: Sequence[int], logits: np.ndarray) -> None:
+        for r, n in zip(rows, accepted):
+            self.drafters[r.slot].commit(r.seq, r.length, n)
+
+
+class SlotModel(NamedTuple):
+    """One slot of a model's executor, as a per-sequence drafter sees it (the hierarchical
+    drafter's draft model): its cache, and ``run(feed)`` -> logits [len(feed), V] (a view)."""
+
+    executor: Executor
+    slot: int
+
+    @property
+    def cache(self):
+        return self.executor.slot(self.slot)
+
+    def run(self, feed: np.ndarray) -> np.ndarray:
+        return self.executor.forward([self.slot], [feed])[0, : len(feed)]
