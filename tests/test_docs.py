@@ -1,0 +1,106 @@
+"""The documentation builds, links resolve, and every measured figure comes from a results file.
+
+The site is built with ``mkdocs build --strict`` (a broken link, a missing anchor or a
+placeholder naming a missing results file or key fails it); the README stays a front page.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README_MAX_LINES = 250
+
+
+def load_hook():
+    spec = importlib.util.spec_from_file_location("specdec_docs_bench_hook", ROOT / "docs_hooks" / "bench.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_mkdocs_strict_build(tmp_path):
+    run = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )
+    assert run.returncode == 0, f"mkdocs build --strict failed:\n{run.stderr}\n{run.stdout}"
+
+
+def test_readme_is_a_front_page():
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= README_MAX_LINES, f"README.md has {len(lines)} lines; keep it <= {README_MAX_LINES} and move detail to docs/"
+
+
+def test_readme_relative_links_exist():
+    text = (ROOT / "README.md").read_text()
+    text = re.sub(r"```.*?```", "", text, flags=re.S)  # links inside code blocks are not links
+    targets = re.findall(r"\[[^\]]*\]\(([^)\s]+)\)", text)
+    assert targets, "README.md links to no docs page"
+    missing = []
+    for target in targets:
+        if re.match(r"^[a-z][a-z0-9+.-]*:", target) or target.startswith("#"):
+            continue  # http(s):, mailto:, in-page anchors
+        path = target.split("#", 1)[0]
+        if not (ROOT / path).exists():
+            missing.append(target)
+    assert not missing, f"README.md links to missing files: {missing}"
+
+
+@pytest.fixture
+def bench_dir(tmp_path):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "results.json").write_text(json.dumps({
+        "rows": [
+            {"mode": "plain", "T": 0.0, "tok_s": 500.25, "ratio": [0.9, 1.0, 1.1], "alpha": None},
+            {"mode": "spec", "T": 0.0, "tok_s": 812.5, "ratio": [1.2, 1.4, 1.6], "alpha": 0.75},
+            {"mode": "spec", "T": 1.0, "tok_s": 640.0, "ratio": [1.0, 1.1, 1.2], "alpha": 0.7},
+        ],
+    }))
+    return tmp_path
+
+
+def test_hook_renders_values_and_tables(bench_dir):
+    hook = load_hook()
+    page = hook.expand(
+        'a {{ bench("run/results.json", "rows[mode=spec,T=0].tok_s", ".0f") }} b '
+        '{{ bench("run/results.json", "rows.1.ratio|median", ".2f") }}\n\n'
+        '{{ bench_table("run/results.json", rows="rows", where={"T": 0},\n'
+        '   columns={"mode": "{mode}", "tok/s": "{tok_s:.1f}", "α": "{alpha:.2f}"}) }}',
+        bench_dir,
+    )
+    assert page.startswith("a 812 b 1.40\n\n")
+    assert "| mode | tok/s | α |" in page
+    assert "| plain | 500.2 | – |" in page  # None renders as a dash
+    assert "| spec | 812.5 | 0.75 |" in page
+    assert "640.0" not in page  # filtered out by where
+
+
+@pytest.mark.parametrize("placeholder, complaint", [
+    ('{{ bench("missing/results.json", "rows.0.tok_s") }}', "no results file"),
+    ('{{ bench("run/results.json", "rows.0.no_such_key") }}', "no key"),
+    ('{{ bench("run/results.json", "rows[mode=nothing].tok_s") }}', "matches 0 records"),
+    ('{{ bench("run/results.json", "rows[mode=spec].tok_s") }}', "matches 2 records"),
+    ('{{ bench("run/results.json", "rows.9.tok_s") }}', "index 9"),
+    ('{{ bench_table("run/results.json", rows="rows", columns={"x": "{nope}"}) }}', "no key"),
+    ('{{ bench_table("run/results.json", rows="rows", where={"T": 5}, columns={"x": "{mode}"}) }}', "no record"),
+    ('{{ bench("run/results.json", __import__("os").getcwd()) }}', "literals"),
+])
+def test_hook_fails_the_build_on_a_missing_file_or_key(bench_dir, placeholder, complaint):
+    hook = load_hook()
+    with pytest.raises(hook.BenchError, match=re.escape(complaint)):
+        hook.expand(f"text {placeholder} text", bench_dir)
+
+
+def test_every_placeholder_in_the_docs_resolves():
+    """The same check the build makes, without mkdocs' other machinery: a clearer failure."""
+    hook = load_hook()
+    for page in sorted((ROOT / "docs").rglob("*.md")):
+        hook.expand(page.read_text(), ROOT / "docs" / "bench", str(page.relative_to(ROOT)))
