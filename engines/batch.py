@@ -40,6 +40,33 @@ class SlotCache:
     def slot(self, s: int) -> KVCache:
         return self.views[s]
 
+    # The KV manager: what a step does to a slot's committed rows.
+
+    def length(self, s: int) -> int:
+        return self.views[s].length
+
+    def commit(self, s: int, n: int) -> None:
+        """Keep the next ``n`` rows the last call wrote in slot ``s``."""
+        self.views[s].append(n)
+
+    def rewind_to(self, s: int, n: int) -> None:
+        """Forget slot ``s``'s rows from ``n`` on; O(1)."""
+        self.views[s].rewind_to(n)
+
+    def keep(self, s: int, rows: Sequence[int]) -> None:
+        """Commit the uncommitted rows ``rows`` (absolute positions, ascending, each at or past the
+        committed length) of slot ``s``, moved in place to follow the committed ones: how a
+        verified tree's accepted path is compacted. The rows between are forgotten. Host caches only."""
+        view = self.views[s]
+        start, rows = view.length, np.asarray(rows, dtype=np.int64)
+        if len(rows) and (rows[0] < start or np.any(np.diff(rows) <= 0) or rows[-1] >= view.max_seq):
+            raise InputError(f"keep rows {rows.tolist()}: expected ascending positions in [{start}, {view.max_seq})")
+        dest = np.arange(start, start + len(rows))
+        if not np.array_equal(rows, dest):
+            for buf in (*view.keys, *view.values):
+                buf[:, :, dest] = buf[:, :, rows]  # [1, kvH, n, D]; the right side is read whole before the write
+        view.append(len(rows))
+
 
 class BatchRunner:
     """Run one batched graph of a bundle over a ``SlotCache``.

@@ -8,7 +8,8 @@
                   n rows: the smallest batched graph holding n rows (engines/batch.py)
       fused(rows, greedy)  the draft's γ-steps-in-one-call runner for a call of that many rows
       encode(slot, source) an encoder-decoder's encoder writes the slot's cross K/V
-      KV manager: length / commit / rewind_to / reset / keep, per slot
+      KV manager: length / commit / rewind_to / reset per slot (the SlotCache, which also
+                  compacts a tree's accepted rows: keep)
 
 The device is a value given at load (``provider``), never a literal: the KV buffers live on
 it and every runner binds them there. Host buffers (ids, positions, logits) stay on the host:
@@ -139,36 +140,19 @@ class Executor:
             if bound == slot:
                 self._cross_slot[key] = -1  # the runner re-binds: the source length sets the shape
 
-    # -- the KV manager -----------------------------------------------------------------------
+    # -- the KV manager (engines/batch.py SlotCache) ----------------------------------------
 
     def slot(self, s: int) -> KVCache:
         return self.cache.slot(s)
 
     def length(self, s: int) -> int:
-        return self.cache.slot(s).length
+        return self.cache.length(s)
 
     def commit(self, s: int, n: int) -> None:
-        """Keep the next ``n`` rows the last call wrote in slot ``s``."""
-        self.cache.slot(s).append(n)
+        self.cache.commit(s, n)
 
     def rewind_to(self, s: int, n: int) -> None:
-        """Forget slot ``s``'s rows from ``n`` on; O(1)."""
-        self.cache.slot(s).rewind_to(n)
+        self.cache.rewind_to(s, n)
 
     def reset(self, s: int) -> None:
-        self.cache.slot(s).reset()
-
-    def keep(self, s: int, rows: Sequence[int]) -> None:
-        """Commit the uncommitted rows ``rows`` (absolute positions, ascending, each >= the committed
-        length) of slot ``s``, moved in place to follow the committed ones: how a verified tree's
-        accepted path is compacted. The rows between are forgotten."""
-        view = self.cache.slot(s)
-        start = view.length
-        rows = np.asarray(rows, dtype=np.int64)
-        if len(rows) and (rows[0] < start or np.any(np.diff(rows) <= 0) or rows[-1] >= view.max_seq):
-            raise ConfigError(f"keep rows {rows.tolist()}: expected ascending positions in [{start}, {view.max_seq})")
-        dest = np.arange(start, start + len(rows))
-        if not np.array_equal(rows, dest):
-            for buf in (*view.keys, *view.values):
-                buf[:, :, dest] = buf[:, :, rows]  # [1, kvH, n, D]; fancy indexing reads before it writes
-        view.append(len(rows))
+        self.cache.rewind_to(s, 0)

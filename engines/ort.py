@@ -12,7 +12,7 @@ differs from the last one's, with the same memory.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import NamedTuple, Sequence
+from typing import Sequence
 
 import numpy as np
 import onnxruntime as ort
@@ -272,61 +272,7 @@ def fixed_tokens(manifest, model: str) -> int:
     return manifest.k if model == "target" else 1
 
 
-def runtime_graphs(manifest) -> list[str]:
-    """The batch-1 ORT graphs the decoder opens a session for: each model's dynamic-length graph,
-    which also runs the fixed-length calls, so a model's weights are in memory once, and the
-    draft's fused graphs when the bundle has them (their own sessions: the draft's weights are
-    then held three times, README "Fused drafting"). The bundle's static ORT graphs are not
-    opened: run at the same S they are 1-6% faster per call (README, "Weights once"), not worth
-    a second copy of the weights in memory."""
-    roles = ("dynamic", "encoder", *FUSED_ROLES)
-    return [n for n, g in manifest.graphs.items() if g.flavour == "ort" and g.role in roles and g.batch == 1]
-
-
 def fused_graph(manifest, role: str, batch: int = 1) -> tuple[str, GraphSpec] | None:
     """The (name, spec) of the draft's fused graph for ``role`` and ``batch`` rows, or None
     (bundles exported without --fused-draft, or before it existed)."""
     return next(((n, g) for n, g in manifest.graphs.items() if g.role == role and g.batch == batch), None)
-
-
-class ModelRunners(NamedTuple):
-    """One model's KV cache and the runners over it."""
-
-    cache: KVCache
-    dynamic: GraphRunner  # any length: prompts, 1-token target steps, verify calls shorter than K
-    static: GraphRunner  # fixed length, bound once (same session): the target's K-token verify, the draft's 1-token step
-    fused: FusedRunner | None = None  # the draft's γ steps in one call (sampling variant), when the bundle has it
-    fused_greedy: FusedRunner | None = None  # the same, argmax only
-    encoder: EncoderRunner | None = None  # an encoder-decoder's encoder, and the cross K/V it writes
-    cross: CrossKV | None = None
-
-    def encode(self, source: Sequence[int] | np.ndarray) -> None:
-        """Run the encoder on a request's source; every decoder runner then reads its K/V."""
-        if self.encoder is None:
-            raise InputError("this model is decoder-only; it takes no source")
-        self.encoder.run(source)
-        for runner in (self.dynamic, self.static):
-            runner.bind_cross(self.cross)
-
-
-def model_runners(bundle: Path, manifest, model: str, sessions: dict, device: str) -> ModelRunners:
-    """A fresh cache for ``model`` ("target" or "draft") and runners over it, both on the
-    already open session of its dynamic-length graph (``sessions``: graph name -> session)."""
-    spec = getattr(manifest, model)
-    cache = KVCache(spec.num_layers, spec.num_kv_heads, manifest.max_seq_len, spec.head_dim, manifest.dtype, device)
-    name, g = manifest.graph(model, "dynamic")
-    dynamic = runner_for(bundle, name, g, cache, session=sessions[name])
-    static = runner_for(bundle, name, g, cache, session=sessions[name], tokens=fixed_tokens(manifest, model))
-    fused = {}
-    for role in FUSED_ROLES:
-        found = fused_graph(manifest, role) if model == "draft" else None
-        if found and found[0] in sessions:
-            fused[role] = FusedRunner(sessions[found[0]], *found, lambda slot: cache)
-    encoder = cross = None
-    if manifest.seq2seq:
-        if device != "cpu":
-            raise EngineError(f"encoder-decoder bundles run on the CPU provider only so far; {bundle} needs provider='cpu'")
-        cross = CrossKV(spec.num_layers, spec.num_heads, manifest.max_source_len, spec.head_dim, manifest.dtype)
-        name, g = manifest.graph(model, "encoder")
-        encoder = EncoderRunner(sessions[name], name, g, cross)
-    return ModelRunners(cache, dynamic, static, fused.get("fused"), fused.get("fused_greedy"), encoder, cross)

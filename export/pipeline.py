@@ -17,6 +17,7 @@ from typing import Callable, NamedTuple
 
 from specdec.errors import ConfigError
 from specdec.export.bundle import check_destination, commit, staging
+from specdec.export.kinds import KINDS, ExportContext
 from specdec.export.ngram import check_corpus, write_table
 from specdec.export.source import Source, check_pair, load_model, parameter_count, resolve
 from specdec.manifest import FUSED_ROLES, GraphSpec, Manifest, ModelSpec, sha256_of
@@ -143,10 +144,11 @@ def _tools() -> dict[str, str]:
 class GraphPlan(NamedTuple):
     name: str
     model: str  # "target" or "draft"
-    role: str  # "dynamic", "verify" or "step"
+    role: str  # the runtime's use: "dynamic", "verify", "step", "encoder", "fused", "fused_greedy"
     tokens: int | str | None  # per call; None: dynamic; "K": gamma + 1; "gamma": drafted per fused call
     flavour: str = "ort"
     batch: int = 1  # rows per call
+    kind: str = "decoder"  # how it is exported and validated: a key of export/kinds.py KINDS
 
 
 GRAPHS = (
@@ -159,20 +161,20 @@ GRAPHS = (
 # made here). Prompts use the ORT dynamic graph (both flavours share one cache layout), so
 # there is no portable dynamic graph.
 PORTABLE_GRAPHS = (
-    GraphPlan("target_verify_portable", "target", "verify", "K", "portable"),
-    GraphPlan("draft_step_portable", "draft", "step", 1, "portable"),
+    GraphPlan("target_verify_portable", "target", "verify", "K", "portable", kind="portable"),
+    GraphPlan("draft_step_portable", "draft", "step", 1, "portable", kind="portable"),
 )
 
 
 # Encoder-decoder bundles (export/seq2seq.py): each model's encoder, run once per request, and
 # its decoder graphs. Batch 1 and the ORT flavour only so far.
 SEQ2SEQ_GRAPHS = (
-    GraphPlan("target_encoder", "target", "encoder", None),
-    GraphPlan("target_dynamic", "target", "dynamic", None),
-    GraphPlan("target_verify", "target", "verify", "K"),
-    GraphPlan("draft_encoder", "draft", "encoder", None),
-    GraphPlan("draft_dynamic", "draft", "dynamic", None),
-    GraphPlan("draft_step", "draft", "step", 1),
+    GraphPlan("target_encoder", "target", "encoder", None, kind="encoder"),
+    GraphPlan("target_dynamic", "target", "dynamic", None, kind="seq2seq"),
+    GraphPlan("target_verify", "target", "verify", "K", kind="seq2seq"),
+    GraphPlan("draft_encoder", "draft", "encoder", None, kind="encoder"),
+    GraphPlan("draft_dynamic", "draft", "dynamic", None, kind="seq2seq"),
+    GraphPlan("draft_step", "draft", "step", 1, kind="seq2seq"),
 )
 DEFAULT_MAX_SOURCE = 512
 
@@ -197,19 +199,19 @@ def check_seq2seq(cfg: ExportConfig, sources: dict[str, Source]) -> int | None:
 def planned_graphs(cfg: ExportConfig, seq2seq: bool = False) -> tuple[GraphPlan, ...]:
     if seq2seq:
         return SEQ2SEQ_GRAPHS
-    fused = tuple(GraphPlan(f"draft_{role}", "draft", role, "gamma") for role in FUSED_ROLES) if cfg.fused_draft else ()
+    fused = tuple(GraphPlan(f"draft_{role}", "draft", role, "gamma", kind="fused") for role in FUSED_ROLES) if cfg.fused_draft else ()
     batched = []
     for b in batch_sizes(cfg.max_batch):
-        batched += [GraphPlan(f"{m}_batch{b}", m, "dynamic", None, batch=b) for m in ("target", "draft")]
+        batched += [GraphPlan(f"{m}_batch{b}", m, "dynamic", None, batch=b, kind="batched") for m in ("target", "draft")]
         if cfg.fused_draft:
-            batched += [GraphPlan(f"draft_{role}_batch{b}", "draft", role, "gamma", batch=b) for role in FUSED_ROLES]
+            batched += [GraphPlan(f"draft_{role}_batch{b}", "draft", role, "gamma", batch=b, kind="fused") for role in FUSED_ROLES]
     return GRAPHS + fused + (PORTABLE_GRAPHS if cfg.portable else ()) + tuple(batched)
 
 
 def export_bundle(cfg: ExportConfig, progress: Progress | None = None) -> Manifest:
     """Export, validate and write the bundle at ``cfg.out``; returns its manifest."""
     from specdec.export.graphs import TORCH_DTYPES
-    from specdec.export.validate import TOLERANCES, check
+    from specdec.export.validate import check
 
     progress = progress or Progress()
     check_destination(cfg.out, cfg.overwrite)
@@ -232,11 +234,12 @@ def export_bundle(cfg: ExportConfig, progress: Progress | None = None) -> Manife
     exported = {role: m if cfg.dtype == "float32" else copy.deepcopy(m).to(TORCH_DTYPES[cfg.dtype]) for role, m in models.items()}
     with staging(cfg.out) as tmp:
         plans = planned_graphs(cfg, max_source is not None)
-        graphs = {p.name: _export_graph(p, cfg, exported[p.model], specs[p.model], max_seq, tmp, progress, max_source) for p in plans}
+        ctx = ExportContext(cfg, max_seq, tmp, max_source, models, specs, {})
+        graphs = {p.name: _export_graph(p, ctx, exported[p.model], progress) for p in plans}
         progress("share weights")
-        graphs = _share_weights(graphs, tmp)
-        figures = _validate(cfg, models, specs, graphs, max_seq, tmp, progress, max_source)
-        tols = {name: TOLERANCES[(cfg.dtype, None if name.endswith("_portable") else cfg.quantization(name.split("_")[0]))] for name in figures}
+        ctx = ctx._replace(graphs=_share_weights(graphs, tmp))
+        graphs = ctx.graphs
+        figures, tols = _validate(ctx, {p.name: p for p in plans}, progress)
         check(figures, tols)  # batched graphs too; portable graphs stay float
         tol = tols["target"]
 
@@ -257,7 +260,7 @@ def export_bundle(cfg: ExportConfig, progress: Progress | None = None) -> Manife
         manifest = _manifest(cfg, target, specs, graphs, max_seq, tokenizer=tokenizer, chat_template=chat_template, ngram=ngram,
                              validation=validation, max_source=max_source)  # fmt: skip
         progress("write bundle")
-        commit(tmp, cfg.out, manifest)
+        manifest = commit(tmp, cfg.out, manifest)  # with every file's size and digest
     return manifest
 
 
@@ -300,43 +303,29 @@ def _manifest(cfg: ExportConfig, target: Source, specs: dict[str, ModelSpec], gr
     )
 
 
-def _export_graph(plan: GraphPlan, cfg: ExportConfig, model, spec: ModelSpec, max_seq: int, tmp: Path, progress: Progress,
-                  max_source: int | None = None) -> GraphSpec:  # fmt: skip
-    """Export, optimize (ORT flavour) and quantize (ORT flavour, --quantize) one graph
-    (``max_source``: an encoder-decoder's source tokens; None: decoder-only)."""
-    from specdec.export.batched import export_batched
-    from specdec.export.fused import export_fused
-    from specdec.export.graphs import export_decoder
+def _export_graph(plan: GraphPlan, ctx: ExportContext, model, progress: Progress) -> GraphSpec:
+    """Export one graph by its kind (export/kinds.py); then, unless the kind stays float,
+    optimize it for ONNX Runtime and quantize it (--quantize)."""
     from specdec.export.optimize import optimize_for_cpu
     from specdec.export.quantize import external_files, quantize_int8, quantize_weight_only
-    from specdec.export.seq2seq import export_encoder, export_seq2seq_decoder
 
+    cfg, spec, kind = ctx.cfg, ctx.specs[plan.model], KINDS[plan.kind]
     progress(f"export {plan.name}")
     tokens = {"K": cfg.gamma + 1, "gamma": cfg.gamma}.get(plan.tokens, plan.tokens)
     file = f"{plan.name}.onnx"
-    shape = (spec.num_layers, spec.num_heads, spec.head_dim)
-    if plan.role == "encoder":
-        inputs, outputs, io = export_encoder(model, tmp / file, spec.family, *shape, max_source, cfg.dtype)
-    elif max_source is not None:
-        inputs, outputs, io = export_seq2seq_decoder(model, tmp / file, spec.family, tokens, max_seq, *shape, max_source, cfg.dtype)
-    elif plan.role in FUSED_ROLES:
-        inputs, outputs, io = export_fused(model, tmp / file, plan.batch, cfg.gamma, max_seq, spec.num_kv_heads, spec.head_dim, cfg.dtype,
-                                           greedy=plan.role == "fused_greedy")  # fmt: skip
-    elif plan.batch > 1:
-        inputs, outputs, io = export_batched(model, tmp / file, plan.batch, max_seq, spec.num_kv_heads, spec.head_dim, cfg.dtype)
-    else:
-        inputs, outputs, io = export_decoder(model, tmp / file, tokens, max_seq, spec.num_kv_heads, spec.head_dim, cfg.dtype, plan.flavour)
-    if plan.flavour == "ort":  # the portable flavour stays standard-op and float
+    inputs, outputs, io = kind.export(ctx, plan, model, spec, ctx.tmp / file, tokens)
+    if not kind.float_only:
         progress(f"optimize {plan.name}")
-        optimize_for_cpu(tmp / file, max_seq)
+        optimize_for_cpu(ctx.tmp / file, ctx.max_seq)
         quantization = cfg.quantization(plan.model)
         if quantization:
             progress(f"quantize {plan.name}")
             if quantization == "dynamic-int8":
-                quantize_int8(tmp / file)
+                quantize_int8(ctx.tmp / file)
             else:
-                quantize_weight_only(tmp / file, quantization)
-    return GraphSpec(file, sha256_of(tmp / file), plan.model, plan.role, tokens, inputs, outputs, io, external_files(tmp / file), plan.flavour, plan.batch)
+                quantize_weight_only(ctx.tmp / file, quantization)
+    return GraphSpec(file, sha256_of(ctx.tmp / file), plan.model, plan.role, tokens, inputs, outputs, io, external_files(ctx.tmp / file),
+                     plan.flavour, plan.batch)  # fmt: skip
 
 
 def _share_weights(graphs: dict[str, GraphSpec], tmp: Path) -> dict[str, GraphSpec]:
@@ -352,42 +341,21 @@ def _share_weights(graphs: dict[str, GraphSpec], tmp: Path) -> dict[str, GraphSp
     return out
 
 
-def _validate(cfg: ExportConfig, models, specs, graphs: dict[str, GraphSpec], max_seq: int, tmp: Path, progress: Progress,
-              max_source: int | None = None) -> dict:  # fmt: skip
-    """Figures per model (and per portable graph): each static graph after the model's ORT dynamic graph."""
-    from specdec.export.validate import validate_batched, validate_fused, validate_model, validate_seq2seq
+def _validate(ctx: ExportContext, plans: dict[str, GraphPlan], progress: Progress) -> tuple[dict, dict]:
+    """Figures per checked graph (each kind's own check against PyTorch) and the tolerance each
+    must meet: the model's precision's, or the float one for a kind that stays float."""
+    from specdec.export.validate import TOLERANCES
 
-    figures = {}
-    for name, g in graphs.items():
-        if max_source is not None:
-            if g.role in ("verify", "step"):
-                progress(f"validate {g.model}")
-                s, m = specs[g.model], g.model
-                kv = (s.num_layers, s.num_kv_heads, max_seq, s.head_dim, cfg.dtype)
-                parts = [(f"{m}_{r}", graphs[f"{m}_{r}"]) for r in ("encoder", "dynamic")] + [(name, g)]
-                figures[m] = validate_seq2seq(models[m], tmp, *parts, kv, max_source, seed=cfg.seed)
-            continue
-        if g.role in FUSED_ROLES:
-            progress(f"validate {name}")
-            s = specs[g.model]
-            kv = (s.num_layers, s.num_kv_heads, max_seq, s.head_dim, cfg.dtype)
-            figures[name] = validate_fused(models[g.model], tmp, (name, g), (f"{g.model}_dynamic", graphs[f"{g.model}_dynamic"]), kv, seed=cfg.seed)
-            continue
-        if g.batch > 1:
-            progress(f"validate {name}")
-            s = specs[g.model]
-            kv = (s.num_layers, s.num_kv_heads, max_seq, s.head_dim, cfg.dtype)
-            figures[name] = validate_batched(models[g.model], tmp, (name, g), kv, cfg.gamma + 1, seed=cfg.seed)
-            continue
-        if g.role == "dynamic":
-            continue
-        key = g.model + ("_portable" if g.flavour == "portable" else "")
+    figures, tols = {}, {}
+    for name, g in ctx.graphs.items():
+        kind = KINDS[plans[name].kind]
         progress(f"validate {name}")
-        s = specs[g.model]
-        kv = (s.num_layers, s.num_kv_heads, max_seq, s.head_dim, cfg.dtype)
-        dynamic = f"{g.model}_dynamic"
-        figures[key] = validate_model(models[g.model], tmp, (dynamic, graphs[dynamic]), (name, g), kv, seed=cfg.seed)
-    return figures
+        found = kind.validate(ctx, name, g)
+        if found is None:
+            continue
+        key, figures[key] = found
+        tols[key] = TOLERANCES[(ctx.cfg.dtype, None if kind.float_only else ctx.cfg.quantization(g.model))]
+    return figures, tols
 
 
 def bundle_size(out: Path) -> int:

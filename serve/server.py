@@ -22,6 +22,7 @@ from specdec import __version__
 from specdec.errors import ConfigError
 from specdec.manifest import inside, load_manifest
 from specdec.runtime.batch import BatchEngine
+from specdec.runtime.params import SamplingParams
 from specdec.runtime.request import Limits, Request
 from specdec.runtime.text import TextCodec
 from specdec.serve.app import ServerState, build_app
@@ -43,6 +44,7 @@ class ServeConfig:
     served_model_name: str | None = None  # None: the bundle folder's name
     chat_template: Path | None = None  # None: the bundle's
     threads: int | None = None
+    provider: str = "cpu"  # ONNX Runtime provider: "cpu" or "cuda"
     api_key: str | None = None
     grace_period: float = 30.0  # seconds SIGTERM waits for requests in flight
     log_level: str = "info"
@@ -82,15 +84,17 @@ def prepare(cfg: ServeConfig, bind: bool = True) -> ServerState:
         name = (lambda i: codec.tokenizer.id_to_token(i) if codec and i is not None else None)  # noqa: E731
         chat = ChatTemplate.from_file(path, name(m.bos_token_id), name(m.eos_token_ids[0] if m.eos_token_ids else None))
     BatchEngine.check_options(m, cfg.max_batch, cfg.drafter, cfg.max_queue)
-    Request([0], Limits.of(m), 1, gamma=cfg.gamma)  # the --gamma every request will carry
+    Request([0], Limits.of(m), SamplingParams(max_new_tokens=1, gamma=cfg.gamma))  # the --gamma every request will carry
     model = cfg.served_model_name or Path(cfg.bundle).resolve().name
     fingerprint = f"specdec-{__version__}"
-    return ServerState(model=model, max_seq_len=m.max_seq_len, codec=codec, chat=chat, gamma=cfg.gamma, api_key=cfg.api_key, fingerprint=fingerprint)
+    return ServerState(model=model, max_seq_len=m.max_seq_len, codec=codec, chat=chat, gamma=cfg.gamma, api_key=cfg.api_key,
+                       fingerprint=fingerprint, manifest=m)  # the manifest is opened and verified once
 
 
 def load_engine(cfg: ServeConfig, state: ServerState):
     """Load the batched engine, warm every graph it will run, then attach the metrics."""
-    engine = BatchEngine(cfg.bundle, max_batch=cfg.max_batch, drafter=cfg.drafter, threads=cfg.threads, max_queue=cfg.max_queue)
+    engine = BatchEngine(cfg.bundle, max_batch=cfg.max_batch, drafter=cfg.drafter, threads=cfg.threads, max_queue=cfg.max_queue,
+                         provider=cfg.provider, manifest=state.manifest)
     try:
         warm = [0] * 4  # token 0 exists in every vocabulary
         n = max(engine.limits.max_gamma * 2, 4)

@@ -45,7 +45,8 @@ def without_bias(bundle: Path, file: str, out: Path) -> Path:
 def main() -> None:
     import onnxruntime as ort
 
-    from specdec.engines.ort import model_runners, open_session
+    from specdec.engines.executor import Executor
+    from specdec.engines.ort import open_session
     from specdec.engines.threads import ThreadPolicy
     from specdec.manifest import load_manifest
 
@@ -70,17 +71,16 @@ def main() -> None:
             ("with bias", open_session(args.bundle, name, g, threads=policy)),
             ("without", ort.InferenceSession(str(cut), policy.session_options(), providers=["CPUExecutionProvider"])),
         ):
-            r = model_runners(args.bundle, m, "target", {name: session, enc_name: open_session(args.bundle, enc_name, enc, threads=policy)}, "cpu")
-            r.encode(source)
-            r.dynamic.run(prefix)
-            r.cache.append(len(prefix))
+            r = Executor(args.bundle, m, "target", {name: session, enc_name: open_session(args.bundle, enc_name, enc, threads=policy)})
+            r.encode(0, source)
+            r.forward([0], [prefix])
+            r.commit(0, len(prefix))
             runners[label] = r
         for _ in range(args.calls):
-            for s, kind in ((1, "dynamic"), (m.k, "static")):
+            for s in (1, m.k):
                 for label, r in runners.items():
-                    runner = getattr(r, kind)
                     t0 = time.perf_counter()
-                    runner.run(prefix[:s])
+                    r.forward([0], [prefix[:s]])  # the fixed-length binding when s = K
                     times.setdefault((label, s), []).append(time.perf_counter() - t0)
     print(f"bundle {args.bundle}: target {m.target.parameters / 1e6:.1f}M params, {m.target.num_layers} decoder layers; "
           f"source {len(source)} tokens, {args.context} decoder rows committed, max-seq-len {m.max_seq_len}; "

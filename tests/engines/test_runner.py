@@ -20,7 +20,10 @@ import pytest
 pytest.importorskip("torch")  # the llama_bundle fixture exports with torch
 
 from specdec.engines.kv import KVCache  # noqa: E402
-from specdec.engines.ort import GraphRunner, ModelRunners, model_runners, open_session, runner_for  # noqa: E402
+from typing import NamedTuple  # noqa: E402
+
+from specdec.engines.executor import Executor  # noqa: E402
+from specdec.engines.ort import GraphRunner, open_session, runner_for  # noqa: E402
 from specdec.engines.threads import ThreadPolicy  # noqa: E402
 from specdec.errors import EngineError, InputError, SignatureError  # noqa: E402
 from specdec.manifest import load_manifest  # noqa: E402
@@ -38,9 +41,17 @@ def bundle(llama_bundle):
     return out, manifest, sessions
 
 
-def fresh(bundle, model: str = "target") -> ModelRunners:
+class Runners(NamedTuple):
+    cache: KVCache  # the executor's one slot
+    dynamic: GraphRunner
+    static: GraphRunner
+
+
+def fresh(bundle, model: str = "target") -> Runners:
+    """A one-slot executor's cache and batch-1 runners (any length, and the fixed-length binding)."""
     out, manifest, sessions = bundle
-    return model_runners(out, manifest, model, sessions, "cpu")
+    ex = Executor(out, manifest, model, sessions, "cpu", slots=1)
+    return Runners(ex.slot(0), ex.dynamic, ex.static)
 
 
 def snapshot(cache: KVCache) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -311,7 +322,8 @@ def test_shared_pool_in_a_subprocess(bundle):
     code = textwrap.dedent(
         f"""
         from pathlib import Path
-        from specdec.engines.ort import model_runners, open_session
+        from specdec.engines.executor import Executor
+        from specdec.engines.ort import open_session
         from specdec.engines.threads import ThreadPolicy
         from specdec.errors import EngineError
         from specdec.manifest import load_manifest
@@ -320,7 +332,7 @@ def test_shared_pool_in_a_subprocess(bundle):
         m = load_manifest(bundle)
         pool = ThreadPolicy.shared(1)
         sessions = {{n: open_session(bundle, n, g, threads=pool) for n, g in m.graphs.items()}}
-        cache, dynamic, verify = model_runners(bundle, m, "target", sessions, "cpu")[:3]
+        dynamic = Executor(bundle, m, "target", sessions).dynamic
         logits = dynamic.run([5, 6, 7])
         assert logits.shape == (3, m.vocab_size) and abs(logits).max() > 0
         assert not pool.session_options().use_per_session_threads

@@ -212,7 +212,7 @@ def test_each_model_weights_are_stored_and_loaded_once(family_bundle):
     assert sorted(dec.sessions) == sorted(["draft_dynamic", "target_dynamic", *fused])
     assert bool(fused) == (family == "llama")  # the family bundles: llama is exported with --fused-draft
     for model in ("target", "draft"):
-        r = dec.models[model]
+        r = getattr(dec.engine, model)
         assert r.static.session is r.dynamic.session and r.static.capacity == (manifest.k if model == "target" else 1)
 
 

@@ -18,7 +18,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from specdec.engines.fused import FusedRunner  # noqa: E402
-from specdec.engines.ort import fused_graph, model_runners, open_session  # noqa: E402
+from specdec.engines.executor import Executor  # noqa: E402
+from specdec.engines.ort import fused_graph, open_session  # noqa: E402
 from specdec.runtime.sampling import SamplingConfig, standardize  # noqa: E402
 
 MAX_SEQ = 64
@@ -57,11 +58,12 @@ def test_fused_graphs_match_pytorch_for_every_family(family, tmp_path):
             assert figures["logits"] < 1e-4, (family, role, figures)
 
 
-def _prefilled(bundle, manifest, sessions, prompt):
-    runners = model_runners(bundle, manifest, "draft", sessions, "cpu")
-    runners.dynamic.run(np.array(prompt[:-1]))
-    runners.cache.append(len(prompt) - 1)
-    return runners
+def _prefilled(bundle, manifest, sessions, prompt) -> Executor:
+    """A one-slot draft executor that has been fed prompt[:-1]."""
+    draft = Executor(bundle, manifest, "draft", sessions, "cpu", slots=1)
+    draft.forward([0], [np.array(prompt[:-1])])
+    draft.commit(0, len(prompt) - 1)
+    return draft
 
 
 @pytest.mark.parametrize("family_bundle", ["llama"], indirect=True)
@@ -73,19 +75,19 @@ def test_fused_runner_writes_what_the_step_graph_writes(family_bundle):
     gamma = manifest.gamma
     for cfg in (SamplingConfig(0.0), SamplingConfig(1.0), SamplingConfig(0.7, top_k=20), SamplingConfig(1.0, top_p=0.8)):
         fused = _prefilled(out, manifest, sessions, prompt)
-        runner = fused.fused_greedy if cfg.greedy else fused.fused
-        assert isinstance(runner, FusedRunner) and runner.gamma == gamma
-        start = fused.cache.length
+        runner = fused.fused(1, cfg.greedy)
+        assert isinstance(runner, FusedRunner) and runner.gamma == gamma and (runner.io.uniforms is None) == cfg.greedy
+        start = fused.length(0)
         tokens = runner.run((0,), (prompt[-1],), (cfg,), (np.random.default_rng(0),))[0].copy()
         probs = runner.probs[0].copy() if not cfg.greedy else None
         steps = _prefilled(out, manifest, sessions, prompt)
         rows = []  # [γ, V]: the step graph on the fed token and the first γ - 1 drafted ones
         for t in [prompt[-1], *tokens[:-1]]:
-            rows.append(steps.static.run(np.array([t]))[0].copy())
-            steps.cache.append(1)
+            rows.append(steps.forward([0], [np.array([t])])[0, 0].copy())
+            steps.commit(0, 1)
         rows = np.stack(rows)
         end = start + gamma
-        for a, b in zip((*fused.cache.keys, *fused.cache.values), (*steps.cache.keys, *steps.cache.values)):
+        for a, b in zip((*fused.slot(0).keys, *fused.slot(0).values), (*steps.slot(0).keys, *steps.slot(0).values)):
             np.testing.assert_allclose(a[:, :, start:end], b[:, :, start:end], atol=1e-5)
         if cfg.greedy:
             assert tokens.tolist() == rows.argmax(-1).tolist()
@@ -103,7 +105,7 @@ def test_bundles_without_fused_graphs_draft_step_by_step(llama_bundle):
     m = load_manifest(out)
     assert fused_graph(m, "fused") is None and fused_graph(m, "fused_greedy") is None
     dec = SpeculativeDecoder.load(out)
-    assert dec.models["draft"].fused is None
+    assert dec.engine.draft.fused(1, False) is None and dec.engine.draft.fused(1, True) is None
     res = dec.generate([5, 6, 7], max_new_tokens=12, gamma=m.gamma, ignore_eos=True)
     assert res.stats.draft_calls > 0
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import pytest
 
 from specdec.errors import ConfigError, InputError, QueueFullError, SamplingError
@@ -26,7 +27,7 @@ REQUESTS = [  # (prompt, max_new_tokens, gamma): 8 requests for 4 slots; one pro
 ]
 
 
-@pytest.mark.parametrize("drafter", ["model", "lookup"])
+@pytest.mark.parametrize("drafter", ["model", "lookup", "hierarchical"])
 def test_batched_greedy_matches_target_per_row(family_bundle, drafter):
     family, target, _, out, _ = family_bundle
     model = load_model(target)
@@ -52,7 +53,7 @@ def test_batched_sampling_follows_the_target(family_bundle):
     runs, prompt, kw = 4000, PROMPTS[2], dict(temperature=1.0)
     p1, p2 = exact_first_two(load_model(target), prompt, SamplingConfig(1.0))
     with BatchEngine(out, max_queue=runs) as engine:
-        assert sorted(engine.fused) == [(b, g) for b in (1, 2, 4) for g in (False, True)]  # the llama bundle drafts fused
+        assert sorted(engine.engine.draft.fused_runners) == [(b, g) for b in (1, 2, 4) for g in (False, True)]  # the llama bundle drafts fused
         handles = [engine.submit(prompt, max_new_tokens=5 + seed % 3, seed=seed, ignore_eos=True, **kw) for seed in range(runs)]
         results = [h.result(timeout=600) for h in handles]
         assert engine.occupancy[4] > runs / 8, engine.occupancy  # most calls ran full batches
@@ -96,6 +97,28 @@ def test_cancel_frees_the_slot_and_bad_requests_disturb_nothing(family_bundle):
         assert after.result(timeout=60).tokens == torch_greedy(model, PROMPTS[2], 20)
         assert good.result(timeout=60).tokens == ref  # the bad requests and the cancel did not disturb it
         assert engine.active == 0
+
+
+@pytest.mark.parametrize("family_bundle", ["llama"], indirect=True)
+def test_a_user_drafter_object_runs_per_row(family_bundle):
+    """A user's Drafter object (copied per slot) runs in the batched engine too: every row keeps
+    the target's greedy output while its own script proposes, right or wrong."""
+    from test_drafters import ScriptDrafter
+
+    family, target, _, out, _ = family_bundle
+    model = load_model(target)
+    refs = [torch_greedy(model, p, 40) for p in PROMPTS]
+    # one object for every row: the script is the first prompt's answer, a quarter of it wrong
+    wrong = np.random.default_rng(0).random(40) < 0.25
+    script = [(t + 1) % 320 if w else t for t, w in zip(refs[0], wrong)]
+    with BatchEngine(out, drafter=ScriptDrafter(script)) as engine:
+        handles = [engine.submit(p, max_new_tokens=40, ignore_eos=True) for p in PROMPTS]
+        results = [h.result(timeout=120) for h in handles]
+        assert engine.occupancy[len(PROMPTS)] > 0  # the rows ran together
+    for p, res, ref in zip(PROMPTS, results, refs):
+        assert res.tokens == ref, f"prompt {p}: first difference at {first_diff(res.tokens, ref)}"
+        assert res.stats.drafter == "script"
+    assert results[0].stats.accepted >= 10 and results[0].stats.rejected >= 3, results[0].stats
 
 
 @pytest.mark.parametrize("family_bundle", ["llama"], indirect=True)
@@ -165,7 +188,7 @@ def test_greedy_rows_beside_sampled_rows_in_fused_calls(family_bundle):
     model = load_model(target)
     refs = [torch_greedy(model, p, 40) for p in PROMPTS]
     with BatchEngine(out) as engine:
-        assert engine.fused, "the llama bundle has fused draft graphs"
+        assert engine.engine.draft.fused_runners, "the llama bundle has fused draft graphs"
         greedy = [engine.submit(p, max_new_tokens=40, ignore_eos=True) for p in PROMPTS]
         sampled = [engine.submit(PROMPTS[0], max_new_tokens=40, temperature=1.0, top_p=0.9, seed=s, ignore_eos=True) for s in range(3)]
         results = [h.result(timeout=120) for h in greedy]

@@ -236,22 +236,22 @@ def test_threads_share_one_decoder_or_fork(dec):
 def test_engine_steps_allocate_nothing(dec):
     """Steady-state engine calls (target verify, draft step, 1-token target step) write into
     buffers allocated at load: traced memory may not rise by even one logits row."""
-    t, d = dec.models["target"], dec.models["draft"]
+    t, d = dec.engine.target, dec.engine.draft
     dec.generate(PROMPT, max_new_tokens=5)
-    seq = dec.seq
-    pointers = [t.static.logits.ctypes.data, *[p for pair in t.cache.pointers() for p in pair]]
+    seq = dec.engine.seqs[0]
+    pointers = [t.static.logits.ctypes.data, *[p for pair in t.slot(0).pointers() for p in pair]]
     row = t.static.logits.shape[-1] * 4  # bytes in one float32 logits row
 
     def steps(n, extra=None):
         for _ in range(n):
-            t.cache.rewind_to(3)
-            d.cache.rewind_to(3)
-            out = t.static.run(seq[2:7])
-            t.cache.append(5)
-            d.static.run(seq[3:4])
-            d.cache.append(1)
-            t.dynamic.run(seq[7:8])
-            t.cache.append(1)
+            t.rewind_to(0, 3)
+            d.rewind_to(0, 3)
+            out = t.forward([0], [seq[2:7]])
+            t.commit(0, 5)
+            d.forward([0], [seq[3:4]])
+            d.commit(0, 1)
+            t.forward([0], [seq[7:8]])
+            t.commit(0, 1)
             if extra:
                 extra(out)
 
@@ -270,8 +270,8 @@ def test_engine_steps_allocate_nothing(dec):
         tracemalloc.stop()
     assert quiet < row, f"engine steps allocated {quiet} bytes"
     assert control > row, "the measurement cannot see a copied logits buffer"
-    assert [t.static.logits.ctypes.data, *[p for pair in t.cache.pointers() for p in pair]] == pointers
-    assert np.shares_memory(t.static.run(seq[2:4]), t.static.logits)
+    assert [t.static.logits.ctypes.data, *[p for pair in t.slot(0).pointers() for p in pair]] == pointers
+    assert np.shares_memory(t.forward([0], [seq[2:7]]), t.static.logits)
 
 
 def test_greedy_step_memory_does_not_grow(dec):
@@ -285,27 +285,22 @@ def test_greedy_step_memory_does_not_grow(dec):
     vary by a few hundred bytes for reasons outside the loop, which made a spread bound flaky."""
     import statistics
 
-    from specdec.runtime.stats import Stats
-
-    req = dec.request(PROMPT, max_new_tokens=110, ignore_eos=True)
-    dec.acquire()
-    gen = dec.iterations(req, Stats(gamma=req.gamma))
+    stream = dec.stream(PROMPT, max_new_tokens=110, ignore_eos=True)  # each next() is one engine step
     peaks, positions = [], []
     tracemalloc.start()
     try:
         for _ in range(100):
             tracemalloc.reset_peak()
             base = tracemalloc.get_traced_memory()[0]
-            positions.append(dec.models["target"].cache.length)
-            next(gen)
+            positions.append(dec.engine.target.length(0))
+            next(stream)
             peaks.append(tracemalloc.get_traced_memory()[1] - base)
     except StopIteration:
         pass
     finally:
         tracemalloc.stop()
-        gen.close()
-        dec.release()
-    k, v = dec.models["target"].static.logits.shape[1:]
+        stream.close()
+    k, v = dec.engine.target.static.logits.shape[1:]
     early, late = peaks[5:25], peaks[-20:]
     assert positions[-20] - positions[24] >= 40, positions  # the windows are far apart in the sequence
     assert max(peaks[5:]) < k * v * 4, peaks

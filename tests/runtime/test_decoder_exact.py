@@ -142,7 +142,7 @@ def test_first_two_tokens_follow_the_target(family_bundle, mode, drafter):
     p1, p2 = exact_first_two(load_model(target), prompt, cfg)
     q1, q2 = exact_first_two(load_model(draft), prompt, cfg)
     dec = SpeculativeDecoder.load(out, drafter=drafter)
-    assert (dec.drafter._fused(manifest.gamma, cfg) is not None) == (drafter == "model")  # the path this case is about
+    assert (dec.engine.draft.fused(1, cfg.greedy) is not None and dec.drafter.use_fused) == (drafter == "model")  # the path this case is about
     counts = np.zeros((2, manifest.vocab_size), dtype=np.int64)
     accepted, drafted = 0, 0
     for seed in range(runs):

@@ -1,0 +1,120 @@
+"""The registry of graph kinds: how each kind of bundle graph is exported and validated.
+
+    KINDS[plan.kind]
+      export(ctx, plan, model, spec, path) -> (inputs, outputs, io)   trace one graph to ``path``
+      validate(ctx, name, graph) -> (figures key, figures) | None     against PyTorch (None: it is
+                                                                      checked with another graph)
+      float_only                                                      stays standard-op float: no
+                                                                      ORT fusions, no quantization,
+                                                                      the float tolerance
+
+A new kind (a tree-verify graph, a feature head) is one entry here and plans that name it.
+Tolerances are data (``validate.TOLERANCES``), chosen per (dtype, the model's quantization).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, NamedTuple
+
+
+class ExportContext(NamedTuple):
+    """What exporting and validating a bundle's graphs read."""
+
+    cfg: Any  # pipeline.ExportConfig
+    max_seq: int
+    tmp: Path  # the staging folder the graphs are written to
+    max_source: int | None  # an encoder-decoder's source tokens; None: decoder-only
+    models: dict  # "target"/"draft" -> the float32 torch model (validation's reference)
+    specs: dict  # "target"/"draft" -> ModelSpec
+    graphs: dict  # graph name -> GraphSpec, once exported
+
+    def kv(self, model: str) -> tuple[int, int, int, int, str]:
+        s = self.specs[model]
+        return (s.num_layers, s.num_kv_heads, self.max_seq, s.head_dim, self.cfg.dtype)
+
+    def graph(self, name: str) -> tuple[str, Any]:
+        return name, self.graphs[name]
+
+
+@dataclass(frozen=True)
+class GraphKind:
+    export: Callable
+    validate: Callable
+    float_only: bool = False
+
+
+def _export_decoder(ctx, plan, model, spec, path, tokens):
+    from specdec.export.graphs import export_decoder
+
+    return export_decoder(model, path, tokens, ctx.max_seq, spec.num_kv_heads, spec.head_dim, ctx.cfg.dtype, plan.flavour)
+
+
+def _validate_decoder(ctx, name, g):
+    """A static graph after its model's ORT dynamic graph (the dynamic graph is checked with it)."""
+    from specdec.export.validate import validate_model
+
+    if g.role == "dynamic":
+        return None
+    key = g.model + ("_portable" if g.flavour == "portable" else "")
+    return key, validate_model(ctx.models[g.model], ctx.tmp, ctx.graph(f"{g.model}_dynamic"), (name, g), ctx.kv(g.model), seed=ctx.cfg.seed)
+
+
+def _export_fused(ctx, plan, model, spec, path, tokens):
+    from specdec.export.fused import export_fused
+
+    return export_fused(model, path, plan.batch, ctx.cfg.gamma, ctx.max_seq, spec.num_kv_heads, spec.head_dim, ctx.cfg.dtype,
+                        greedy=plan.role == "fused_greedy")  # fmt: skip
+
+
+def _validate_fused(ctx, name, g):
+    from specdec.export.validate import validate_fused
+
+    return name, validate_fused(ctx.models[g.model], ctx.tmp, (name, g), ctx.graph(f"{g.model}_dynamic"), ctx.kv(g.model), seed=ctx.cfg.seed)
+
+
+def _export_batched(ctx, plan, model, spec, path, tokens):
+    from specdec.export.batched import export_batched
+
+    return export_batched(model, path, plan.batch, ctx.max_seq, spec.num_kv_heads, spec.head_dim, ctx.cfg.dtype)
+
+
+def _validate_batched(ctx, name, g):
+    from specdec.export.validate import validate_batched
+
+    return name, validate_batched(ctx.models[g.model], ctx.tmp, (name, g), ctx.kv(g.model), ctx.cfg.gamma + 1, seed=ctx.cfg.seed)
+
+
+def _export_encoder(ctx, plan, model, spec, path, tokens):
+    from specdec.export.seq2seq import export_encoder
+
+    return export_encoder(model, path, spec.family, spec.num_layers, spec.num_heads, spec.head_dim, ctx.max_source, ctx.cfg.dtype)
+
+
+def _export_seq2seq(ctx, plan, model, spec, path, tokens):
+    from specdec.export.seq2seq import export_seq2seq_decoder
+
+    shape = (spec.num_layers, spec.num_heads, spec.head_dim)
+    return export_seq2seq_decoder(model, path, spec.family, tokens, ctx.max_seq, *shape, ctx.max_source, ctx.cfg.dtype)
+
+
+def _validate_seq2seq(ctx, name, g):
+    """Per model, at its static graph: the encoder, the dynamic graph and it, together."""
+    from specdec.export.validate import validate_seq2seq
+
+    if g.role not in ("verify", "step"):
+        return None
+    m = g.model
+    parts = [ctx.graph(f"{m}_encoder"), ctx.graph(f"{m}_dynamic"), (name, g)]
+    return m, validate_seq2seq(ctx.models[m], ctx.tmp, *parts, ctx.kv(m), ctx.max_source, seed=ctx.cfg.seed)
+
+
+KINDS: dict[str, GraphKind] = {
+    "decoder": GraphKind(_export_decoder, _validate_decoder),  # dynamic-length, K-token verify, 1-token step
+    "portable": GraphKind(_export_decoder, _validate_decoder, float_only=True),  # standard ops, static shapes
+    "fused": GraphKind(_export_fused, _validate_fused),  # the draft's γ steps in one call
+    "batched": GraphKind(_export_batched, _validate_batched),  # B rows, each over its own cache slot
+    "encoder": GraphKind(_export_encoder, lambda ctx, name, g: None),  # checked with its model's decoder
+    "seq2seq": GraphKind(_export_seq2seq, _validate_seq2seq),  # an encoder-decoder's decoder graphs
+}
