@@ -94,6 +94,11 @@ class Request:
         put("stop", eos | frozenset(par.stop_token_ids))
 
     @property
+    def input_ids(self) -> np.ndarray:
+        """What the caller sent: an encoder-decoder request's source, else the prompt."""
+        return self.prompt if self.source is None else self.source
+
+    @property
     def max_new_tokens(self) -> int:
         return self.params.max_new_tokens
 

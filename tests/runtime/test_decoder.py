@@ -218,7 +218,7 @@ def test_threads_share_one_decoder_or_fork(dec):
     kw = dict(max_new_tokens=25, temperature=0.8, ignore_eos=True)
     serial = [dec.generate(p, seed=i, **kw).tokens for i, p in enumerate(prompts)]
     forks = [dec.fork() for _ in prompts]
-    assert forks[0].sessions is dec.sessions and forks[0].seq is not dec.seq
+    assert forks[0].sessions is dec.sessions and forks[0].engine.seqs is not dec.engine.seqs
     for pool in ([dec] * len(prompts), forks):
         got = [None] * len(prompts)
 

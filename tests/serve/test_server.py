@@ -80,9 +80,17 @@ def test_eight_requests_in_flight_each_equal_their_own_greedy_output(server, ref
     """8 concurrent requests (4 rows, 4 queued; half streamed) with different lengths: each is
     its own greedy output, token for token."""
     lengths = [60, 25, 90, 40, 70, 30, 50, 80]
+    got = in_flight(server.url, "tiny", PROMPTS, lengths, KEY)
+    for i, ids in enumerate(got):
+        assert ids == reference(PROMPTS[i], lengths[i], ignore_eos=True).tokens, f"request {i}"
+
+
+def in_flight(url: str, model: str, prompts: list, lengths: list[int], key: str | None = None) -> list[list[int]]:
+    """Concurrent greedy completions, every other one streamed, through the official async client:
+    token ids per request (request i: ``prompts[i]``, ``lengths[i]`` tokens)."""
 
     async def one(c, i):
-        kw = dict(model="tiny", prompt=PROMPTS[i], max_tokens=lengths[i], temperature=0, extra_body={"return_token_ids": True, "ignore_eos": True})
+        kw = dict(model=model, prompt=prompts[i], max_tokens=lengths[i], temperature=0, extra_body={"return_token_ids": True, "ignore_eos": True})
         if i % 2:
             ids = []
             async for chunk in await c.completions.create(stream=True, **kw):
@@ -91,15 +99,13 @@ def test_eight_requests_in_flight_each_equal_their_own_greedy_output(server, ref
         return extra((await c.completions.create(**kw)).choices[0], "token_ids")
 
     async def main():
-        c = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=120)
+        c = openai.AsyncOpenAI(base_url=url + "/v1", api_key=key or "none", max_retries=0, timeout=300)
         try:
-            return await asyncio.gather(*(one(c, i) for i in range(8)))
+            return await asyncio.gather(*(one(c, i) for i in range(len(prompts))))
         finally:
             await c.close()
 
-    got = asyncio.run(main())
-    for i, ids in enumerate(got):
-        assert ids == reference(PROMPTS[i], lengths[i], ignore_eos=True).tokens, f"request {i}"
+    return asyncio.run(main())
 
 
 def test_streaming_chunks_add_up_to_the_completion(client):
@@ -468,3 +474,27 @@ def test_null_fields_mean_their_defaults():
     assert body.sampling()["temperature"] == 1.0 and body.sampling()["top_p"] is None and not body.stream
     with pytest.raises(FieldError, match="n=2"):
         parse(CompletionRequest, {"model": "m", "prompt": "x", "n": 2})
+
+
+def test_encoder_decoder_bundles_are_served(seq2seq_bundle, tmp_path):
+    """T5, BART and Marian behind the server: 8 requests in flight, each source's output is the
+    PyTorch target's greedy output token for token (the batched engine runs the same core)."""
+    pytest.importorskip("torch")
+    from models import load_seq2seq, seq2seq_greedy
+
+    family, target, _, out, _ = seq2seq_bundle
+    sources = [[5, 17, 42, 99, 7, 3, 250, 61, 1], [30, 31, 32, 33, 34, 30, 31, 32, 1], [200, 1], [7, 8, 9, 10, 1]] * 2
+    sources = [s[: len(s) - i % 3] + ([1] if i % 3 else []) for i, s in enumerate(sources)]
+    with Server(out, "--served-model-name", family, "--drafter", "hierarchical" if family == "t5" else "model", log=tmp_path / "server.log") as s:
+        got = in_flight(s.url, family, sources, [24] * len(sources))
+    model = load_seq2seq(target)
+    for src, ids in zip(sources, got):
+        assert ids == seq2seq_greedy(model, src, 24), f"{family} source {src}"
+
+
+def test_the_hierarchical_drafter_is_served(chat_bundle, reference, tmp_path):
+    """The hierarchical drafter runs in the batched engine: 8 in flight, each its greedy output."""
+    with Server(chat_bundle[1], "--served-model-name", "tiny", "--drafter", "hierarchical", log=tmp_path / "server.log") as s:
+        got = in_flight(s.url, "tiny", PROMPTS, [30] * len(PROMPTS))
+    for prompt, ids in zip(PROMPTS, got):
+        assert ids == reference(prompt, 30, ignore_eos=True).tokens, prompt
