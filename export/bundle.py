@@ -1,19 +1,22 @@
 """Writing a bundle atomically: nothing that looks complete exists until validation passed.
 
 Export builds everything in a hidden temporary folder beside the destination (same
-filesystem, so the final move is a rename). The manifest is written last. On any failure the
-temporary folder is removed and an existing bundle is left untouched.
+filesystem, so the final move is a rename). The manifest is written last, with the size and
+digest of every other file. On any failure the temporary folder is removed and an existing
+bundle is left untouched.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Iterator
 
+from specdec import integrity
 from specdec.errors import ExportError
 from specdec.manifest import MANIFEST_NAME, Manifest
 
@@ -40,8 +43,10 @@ def staging(out: Path) -> Iterator[Path]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def commit(tmp: Path, out: Path, manifest: Manifest) -> None:
-    """Write the manifest into ``tmp`` and move ``tmp`` to ``out``, replacing any old bundle."""
+def commit(tmp: Path, out: Path, manifest: Manifest) -> Manifest:
+    """Hash every file in ``tmp`` into the manifest (specdec/integrity.py), write it, and move
+    ``tmp`` to ``out``, replacing any old bundle; returns the manifest as written."""
+    manifest = dataclasses.replace(manifest, integrity=integrity.record(tmp, skip=(MANIFEST_NAME,)))
     (tmp / MANIFEST_NAME).write_text(manifest.to_json())
     old = None
     if out.exists():
@@ -55,3 +60,4 @@ def commit(tmp: Path, out: Path, manifest: Manifest) -> None:
         raise
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+    return manifest

@@ -5,8 +5,9 @@
     GET /v1/models, /health, /metrics
 
 Every failure is an OpenAI-style error body ``{"error": {"message", "type", "param", "code"}}``:
-400 for bad input, 401 without the API key, 404 for an unknown model or route, 503 while loading
-or when the queue is full (with Retry-After), 500 only for a server-side failure (no traceback).
+400 for bad input, 401 without the API key, 404 for an unknown model or route, 413 for a body
+over ``MAX_BODY`` (serve/limits.py), 503 while loading or when the queue is full (with
+Retry-After), 500 only for a server-side failure (no traceback).
 """
 
 from __future__ import annotations
@@ -25,11 +26,13 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException
 
-from specdec.errors import QueueFullError
+from specdec.errors import InputError, QueueFullError
 from specdec.runtime.handles import Handle
+from specdec.runtime.params import SamplingParams
 from specdec.runtime.stats import Stats
 from specdec.runtime.text import TextCodec
 from specdec.serve.chat import ChatTemplate
+from specdec.serve.limits import MAX_BODY, BodyLimit, loads
 from specdec.serve.metrics import Metrics
 from specdec.serve.protocol import ChatCompletionRequest, CompletionRequest, FieldError, parse
 from specdec.serve.stops import StopStrings
@@ -38,7 +41,6 @@ log = logging.getLogger("specdec.serve")
 clock = time.perf_counter
 RETRY_AFTER = "1"  # seconds a refused client should wait (a row frees every few iterations)
 DISCONNECT_POLL = 0.1  # seconds between checks that a non-streamed request's client is still there
-MAX_BODY = 8 << 20  # bytes of a request body; a prompt of the longest context is far smaller
 
 
 class Refused(Exception):
@@ -66,6 +68,7 @@ class ServerState:
     gamma: int | str | None  # each request's γ: an int, "auto", or None for the bundle's
     api_key: str | None = None
     engine: Any = None  # BatchEngine once ready
+    manifest: Any = None  # the bundle's Manifest, opened and verified once
     metrics: Metrics | None = None
     failed: str | None = None  # why loading failed
     fingerprint: str | None = None  # OpenAI's system_fingerprint: which server (or Ray replica) answered
@@ -188,7 +191,7 @@ class Generation:
     def _record(self, outcome: str) -> None:
         m = self.metrics
         m.requests.labels(outcome).inc()
-        m.prompt_tokens.inc(len(self.handle.request.prompt))
+        m.prompt_tokens.inc(len(self.handle.request.input_ids))
         m.generation_tokens.inc(len(self.handle.tokens))
         m.latency.observe(clock() - self.arrival)
 
@@ -209,7 +212,7 @@ def speculative(stats: Stats) -> dict:
 
 
 def usage(handle: Handle) -> dict:
-    p, c = len(handle.request.prompt), len(handle.tokens)
+    p, c = len(handle.request.input_ids), len(handle.tokens)
     return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 
 
@@ -220,6 +223,7 @@ def build_app(state: ServerState, lifespan=None) -> FastAPI:
     """The routes over ``state``; ``lifespan`` loads the engine (see ``server.serve``)."""
     app = FastAPI(title="specdec", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
     app.state.specdec = state
+    app.add_middleware(BodyLimit, max_body=MAX_BODY)  # 413 while reading, past MAX_BODY (serve/limits.py)
 
     @app.exception_handler(Refused)
     async def _refused(request: Request, e: Refused):
@@ -298,20 +302,17 @@ def build_app(state: ServerState, lifespan=None) -> FastAPI:
         out = {**head, "choices": [kind.choice("".join(text), gen.finish, True, False)], "usage": usage(handle), "speculative": speculative(handle.stats)}
         if body.return_token_ids:
             out["choices"][0]["token_ids"] = tokens
-            out["prompt_token_ids"] = handle.request.prompt.tolist()
+            out["prompt_token_ids"] = handle.request.input_ids.tolist()
         return out
 
     async def admit(request: Request, cls, kind) -> tuple[Handle, Any]:
         """Parse, check and submit a request; a ``Refused`` says why not."""
         state.check_key(request)
         engine = state.ready()
-        data = await request.body()
-        if len(data) > MAX_BODY:
-            raise Refused(413, f"request body is {len(data)} bytes; the limit is {MAX_BODY}: send a shorter prompt")
         try:
-            raw = json.loads(data)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise Refused(400, f"request body is not valid JSON ({e})") from None
+            raw = loads(await request.body())  # at most MAX_BODY bytes: BodyLimit stops reading there
+        except InputError as e:
+            raise Refused(400, str(e)) from None
         try:
             body = parse(cls, raw)
             if body.model != state.model:
@@ -320,7 +321,7 @@ def build_app(state: ServerState, lifespan=None) -> FastAPI:
             max_tokens = kind.max_tokens(body)
             if max_tokens is None:  # as much as fits
                 max_tokens = max(1, state.max_seq_len - len(prompt) - engine.limits.max_gamma)
-            handle = engine.submit(prompt, max_new_tokens=max_tokens, gamma=state.gamma, **body.sampling())
+            handle = engine.submit(prompt, SamplingParams(max_new_tokens=max_tokens, gamma=state.gamma, **body.sampling()))
         except QueueFullError as e:
             raise Refused(503, str(e), "server_error", code="queue_full", outcome="rejected", headers={"Retry-After": RETRY_AFTER}) from None
         except (FieldError, ValueError) as e:  # every specdec input error is a ValueError
@@ -344,7 +345,7 @@ async def sse(gen: Generation, kind, body, head: dict) -> AsyncIterator[str]:
             choice["token_ids"] = ids or []
         out = {**head, "choices": [choice]}
         if first and body.return_token_ids:
-            out["prompt_token_ids"] = gen.handle.request.prompt.tolist()
+            out["prompt_token_ids"] = gen.handle.request.input_ids.tolist()
         if every:
             out["usage"] = usage(gen.handle)
         first = False

@@ -5,11 +5,16 @@ Fields follow OpenAI's completions and chat completions APIs, with vLLM's extens
 not implement is refused (400 naming it) rather than silently ignored, unless its value is the
 one that means "off" (``n=1``, ``echo=false``, ``logprobs=null``, penalties 0, ...), which
 clients often send explicitly.
+
+Every list field has a bound (``BOUNDS``; a 400 names the field and the bound beyond it), so the
+work one request asks of validation and decoding is capped; the body limits (bytes, nesting) are
+in serve/limits.py. ``n`` and ``best_of`` are bounded at 1 by ``_OFF``.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import types
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -22,6 +27,25 @@ class FieldError(InputError):
     def __init__(self, message: str, param: str | None = None):
         super().__init__(message)
         self.param = param
+
+
+# field -> (bound, why). pydantic checks a list's length before its items, so a long list costs nothing.
+BOUNDS = {
+    "stop": (16, "OpenAI allows 4 and vLLM any number; every stop string is matched against each streamed piece, and 16 holds any chat format's set"),
+    "stop string": (512, "characters of one stop string; a stream holds back as many characters as its longest stop string has"),
+    "stop_token_ids": (64, "a model's end tokens are a handful; each accepted token is looked up in them"),
+    "logit_bias": (300, "entries; any non-empty logit_bias is refused anyway, since it would change the target's distribution"),
+    "prompt ids": (1 << 17, "token ids; 128K, the longest context of current models"),
+    "prompt list": (16, "prompts in a list; one request per prompt is served"),
+    "messages": (1024, "messages in a chat; the whole conversation must fit the context"),
+    "content": (256, "text parts of one message"),
+    "chat_template_kwargs": (32, "extra template variables"),
+}
+_LEN = {kind: Field(max_length=bound) for kind, (bound, _) in BOUNDS.items()}
+_Stop = Annotated[str, _LEN["stop string"]]
+_Ids = Annotated[list[int], _LEN["prompt ids"]]
+# Names the chat template gets from the request itself; chat_template_kwargs may not replace them.
+RESERVED_TEMPLATE_NAMES = ("messages", "add_generation_prompt", "bos_token", "eos_token")
 
 
 class _Body(BaseModel):
@@ -41,8 +65,8 @@ class _Sampling(_Body):
     top_p: float | None = 1.0
     top_k: int | None = None  # vLLM: -1 or 0 turn it off
     seed: int | None = None
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
+    stop: _Stop | Annotated[list[_Stop], _LEN["stop"]] | None = None
+    stop_token_ids: Annotated[list[int], _LEN["stop_token_ids"]] | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False
@@ -52,7 +76,7 @@ class _Sampling(_Body):
     n: int | None = 1
     presence_penalty: float | None = 0.0
     frequency_penalty: float | None = 0.0
-    logit_bias: dict[str, float] | None = None
+    logit_bias: Annotated[dict[str, float], _LEN["logit_bias"]] | None = None
 
     def sampling(self) -> dict[str, Any]:
         """Keyword arguments of ``BatchEngine.submit`` (the engine checks their values)."""
@@ -71,7 +95,7 @@ class _Sampling(_Body):
 
 
 class CompletionRequest(_Sampling):
-    prompt: str | list[int] | list[str] | list[list[int]]
+    prompt: str | _Ids | Annotated[list[str], _LEN["prompt list"]] | Annotated[list[_Ids], _LEN["prompt list"]]
     max_tokens: int | None = 16  # OpenAI's default for completions
     best_of: int | None = None
     logprobs: int | None = None
@@ -86,7 +110,7 @@ class TextPart(_Body):
 
 class Message(_Body):
     role: Literal["system", "user", "assistant", "developer", "tool"]
-    content: str | list[TextPart] | None = None
+    content: str | Annotated[list[TextPart], _LEN["content"]] | None = None
     name: str | None = None
 
     def text(self) -> str:
@@ -96,12 +120,12 @@ class Message(_Body):
 
 
 class ChatCompletionRequest(_Sampling):
-    messages: list[Message] = Field(min_length=1)
+    messages: list[Message] = Field(min_length=1, max_length=BOUNDS["messages"][0])
     max_completion_tokens: int | None = None  # OpenAI's newer name for max_tokens
     logprobs: bool = False
     top_logprobs: int | None = None
     add_generation_prompt: bool = True  # vLLM's extension
-    chat_template_kwargs: dict[str, Any] | None = None  # vLLM's extension: extra template variables
+    chat_template_kwargs: Annotated[dict[str, Any], _LEN["chat_template_kwargs"]] | None = None  # vLLM's extension: extra template variables
 
 
 _EXACT = "it would change the target's distribution, which specdec keeps exact"
@@ -123,7 +147,7 @@ _TYPE_NAMES = {"str", "int", "float", "bool", "dict", "list", "none"}
 def _where(loc: tuple) -> str:
     """A pydantic error location as a field path ("messages.0.content"), without the names of
     union members pydantic puts in it."""
-    keep = [str(p) for p in loc if isinstance(p, int) or not ("[" in p or p[:1].isupper() or p.lower() in _TYPE_NAMES)]
+    keep = [str(p) for p in loc if isinstance(p, int) or not ("[" in p or p[:1].isupper() or p.lower() in _TYPE_NAMES or p.startswith("constrained-"))]
     return ".".join(keep)
 
 
@@ -134,7 +158,9 @@ def parse(cls: type[_Body], raw: Any) -> _Body:
     try:
         body = cls.model_validate(raw)
     except ValidationError as e:
-        err = e.errors()[0]
+        errors = e.errors()
+        _refuse_too_long(errors)
+        err = errors[0]
         field = _where(err["loc"])
         if err["type"] == "extra_forbidden":
             raise FieldError(f"{field}: unsupported field; specdec does not implement it, remove it from the request", field) from None
@@ -142,7 +168,7 @@ def parse(cls: type[_Body], raw: Any) -> _Body:
             raise FieldError(f"{field} is required", field) from None
         if sum(x["loc"][:1] == err["loc"][:1] for x in e.errors()) > 1 and len(err["loc"]) > 1:  # a union: no member fits
             top = str(err["loc"][0])
-            kind = getattr(cls.model_fields.get(top), "annotation", "?")
+            kind = _type_name(getattr(cls.model_fields.get(top), "annotation", "?"))
             raise FieldError(f"{top}={str(raw.get(top))[:60]!r}: expected {kind}", top) from None
         raise FieldError(f"{field}={str(err.get('input'))[:60]!r}: {err['msg'].lower()}", field) from None
     for name, (off, instead) in _OFF.items():
@@ -151,4 +177,34 @@ def parse(cls: type[_Body], raw: Any) -> _Body:
             raise FieldError(f"{name}={value!r} is not supported (only {off[0]!r}): {instead}", name)
     if isinstance(body, CompletionRequest) and isinstance(body.prompt, list) and body.prompt and not isinstance(body.prompt[0], int):
         raise FieldError("prompt: a list of prompts is not supported; send one request per prompt", "prompt")
+    clash = sorted(set(getattr(body, "chat_template_kwargs", None) or ()) & set(RESERVED_TEMPLATE_NAMES))
+    if clash:
+        raise FieldError(f"chat_template_kwargs: {clash} are set by the request itself; rename or remove them", "chat_template_kwargs")
     return body
+
+
+def _refuse_too_long(errors: list[dict]) -> None:
+    """A ``FieldError`` naming the field and its bound when a list or string is over its bound
+    (of a union's members, the one with the largest bound: prompt ids rather than prompt lists)."""
+    long = [x for x in errors if x["type"] in ("too_long", "string_too_long")]
+    if not long:
+        return
+    err = max(long, key=lambda x: x["ctx"]["max_length"])
+    field, bound = _where(err["loc"]), err["ctx"]["max_length"]
+    have = err["ctx"].get("actual_length", len(err["input"]) if hasattr(err["input"], "__len__") else "?")
+    unit = "characters" if err["type"] == "string_too_long" else "entries"
+    name = [p for p in field.split(".") if not p.isdigit()][-1]
+    why = next((w for k, (b, w) in BOUNDS.items() if k.split()[0] == name and b == bound), "")
+    raise FieldError(f"{field}: {have} {unit}; the limit is {bound}" + (f" ({why})" if why else ""), field.split(".")[0])
+
+
+def _type_name(t: Any) -> str:
+    """A field's type as a client reads it: "str | list[str] | None" (bounds left out)."""
+    origin, args = get_origin(t), get_args(t)
+    if origin is Annotated:
+        return _type_name(args[0])
+    if origin in (Union, types.UnionType):
+        return " | ".join(_type_name(a) for a in args)
+    if origin in (list, dict):
+        return f"{origin.__name__}[{', '.join(_type_name(a) for a in args)}]"
+    return "None" if t is type(None) else getattr(t, "__name__", str(t))

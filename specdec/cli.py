@@ -135,15 +135,25 @@ cli.add_command(export_cmd)
 @click.argument("bundle", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest.")
 def inspect_cmd(bundle: Path, as_json: bool) -> None:
-    """Check a bundle (paths, files, hashes) and print its summary."""
+    """Check a bundle (paths, every file's size and digest, re-hashed) and print its summary."""
+    import time
+
     from specdec.manifest import load_manifest
 
-    m = load_manifest(bundle)
+    t0 = time.perf_counter()
+    m = load_manifest(bundle, verify="full", stamps=False)  # hash everything, whatever was verified before
+    took = time.perf_counter() - t0
     if as_json:
         click.echo(m.to_json())
         return
     size = sum(p.stat().st_size for p in bundle.rglob("*") if p.is_file())
     click.echo(summary(bundle, m, size))
+    if m.integrity:
+        files = m.integrity["files"]
+        mb = sum(e["size"] for e in files.values()) / 1e6
+        click.echo(f"integrity: {len(files)} files ({mb:.1f} MB) match their {m.integrity['algorithm']} digests ({took:.2f} s)")
+    else:
+        click.echo("integrity: an older bundle, only its graphs and n-gram table are hashed (they match); re-export it to cover weights and tokenizer")
 
 
 @cli.command("generate")
@@ -175,7 +185,9 @@ def generate_cmd(bundle: Path, prompt: str | None, prompt_ids: str | None, sourc
     from specdec.errors import InputError
     from specdec.runtime.decoder import SpeculativeDecoder
     from specdec.runtime.drafters import LookupDrafter
+    from specdec.runtime.params import SamplingParams
 
+    params = SamplingParams(gamma=_gamma(gamma), **kw)  # the options map one to one onto its fields
     prompt = _text_or_ids("--prompt", prompt, prompt_ids)
     source = _text_or_ids("--source", source, source_ids)
     if prompt is None and source is None:
@@ -183,7 +195,7 @@ def generate_cmd(bundle: Path, prompt: str | None, prompt_ids: str | None, sourc
     lookup = LookupDrafter(max_ngram=lookup_ngram, max_tokens=lookup_max_tokens)  # checked whatever the drafter
     spec = lookup if drafter == "lookup" else drafter
     dec = SpeculativeDecoder.load(bundle, provider=provider, threads=_threads(threads), drafter=spec)
-    stream = dec.stream(prompt, gamma=_gamma(gamma), source=source, **kw)
+    stream = dec.stream(prompt, params, source=source)
     for piece in stream:
         if not as_json:
             out = piece.text if piece.text is not None else "".join(f"{t} " for t in piece.tokens)
@@ -368,8 +380,9 @@ def _numbers(option: str, text: str, kind: type) -> list:
 @click.option("--port", default=8000, show_default=True, type=int)
 @click.option("--max-batch", default=None, type=int, help="Requests decoded together [default: the bundle's --max-batch].")
 @click.option("--max-queue", default=64, show_default=True, type=int, help="Requests waiting for a row; past it new requests get 503 + Retry-After.")
-@click.option("--drafter", default="model", show_default=True, type=click.Choice([d for d in DRAFTERS if d != "hierarchical"]))
+@click.option("--drafter", default="model", show_default=True, type=click.Choice(list(DRAFTERS)))
 @click.option("--gamma", default=None, help="Draft tokens per target call: 0..bundle gamma, or auto [default: the bundle's].")
+@click.option("--provider", default="cpu", show_default=True, type=click.Choice(["cpu", "cuda"]), help="ONNX Runtime provider.")
 @click.option("--served-model-name", default=None, help="The model name clients send [default: the bundle folder's name].")
 @click.option("--chat-template", default=None, type=click.Path(path_type=Path), help="Jinja chat template [default: the bundle's, from its tokenizer].")
 @click.option("--threads", default=None, type=int, help="ONNX Runtime intra-op threads per session [default: one per core].")

@@ -4,18 +4,20 @@
 every graph's input/output names, dtypes and shapes, and which tensor plays which part
 (``GraphIO``), from here and never hard-code them. The runtime picks graphs by
 (model, role, flavour) with ``Manifest.graph``.
-Loading checks that every path stays inside the bundle and that each graph file exists and
-has the recorded sha256. Pure Python: no torch, no ONNX.
+Loading checks that every path stays inside the bundle and that every file has the recorded
+size and digest (specdec/integrity.py). Pure Python: no torch, no ONNX.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from specdec import integrity
 from specdec.errors import BundleError
 
 SCHEMA_VERSION = 2  # 2: graphs carry their I/O roles; role "prefill" became "dynamic"
@@ -161,6 +163,7 @@ class Manifest:
     tools: dict[str, str] = field(default_factory=dict)
     max_source_len: int | None = None  # encoder-decoder bundles: source tokens per request; None: decoder-only
     decoder_start_token_id: int | None = None  # encoder-decoder bundles: the decoder's first token
+    integrity: dict[str, Any] | None = None  # {"algorithm", "files": {path: {"size", "digest"}}}; None: an older bundle
     schema_version: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:
@@ -219,6 +222,8 @@ class Manifest:
             d["target"] = ModelSpec(**d["target"])
             d["draft"] = ModelSpec(**d["draft"])
             d["graphs"] = {k: GraphSpec(**v) for k, v in d["graphs"].items()}
+            if d.get("integrity") is not None:
+                d["integrity"] = integrity.check_table(d["integrity"])
             return cls(**d)
         except (KeyError, TypeError) as e:
             raise BundleError(f"manifest is malformed ({e}); re-export the bundle with specdec-export") from None
@@ -241,8 +246,26 @@ def inside(bundle: Path, rel: str) -> Path:
     return p
 
 
-def load_manifest(bundle: str | Path, verify_hashes: bool = True) -> Manifest:
-    """Read and check ``bundle/manifest.json``: paths stay inside, files exist, hashes match."""
+def load_manifest(bundle: str | Path, verify: str = "full", *, stamps: bool = True, verify_hashes: bool | None = None) -> Manifest:
+    """Read and check ``bundle/manifest.json``: paths stay inside, files exist and match.
+
+    Args:
+        bundle: the folder specdec-export wrote.
+        verify: "full" (default) checks every file's size and digest: graphs, weights, tokenizer,
+            chat template, n-gram table. "size" checks sizes only, for a fast start of a bundle you
+            trust: a truncated file is refused, but a bundle with changed bytes (a flaky disk or
+            copy, an edit) loads and runs as another model.
+        stamps: skip hashing files this user verified before and has not changed since
+            (``integrity.Stamps``); False hashes everything (``specdec inspect``).
+        verify_hashes: the older spelling; False means verify="size".
+
+    Returns:
+        The manifest. A ``BundleError`` names the file that is missing or differs, and how.
+    """
+    if verify_hashes is not None:
+        verify = "full" if verify_hashes else "size"
+    if verify not in integrity.MODES:
+        raise BundleError(f"verify={verify!r}: expected one of {', '.join(integrity.MODES)}")
     bundle = Path(bundle)
     path = bundle / MANIFEST_NAME
     if not bundle.is_dir():
@@ -259,13 +282,41 @@ def load_manifest(bundle: str | Path, verify_hashes: bool = True) -> Manifest:
     for rel in m.files() + [r for r in (m.tokenizer, m.chat_template) if r]:
         if not inside(bundle, rel).exists():
             raise BundleError(f"bundle file {rel!r} is missing from {bundle}; re-export the bundle")
-    if verify_hashes:
-        for name, g in m.graphs.items():
-            got = sha256_of(inside(bundle, g.file))
-            if got != g.sha256:
-                raise BundleError(f"graph {name} ({g.file}) has sha256 {got[:12]}…, manifest says {g.sha256[:12]}…; the bundle is corrupt: re-export it")
-        if m.ngram:
-            got = sha256_of(inside(bundle, m.ngram["file"]))
-            if got != m.ngram["sha256"]:
-                raise BundleError(f"n-gram table {m.ngram['file']} has sha256 {got[:12]}…, manifest says {m.ngram['sha256'][:12]}…; re-export the bundle")
+    integrity.check(_expected(m, bundle, verify), verify, integrity.Stamps() if stamps else None)
     return m
+
+
+def _loaded(m: Manifest, bundle: Path) -> set[str]:
+    """The bundle paths the runtime reads: graphs, their data, n-gram table, chat template, tokenizer files."""
+    out = set(m.files()) | ({m.chat_template} if m.chat_template else set())
+    if m.tokenizer:
+        folder = inside(bundle, m.tokenizer)
+        out |= {f"{m.tokenizer.rstrip('/')}/{p.relative_to(folder).as_posix()}" for p in folder.rglob("*") if p.is_file()}
+    return out
+
+
+def _what(m: Manifest, rel: str) -> str:
+    """What a bundle file is, for messages."""
+    graphs = {g.file: f"graph {name}" for name, g in m.graphs.items()}
+    data = {d: f"{g.model} weights" for g in m.graphs.values() for d in g.data}
+    named = {**data, **graphs, **({m.ngram["file"]: "n-gram table"} if m.ngram else {}), **({m.chat_template: "chat template"} if m.chat_template else {})}
+    if rel in named:
+        return named[rel]
+    return "tokenizer file" if m.tokenizer and rel.startswith(m.tokenizer.rstrip("/") + "/") else "file"
+
+
+def _expected(m: Manifest, bundle: Path, verify: str) -> list[integrity.Expected]:
+    """What to check: the integrity table, or an older bundle's graph and n-gram sha256 (with a warning)."""
+    loaded = _loaded(m, bundle)
+    if m.integrity is not None:
+        algo, table = m.integrity["algorithm"], m.integrity["files"]
+        unhashed = sorted(loaded - set(table))
+        if unhashed:
+            raise BundleError(f"bundle files {unhashed[:4]} are not in the manifest's integrity table; re-export the bundle with specdec-export")
+        return [integrity.Expected(inside(bundle, rel), rel, _what(m, rel), e["size"], algo, e["digest"]) for rel, e in table.items()]
+    old = {g.file: g.sha256 for g in m.graphs.values()} | ({m.ngram["file"]: m.ngram["sha256"]} if m.ngram else {})
+    unhashed = sorted(loaded - set(old))
+    if unhashed and verify == "full":
+        warnings.warn(f"bundle {bundle} comes from an older specdec that hashed only its graphs: {', '.join(unhashed[:4])}"
+                      f"{' …' if len(unhashed) > 4 else ''} are not verified; re-export it with specdec-export to cover them", stacklevel=3)  # fmt: skip
+    return [integrity.Expected(inside(bundle, rel), rel, _what(m, rel), None, "sha256", d) for rel, d in old.items()]

@@ -2,7 +2,8 @@
 
 Every registered drafter x {greedy, seeded T=1, seeded top-k/top-p} x gamma in {0, 2, 4}, through
 ``SpeculativeDecoder`` (one request at a time) and, for a batched bundle, through ``BatchEngine``
-(all prompts in flight together). Adaptive gamma is left out: its choices follow measured time.
+(all prompts in flight together; ``--no-batch`` for a tree whose BatchEngine cannot run the
+bundle or drafter). Adaptive gamma is left out: its choices follow measured time.
 
     python tools/record_outputs.py BUNDLE --out before.json     # on the old code
     python tools/record_outputs.py BUNDLE --out after.json --compare before.json
@@ -31,11 +32,10 @@ PROMPTS = [
 SEQ2SEQ_SOURCES = ["def add(a, b):\n    return a + b\n", "def first(xs):\n    for x in xs:\n        return x\n    return None\n"]
 
 
-def record(bundle: Path, tokens: int) -> dict[str, list[int]]:
+def record(bundle: Path, tokens: int, batch: bool = True) -> dict[str, list[int]]:
     out: dict[str, list[int]] = {}
     probe = SpeculativeDecoder.load(bundle, drafter="lookup")
-    seq2seq, batched = probe.manifest.seq2seq, probe.manifest.max_batch > 1
-    prompts = SEQ2SEQ_SOURCES if seq2seq else PROMPTS
+    prompts = SEQ2SEQ_SOURCES if probe.manifest.seq2seq else PROMPTS
     for drafter in DRAFTERS:
         dec = SpeculativeDecoder.load(bundle, drafter=drafter)
         for name, kw in SETTINGS.items():
@@ -43,7 +43,7 @@ def record(bundle: Path, tokens: int) -> dict[str, list[int]]:
                 for i, prompt in enumerate(prompts):
                     res = dec.generate(prompt, max_new_tokens=tokens, gamma=gamma, seed=100 + i, ignore_eos=True, **kw)
                     out[f"decoder/{drafter}/{name}/g{gamma}/p{i}"] = res.tokens
-        if not batched or drafter in ("hierarchical",):
+        if not batch:
             continue
         with BatchEngine(bundle, drafter=drafter) as engine:
             for name, kw in SETTINGS.items():
@@ -60,8 +60,9 @@ def main() -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--tokens", type=int, default=48)
     ap.add_argument("--compare", type=Path, help="an earlier recording: exit 1 if any shared case differs")
+    ap.add_argument("--no-batch", action="store_true", help="record SpeculativeDecoder only")
     args = ap.parse_args()
-    got = record(args.bundle, args.tokens)
+    got = record(args.bundle, args.tokens, not args.no_batch)
     args.out.write_text(json.dumps(got, indent=0))
     print(f"{len(got)} cases -> {args.out}")
     if not args.compare:

@@ -141,7 +141,7 @@ def test_manifest_path_leaving_bundle_is_refused(bundle_copy):
 def test_corrupt_graph_is_refused(bundle_copy):
     with open(bundle_copy / "draft_step.onnx", "ab") as f:
         f.write(b"\0")
-    with pytest.raises(BundleError, match="sha256"):
+    with pytest.raises(BundleError, match="'draft_step.onnx'.*corrupt"):
         load_manifest(bundle_copy)
 
 
