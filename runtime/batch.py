@@ -52,10 +52,11 @@ class BatchEngine:
     """
 
     def __init__(self, bundle: str | Path, max_batch: int | None = None, drafter="model", threads: ThreadPolicy | int | None = None,
-                 max_queue: int = 64, provider: str = "cpu", manifest: Manifest | None = None):  # fmt: skip
-        """``manifest``: the bundle's, when the caller has loaded (and verified) it already."""
+                 max_queue: int = 64, provider: str = "cpu", manifest: Manifest | None = None, verify: str = "full"):  # fmt: skip
+        """``manifest``: the bundle's, when the caller has loaded (and verified) it already;
+        ``verify``: how ``load_manifest`` checks the bundle otherwise ("full" or "size")."""
         bundle = Path(bundle)
-        m = self.manifest = manifest or load_manifest(bundle)
+        m = self.manifest = manifest or load_manifest(bundle, verify)
         self.max_batch = self.check_options(m, max_batch, drafter, max_queue)
         self.limits, self.codec, self.threads = Limits.of(m), TextCodec.from_bundle(bundle, m), ThreadPolicy.of(threads)
         models = ("target", "draft") if needs_draft_model(drafter) else ("target",)

@@ -59,7 +59,7 @@ class SpeculativeDecoder:
 
     @classmethod
     def load(cls, bundle: str | Path, provider: str = "cpu", threads: ThreadPolicy | int | None = None,
-             drafter: str | Drafter = "model") -> SpeculativeDecoder:  # fmt: skip
+             drafter: str | Drafter = "model", verify: str = "full") -> SpeculativeDecoder:  # fmt: skip
         """Check the bundle (manifest, paths, hashes, graph signatures) and load its graphs.
 
         Args:
@@ -68,9 +68,12 @@ class SpeculativeDecoder:
                 (a pool per session) with that many threads; None: one per core.
             drafter: a registered name ("model", "model-steps", "ngram", "unigram", "lookup",
                 "hierarchical") or an object with the ``Drafter`` interface.
+            verify: "full" checks every file's digest (skipped for files this user verified
+                before and has not changed since); "size" checks sizes only, for a bundle you
+                trust: changed bytes then load and run as another model (``load_manifest``).
         """
         bundle = Path(bundle)
-        manifest = load_manifest(bundle)
+        manifest = load_manifest(bundle, verify)
         check_drafter(drafter)
         policy = ThreadPolicy.of(threads)
         sessions = open_sessions(bundle, manifest, graph_names(manifest, ("target", "draft"), 1, fused=True), provider, policy)

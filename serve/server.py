@@ -45,6 +45,7 @@ class ServeConfig:
     chat_template: Path | None = None  # None: the bundle's
     threads: int | None = None
     provider: str = "cpu"  # ONNX Runtime provider: "cpu" or "cuda"
+    verify: str = "full"  # the bundle's files: "full" digests, or "size" only (a trusted bundle, fast start)
     api_key: str | None = None
     grace_period: float = 30.0  # seconds SIGTERM waits for requests in flight
     log_level: str = "info"
@@ -70,7 +71,7 @@ def security_warning(host: str, api_key: str | None) -> str | None:
 def prepare(cfg: ServeConfig, bind: bool = True) -> ServerState:
     """Everything that can be refused before binding: the bundle, the chat template, the options
     (and, with ``bind``, whether the address can be bound)."""
-    m = load_manifest(cfg.bundle)
+    m = load_manifest(cfg.bundle, cfg.verify)
     if cfg.port < 0 or cfg.port > 65535:
         raise ConfigError(f"--port {cfg.port}: expected 0..65535")
     if cfg.grace_period < 0:

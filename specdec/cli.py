@@ -174,10 +174,12 @@ def inspect_cmd(bundle: Path, as_json: bool) -> None:
 @click.option("--lenience", default=1.0, show_default=True, type=float, help="1 = exact. Below 1 accepts more drafts and CHANGES the output distribution (no token above p/lenience; paper App. A.5).")
 @click.option("--ignore-eos", is_flag=True, help="Keep going past end-of-sequence tokens.")
 @click.option("--provider", default="cpu", show_default=True, type=click.Choice(["cpu", "cuda"]))
+@click.option("--verify", default="full", show_default=True, type=click.Choice(["full", "size"]),
+              help="Check the bundle's files: full digests (once per unchanged file), or sizes only for a bundle you trust (changed bytes would run as another model).")
 @click.option("--threads", default=None, type=int, help="ONNX Runtime intra-op threads per model session [default: one per core].")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with tokens, text and stats.")
 def generate_cmd(bundle: Path, prompt: str | None, prompt_ids: str | None, source: str | None, source_ids: str | None, provider: str,
-                 threads: int | None, as_json: bool, drafter: str, lookup_ngram: int, lookup_max_tokens: int | None, gamma: str | None,
+                 verify: str, threads: int | None, as_json: bool, drafter: str, lookup_ngram: int, lookup_max_tokens: int | None, gamma: str | None,
                  **kw) -> None:  # fmt: skip
     """Decode with a bundle: text (or token ids) to stdout as accepted, a stats line to stderr.
 
@@ -194,7 +196,7 @@ def generate_cmd(bundle: Path, prompt: str | None, prompt_ids: str | None, sourc
         raise InputError("give exactly one of --prompt TEXT and --prompt-ids 1,2,3 (an encoder-decoder bundle: --source TEXT or --source-ids 1,2,3)")
     lookup = LookupDrafter(max_ngram=lookup_ngram, max_tokens=lookup_max_tokens)  # checked whatever the drafter
     spec = lookup if drafter == "lookup" else drafter
-    dec = SpeculativeDecoder.load(bundle, provider=provider, threads=_threads(threads), drafter=spec)
+    dec = SpeculativeDecoder.load(bundle, provider=provider, threads=_threads(threads), drafter=spec, verify=verify)
     stream = dec.stream(prompt, params, source=source)
     for piece in stream:
         if not as_json:
@@ -383,6 +385,8 @@ def _numbers(option: str, text: str, kind: type) -> list:
 @click.option("--drafter", default="model", show_default=True, type=click.Choice(list(DRAFTERS)))
 @click.option("--gamma", default=None, help="Draft tokens per target call: 0..bundle gamma, or auto [default: the bundle's].")
 @click.option("--provider", default="cpu", show_default=True, type=click.Choice(["cpu", "cuda"]), help="ONNX Runtime provider.")
+@click.option("--verify", default="full", show_default=True, type=click.Choice(["full", "size"]),
+              help="Check the bundle's files: full digests (once per unchanged file), or sizes only for a bundle you trust (changed bytes would run as another model).")
 @click.option("--served-model-name", default=None, help="The model name clients send [default: the bundle folder's name].")
 @click.option("--chat-template", default=None, type=click.Path(path_type=Path), help="Jinja chat template [default: the bundle's, from its tokenizer].")
 @click.option("--threads", default=None, type=int, help="ONNX Runtime intra-op threads per session [default: one per core].")

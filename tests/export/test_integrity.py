@@ -191,3 +191,14 @@ def test_older_bundle_without_a_table_still_loads(bundle):
     flip(bundle / "draft_step.onnx")
     with pytest.raises(BundleError, match=r"'draft_step.onnx' \(graph draft_step\) has sha256"), pytest.warns(UserWarning):
         load_manifest(bundle)
+
+
+def test_generate_verifies_by_default_and_verify_size_is_the_opt_out(bundle):
+    """``specdec generate`` refuses a byte-flipped weights file (exit 2, one line naming it);
+    ``--verify size`` is the documented opt-out for a trusted bundle: it loads and decodes."""
+    flip(bundle / "target.weights")
+    cmd = [sys.executable, "-m", "specdec", "generate", str(bundle), "--prompt-ids", "5,6,7", "--max-new-tokens", "4", "--json"]
+    bad = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "target.weights" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+    ok = subprocess.run([*cmd, "--verify", "size"], capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0 and len(json.loads(ok.stdout)["tokens"]) == 4, ok.stderr
