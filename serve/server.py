@@ -85,7 +85,7 @@ def prepare(cfg: ServeConfig, bind: bool = True) -> ServerState:
         name = (lambda i: codec.tokenizer.id_to_token(i) if codec and i is not None else None)  # noqa: E731
         chat = ChatTemplate.from_file(path, name(m.bos_token_id), name(m.eos_token_ids[0] if m.eos_token_ids else None))
     BatchEngine.check_options(m, cfg.max_batch, cfg.drafter, cfg.max_queue)
-    Request([0], Limits.of(m), SamplingParams(max_new_tokens=1, gamma=cfg.gamma))  # the --gamma every request will carry
+    Request([0], Limits.of(m), SamplingParams(max_new_tokens=1, gamma=cfg.gamma), [0] if m.seq2seq else None)  # the --gamma every request will carry
     model = cfg.served_model_name or Path(cfg.bundle).resolve().name
     fingerprint = f"specdec-{__version__}"
     return ServerState(model=model, max_seq_len=m.max_seq_len, codec=codec, chat=chat, gamma=cfg.gamma, api_key=cfg.api_key,
