@@ -81,13 +81,10 @@ class Handle:
         yield from self._ending(detok)
 
     def _next(self):
-        if self.pump is None:
-            return self._pieces.get()
-        while True:
-            try:
-                return self._pieces.get_nowait()
-            except queue.Empty:
+        if self.pump is not None:
+            while self._pieces.empty():
                 self.pump()
+        return self._pieces.get()
 
     async def __aiter__(self) -> AsyncIterator[Piece]:
         """As ``__iter__``, for an asyncio reader: waits without blocking the event loop (the
