@@ -1,7 +1,7 @@
 """How ONNX Runtime's intra-op threads are pooled: chosen explicitly at load, never a hidden switch.
 
 A decode alternates between the draft's and the target's sessions on the same cores, so how
-their worker threads wait between calls matters (measurements: README "ONNX Runtime threads",
+their worker threads wait between calls matters (measurements: docs/performance.md "ONNX Runtime threads",
 ``docs/bench/threads.md``):
 
 - ``ThreadPolicy.per_session(n)`` (the default): each session has its own pool of n threads

@@ -68,7 +68,7 @@ def plan_cmd(alpha: float, cost: float, cost_ops: float | None, gamma: int | Non
 @click.option("--portable", is_flag=True, help="Also write standard-op, static-shape verify/step graphs (run by the CPU engine).")
 @click.option("--max-batch", default=1, show_default=True, type=int, help="Requests the batched engine decodes together; > 1 adds batched graphs for 2..N rows.")
 @click.option("--fused-draft", is_flag=True, help="Also write fused draft graphs: gamma draft steps and their token choice in one call "
-              "(for batch 1 and each batched size). Measured on a 2-core CPU: no gain at T=0, a few percent at T=1 (README).")
+              "(for batch 1 and each batched size). Opt-in: its measured gain is in docs/performance.md (Fused drafting).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing bundle at --out.")
 @click.option("--target-revision", default=None, help="Hub revision of the target.")
 @click.option("--draft-revision", default=None, help="Hub revision of the draft.")

@@ -15,7 +15,7 @@ slot for the batched engine).
 
 ``--runtime DIR`` measures another specdec release installed with ``pip install --no-deps
 --target DIR <checkout>`` (the child runs ``python -S`` with DIR and site-packages on its path,
-so the editable install is not seen): how the "before" column of README's table was taken.
+so the editable install is not seen): how the "before" rows of docs/performance.md's memory table were taken.
 """
 
 from __future__ import annotations

@@ -115,7 +115,7 @@ def span(xs: list[float]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("bundle", type=Path, help="a bundle exported with --max-batch (the demo pair: see the README's Serving section)")
+    ap.add_argument("bundle", type=Path, help="a bundle exported with --max-batch (the demo pair: see docs/serving.md)")
     ap.add_argument("--concurrency", default="1,4,8,16")
     ap.add_argument("--requests", type=int, default=32, help="requests per (mode, concurrency) run")
     ap.add_argument("--modes", default=None, help="gamma per server, comma-separated [default: the bundle's gamma,auto,0]")
