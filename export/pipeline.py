@@ -211,7 +211,7 @@ def planned_graphs(cfg: ExportConfig, seq2seq: bool = False) -> tuple[GraphPlan,
 def export_bundle(cfg: ExportConfig, progress: Progress | None = None) -> Manifest:
     """Export, validate and write the bundle at ``cfg.out``; returns its manifest."""
     from specdec.export.graphs import TORCH_DTYPES
-    from specdec.export.validate import check
+    from specdec.export.validate import NEAR_TIE, check
 
     progress = progress or Progress()
     check_destination(cfg.out, cfg.overwrite)
@@ -253,7 +253,7 @@ def export_bundle(cfg: ExportConfig, progress: Progress | None = None) -> Manife
         if cfg.ngram_corpus is not None:
             progress("count n-grams")
             ngram = write_table(cfg.ngram_corpus, target.tokenizer, target.config.vocab_size, tmp)
-        as_json = lambda t: {"max_abs": t.max_abs if math.isfinite(t.max_abs) else None, "min_top1": t.min_top1}  # noqa: E731
+        as_json = lambda t: {"rel": t.rel if math.isfinite(t.rel) else None, "min_top1": t.min_top1, "near_tie": NEAR_TIE}  # noqa: E731
         validation = {"tolerance": as_json(tol), **figures}
         if tols.get("draft", tol) != tol:
             validation["draft_tolerance"] = as_json(tols["draft"])

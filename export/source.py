@@ -3,6 +3,10 @@
 Checks that need only configs and tokenizers (missing path, unsupported family, vocab and
 special-token mismatch, max-seq-len beyond the model's positions) run before any weights load.
 Weights load from safetensors only; remote code only when the user asks for it.
+
+A ``.gguf`` file (llama.cpp's format) loads through transformers' GGUF loader, dequantized to
+float32. Its header is read first (export/gguf_file.py): an architecture or quantization type the
+loader cannot turn into an exportable checkpoint is refused before anything else loads.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ class Source:
     config: Any
     family: Family
     tokenizer: Any | None  # a transformers tokenizer, or None when the source has none
+    gguf: Path | None = None  # a llama.cpp GGUF file the weights dequantize from
 
     @property
     def location(self) -> str:
@@ -54,6 +59,8 @@ def resolve(src: str, max_seq_len: int | None, revision: str | None = None, trus
     from transformers import AutoConfig, AutoTokenizer
 
     path = Path(src).expanduser()
+    if path.suffix.lower() == ".gguf":
+        return _resolve_gguf(src, path, max_seq_len)
     if _looks_local(src) and not path.is_dir():
         raise ModelError(f"model path {src!r} does not exist; pass a Hugging Face checkpoint folder or a hub id")
     if path.is_dir() and not (path / "config.json").is_file():
@@ -64,12 +71,7 @@ def resolve(src: str, max_seq_len: int | None, revision: str | None = None, trus
     except (OSError, ValueError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ModelError(f"cannot read the config of {src!r} ({first}); check the id/folder and your network") from None
-    family = family_of(config, src, max_seq_len)
-    positions = getattr(config, "max_position_embeddings", None)
-    if positions is not None and max_seq_len is not None and max_seq_len > positions:
-        raise ModelError(
-            f"--max-seq-len {max_seq_len} exceeds {src}'s max_position_embeddings={positions}; pass --max-seq-len {positions} or less"
-        )
+    family = _checked_family(config, src, max_seq_len)
     tokenizer = None  # a checkpoint without tokenizer files: the bundle then takes token ids only
     if not path.is_dir() or any((path / f).is_file() for f in TOKENIZER_FILES):
         try:
@@ -77,6 +79,39 @@ def resolve(src: str, max_seq_len: int | None, revision: str | None = None, trus
         except (OSError, ValueError, TypeError, AttributeError):  # transformers fails in all of these ways
             tokenizer = None
     return Source(src, revision, trust_remote_code, config, family, tokenizer)
+
+
+def _checked_family(config: Any, src: str, max_seq_len: int | None) -> Family:
+    family = family_of(config, src, max_seq_len)
+    positions = getattr(config, "max_position_embeddings", None)
+    if positions is not None and max_seq_len is not None and max_seq_len > positions:
+        raise ModelError(
+            f"--max-seq-len {max_seq_len} exceeds {src}'s max_position_embeddings={positions}; pass --max-seq-len {positions} or less"
+        )
+    return family
+
+
+def _resolve_gguf(src: str, path: Path, max_seq_len: int | None) -> Source:
+    """Config and tokenizer of a GGUF file, after its header passed ``gguf_file.check_header``."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from specdec.export.gguf_file import check_header
+
+    if not path.is_file():
+        raise ModelError(f"GGUF file {src!r} does not exist; pass the path of a .gguf file")
+    check_header(path)
+    folder, name = str(path.parent), path.name
+    try:
+        config = AutoConfig.from_pretrained(folder, gguf_file=name)
+    except (OSError, ValueError, KeyError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ModelError(f"cannot read the config of GGUF file {src!r} ({first})") from None
+    family = _checked_family(config, src, max_seq_len)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    except (OSError, ValueError, TypeError, AttributeError, KeyError):  # no tokenizer metadata in the file
+        tokenizer = None
+    return Source(src, None, False, config, family, tokenizer, gguf=path)
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "spiece.model")
@@ -120,11 +155,15 @@ def check_pair(target: Source, draft: Source) -> None:
 
 
 def load_model(src: Source) -> Any:
-    """The source's torch model in float32, eval mode, from safetensors weights."""
+    """The source's torch model in float32, eval mode, from safetensors weights (or a GGUF file)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
     auto = AutoModelForSeq2SeqLM if src.family.seq2seq else AutoModelForCausalLM
+    if src.gguf is not None:
+        from specdec.export.gguf_file import load_gguf_model
+
+        return load_gguf_model(auto, src.gguf).eval()
     try:
         model = auto.from_pretrained(
             src.location,

@@ -128,7 +128,7 @@ def test_bundle_contents(llama_bundle):
         assert len(io.past) == len(io.present) == getattr(m, g.model).num_layers
         assert io.names() <= {t.name for t in (*g.inputs, *g.outputs)}
     raw = json.loads((out / "manifest.json").read_text())
-    assert raw["validation"]["tolerance"]["max_abs"] == 1e-4
+    assert raw["validation"]["tolerance"]["rel"] == 1e-4
     assert {"torch", "transformers", "onnxruntime"} <= set(raw["tools"])
     assert not list(out.parent.glob(".bundle.partial-*"))
 
@@ -169,9 +169,9 @@ def test_quantized_bundle(llama_bundle, tmp_path, quantize, draft_quantize):
         assert size < 0.7 * full if q else size == full, (model, size, full)
     v = m.validation
     assert v["target"]["top1_agreement"] >= 0.5 and v["target"]["positions"] > 0
-    assert (v["tolerance"]["max_abs"] is None) == (quantize is not None)  # recorded, not bounded, once the model changes
+    assert (v["tolerance"]["rel"] is None) == (quantize is not None)  # recorded, not bounded, once the model changes
     if quantize is None:
-        assert v["target"]["logits"] <= 1e-4 and v["draft_tolerance"]["max_abs"] is None
+        assert v["target"]["logits"] <= 1e-4 and v["draft_tolerance"]["rel"] is None
     dec = SpeculativeDecoder.load(out)
     prompt = [5, 9, 2, 7]
     spec = dec.generate(prompt, max_new_tokens=40, gamma=3)

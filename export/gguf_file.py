@@ -1,0 +1,63 @@
+"""GGUF files (llama.cpp's format) as export sources, through transformers' GGUF loader.
+
+transformers reads a GGUF file's metadata into a config and a tokenizer, and dequantizes its
+tensors into a float32 checkpoint (gguf-py's NumPy dequantizers; llama.cpp's permuted q/k rows
+undone). What it cannot load would fail late and vaguely (a KeyError deep in the loader, or a
+NotImplementedError after the tokenizer took seconds), so the header is checked first and
+either refusal names the value and what is supported.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from specdec.errors import ModelError
+
+# GGUF ``general.architecture`` -> the transformers model type it loads as. Llama-shaped only:
+# the families specdec exports (export/families.py) that transformers' GGUF loader also reads.
+# (llama.cpp writes Mistral checkpoints as "llama".)
+ARCHITECTURES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2"}
+
+# Tensor types gguf-py dequantizes in NumPy, as llama.cpp's usual file types use them.
+QUANT_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+
+
+def _reader(path: Path) -> Any:
+    try:
+        from gguf import GGUFReader
+    except ImportError:
+        raise ModelError(f"{path.name}: reading GGUF files needs the gguf and accelerate packages; pip install -e \".[export]\"") from None
+    try:
+        return GGUFReader(str(path))
+    except (ValueError, OSError) as e:  # bad magic, truncated file
+        raise ModelError(f"{path}: not a readable GGUF file ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+
+
+def check_header(path: Path) -> tuple[str, tuple[str, ...]]:
+    """The file's architecture and tensor types, or a ModelError naming what is not supported."""
+    reader = _reader(path)
+    field = reader.fields.get("general.architecture")
+    arch = field.contents() if field is not None else None
+    if arch not in ARCHITECTURES:
+        raise ModelError(f"{path.name}: GGUF architecture {arch!r} is not supported; supported: {', '.join(ARCHITECTURES)}")
+    types = tuple(sorted({t.tensor_type.name for t in reader.tensors}))
+    bad = [t for t in types if t not in QUANT_TYPES]
+    if bad:
+        names = sorted({t.name for t in reader.tensors if t.tensor_type.name in bad})
+        raise ModelError(
+            f"{path.name}: GGUF tensor type {', '.join(bad)} (e.g. {names[0]}) cannot be dequantized; "
+            f"supported: {', '.join(QUANT_TYPES)}; convert the file with llama.cpp's llama-quantize to one of them"
+        )
+    return arch, types
+
+
+def load_gguf_model(auto: Any, path: Path) -> Any:
+    """The GGUF file's model, dequantized to float32 (``auto``: a transformers Auto class)."""
+    import torch
+
+    try:
+        return auto.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+    except (OSError, ValueError, KeyError, NotImplementedError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ModelError(f"cannot load the weights of GGUF file {path.name} ({first})") from None

@@ -1,0 +1,162 @@
+"""GGUF files in: specdec-export --target FILE.gguf --draft FILE.gguf.
+
+The GGUF files are written here (gguf-py's GGUFWriter) from tiny peaked llama models, laid out
+as llama.cpp's converter lays them out (its tensor names, q/k rows permuted for its rotary,
+a gpt2-style BPE tokenizer in the metadata), with Q8_0 matrices so that dequantization is on
+the path. The bundle's greedy output must equal PyTorch's argmax loop on the model that
+transformers loads from the same file.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+gguf = pytest.importorskip("gguf")
+
+from models import config_for, make_tokenizer, peaked_model  # noqa: E402
+from test_bad_input import assert_one_line_error, export_cli  # noqa: E402
+
+from specdec.cli import export_main  # noqa: E402
+from specdec.export import optimize  # noqa: E402
+from specdec.manifest import load_manifest  # noqa: E402
+
+
+def _permute(w: np.ndarray, heads: int) -> np.ndarray:
+    """llama.cpp's q/k row order (transformers' GGUF loader undoes it)."""
+    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def write_gguf(model, tokenizer_folder, path, arch: str = "llama", odd_type=None) -> None:
+    """``model`` (a llama) as a GGUF file: 2-D weights Q8_0, the rest F32. ``odd_type``: one
+    tensor written raw in that GGML type instead (its bytes are not a real quantization)."""
+    from transformers.modeling_gguf_pytorch_utils import get_gguf_hf_weights_map
+
+    cfg = model.config
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_rope_dimension_count(cfg.hidden_size // cfg.num_attention_heads)
+    w.add_rope_freq_base(cfg.rope_theta)
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    tok = json.loads((tokenizer_folder / "tokenizer.json").read_text())
+    vocab = sorted(tok["model"]["vocab"].items(), key=lambda kv: kv[1])
+    special = {t["id"] for t in tok["added_tokens"]}
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list([t for t, _ in vocab])
+    w.add_token_types([3 if i in special else 1 for _, i in vocab])  # 3: control
+    w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]])
+    w.add_bos_token_id(cfg.bos_token_id)
+    w.add_eos_token_id(cfg.eos_token_id)
+    w.add_pad_token_id(cfg.pad_token_id)
+    names = {hf: g for g, hf in get_gguf_hf_weights_map(model).items()}
+    state = model.state_dict()
+    for hf, t in state.items():
+        if hf == "lm_head.weight" and cfg.tie_word_embeddings:
+            continue  # a tied head has no tensor of its own (llama.cpp's convention)
+        a = t.float().numpy()
+        if ".q_proj." in hf:
+            a = _permute(a, cfg.num_attention_heads)
+        elif ".k_proj." in hf:
+            a = _permute(a, cfg.num_key_value_heads)
+        name = names[hf]
+        if odd_type is not None and name == "output_norm.weight":
+            block, size = gguf.GGML_QUANT_SIZES[odd_type]
+            w.add_tensor(name, np.zeros(a.size // block * size, np.uint8), raw_dtype=odd_type)  # shape in bytes
+        elif a.ndim == 2:
+            q8 = gguf.GGMLQuantizationType.Q8_0
+            w.add_tensor(name, gguf.quants.quantize(a, q8), raw_dtype=q8)
+        else:
+            w.add_tensor(name, a)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+@pytest.fixture(scope="module")
+def gguf_pair(tmp_path_factory):
+    """A tied llama target and a smaller draft as GGUF files, and their bundle (exported once)."""
+    root = tmp_path_factory.mktemp("gguf")
+    make_tokenizer(root / "tok")
+    files = {}
+    for seed, size in enumerate(("target", "draft")):
+        cfg = config_for("llama", size)
+        cfg.tie_word_embeddings = True
+        files[size] = root / f"{size}.gguf"
+        write_gguf(peaked_model(cfg, seed), root / "tok", files[size])
+    out = root / "bundle"
+    # The CLI in process, so that a tied matrix this small is stored once too, as a real
+    # vocabulary's is (export/optimize.py keeps a tiny one twice).
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(optimize, "DUPLICATE_LIMIT", 0)
+        export_main(["--target", str(files["target"]), "--draft", str(files["draft"]), "--out", str(out), "--gamma", "3", "--max-seq-len", "96"])
+    return files, out
+
+
+def test_gguf_bundle_decodes_as_pytorch(gguf_pair):
+    """Greedy speculative output equals PyTorch's argmax loop on the model loaded from the same GGUF."""
+    from transformers import AutoModelForCausalLM
+
+    from specdec.runtime.decoder import SpeculativeDecoder
+
+    files, out = gguf_pair
+    m = load_manifest(out)
+    assert m.target.source == str(files["target"]) and m.tokenizer is not None
+    ref = AutoModelForCausalLM.from_pretrained(str(files["target"].parent), gguf_file=files["target"].name, dtype=torch.float32).eval()
+    assert ref.config.tie_word_embeddings
+    dec = SpeculativeDecoder.load(out)
+    for prompt in ([5, 9, 2, 7], [40, 41, 42]):
+        ids = list(prompt)
+        with torch.no_grad():
+            for _ in range(24):
+                ids.append(int(ref(torch.tensor([ids])).logits[0, -1].argmax()))
+        assert dec.generate(prompt, max_new_tokens=24, gamma=3).tokens == ids[len(prompt):]
+
+
+def test_tied_embedding_is_stored_once(gguf_pair):
+    """A tied embedding is one matrix in target.weights (as Wᵀ: the head's MatMul reads it, the
+    lookup gathers its columns), however many graphs read it."""
+    import onnx
+
+    _, out = gguf_pair
+    m = load_manifest(out)
+    vh = m.vocab_size * m.target.hidden_size
+    where = set()
+    for g in m.graphs.values():
+        if g.model == "target":
+            for t in onnx.load(str(out / g.file), load_external_data=False).graph.initializer:
+                if int(np.prod(t.dims)) == vh:
+                    where.add((tuple(t.dims), {e.key: e.value for e in t.external_data}["offset"]))
+    assert len(where) == 1, where
+
+
+def test_unsupported_gguf_architecture_is_refused(tmp_path):
+    w = gguf.GGUFWriter(str(tmp_path / "m.gguf"), "mamba")
+    w.add_tensor("token_embd.weight", np.zeros((8, 4), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    res = export_cli("--target", str(tmp_path / "m.gguf"), "--draft", str(tmp_path / "m.gguf"), "--out", str(tmp_path / "b"))
+    assert_one_line_error(res, "m.gguf", "'mamba'", "supported: llama")
+
+
+def test_unsupported_gguf_quantization_is_refused(tmp_path):
+    make_tokenizer(tmp_path / "tok")
+    iq = gguf.GGMLQuantizationType.IQ4_NL
+    write_gguf(peaked_model(config_for("llama", "draft"), 0), tmp_path / "tok", tmp_path / "m.gguf", odd_type=iq)
+    res = export_cli("--target", str(tmp_path / "m.gguf"), "--draft", str(tmp_path / "m.gguf"), "--out", str(tmp_path / "b"))
+    assert_one_line_error(res, "IQ4_NL", "output_norm.weight", "supported: F32", "Q4_1")
+
+
+def test_missing_gguf_file_is_refused(tmp_path):
+    res = export_cli("--target", str(tmp_path / "none.gguf"), "--draft", str(tmp_path / "none.gguf"), "--out", str(tmp_path / "b"))
+    assert_one_line_error(res, "none.gguf", "does not exist")

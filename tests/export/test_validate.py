@@ -1,0 +1,109 @@
+"""Export validation still refuses broken graphs once float32 is bounded relative to the logits.
+
+One tiny llama bundle (the session's ``llama_bundle``) is validated against PyTorch references
+that differ from the exported model as a broken graph would: another RoPE base, two KV heads
+swapped, one layer fewer in the graph. Each must raise ValidationError naming the check; the
+true reference must pass.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from specdec.errors import ValidationError  # noqa: E402
+from specdec.export.validate import TOLERANCES, Agreement, check, validate_model  # noqa: E402
+from specdec.manifest import load_manifest  # noqa: E402
+
+FP32 = {"target": TOLERANCES[("float32", None)]}
+
+
+def reference(folder, **config):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(folder, **config).eval()
+
+
+def figures(bundle, model) -> dict:
+    m = load_manifest(bundle)
+    t = m.target
+    kv = (t.num_layers, t.num_kv_heads, m.max_seq_len, t.head_dim, m.dtype)
+    return {"target": validate_model(model, bundle, m.graph("target", "dynamic"), m.graph("target", "verify"), kv)}
+
+
+def swapped_kv_heads(model):
+    """Layer 0's KV heads 0 and 1 exchanged, in both k and v (a layout bug)."""
+    model = copy.deepcopy(model)
+    attn = model.model.layers[0].self_attn
+    d = attn.head_dim
+    with torch.no_grad():
+        for proj in (attn.k_proj, attn.v_proj):
+            w = proj.weight
+            w[: 2 * d] = torch.cat([w[d : 2 * d], w[:d]]).clone()
+    return model
+
+
+def one_more_layer(model):
+    """The reference has a layer the graph lacks: the graph misses one."""
+    model = copy.deepcopy(model)
+    extra = copy.deepcopy(model.model.layers[-1])
+    extra.self_attn.layer_idx = len(model.model.layers)
+    model.model.layers.append(extra)
+    model.config.num_hidden_layers += 1
+    return model
+
+
+def test_true_reference_passes(llama_bundle):
+    target, _, out = llama_bundle
+    f = figures(out, reference(target))
+    check(f, FP32)
+    assert f["target"]["top1_agreement"] == 1.0 and f["target"]["logits_scale"] > 1 and f["target"]["kv_scale"] > 0
+
+
+@pytest.mark.parametrize(
+    "broken",
+    [
+        pytest.param(lambda t: reference(t, rope_theta=500.0), id="rope-base"),
+        pytest.param(lambda t: swapped_kv_heads(reference(t)), id="swapped-kv-heads"),
+        pytest.param(lambda t: one_more_layer(reference(t)), id="missing-layer"),
+    ],
+)
+def test_broken_graph_is_refused(llama_bundle, broken):
+    target, _, out = llama_bundle
+    with pytest.raises(ValidationError) as err:
+        check(figures(out, broken(target)), FP32)
+    msg = str(err.value)
+    assert "target logits: max|Δ|" in msg and "x max(1, max|logit|" in msg and "\n" not in msg, msg
+    assert "target top-1: agreement" in msg, msg  # random tokens: the argmax moves too
+
+
+def test_near_ties_do_not_count():
+    """A flipped top-1 where the reference's top-2 gap is below NEAR_TIE x scale is not a failure;
+    elsewhere it is, and the message says by how much and against which bound."""
+    ref = np.array([[5.0, 5.0002, 0.0], [5.0, 3.0, 0.0]], dtype=np.float32)
+    tie = Agreement()
+    tie.logits(np.array([[5.0002, 5.0, 0.0], [5.0, 3.0, 0.0]], dtype=np.float32), ref)
+    f = tie.figures()
+    assert (f["top1_agreement"], f["near_ties"], f["positions"]) == (1.0, 1, 2)
+    check({"target": {**f, "present_key": None, "present_value": None}}, FP32)
+    flip = Agreement()
+    flip.logits(np.array([[5.0, 5.0002, 0.0], [3.0, 5.0, 0.0]], dtype=np.float32), ref)
+    with pytest.raises(ValidationError, match=r"target top-1: agreement 0\.000 < 1 \(1 of 1 positions differ, reference top-2 gap up to 2"):
+        check({"target": {**flip.figures(), "present_key": None, "present_value": None}}, FP32)
+
+
+def test_logits_bound_follows_the_scale():
+    """The same |Δ| passes on logits of scale 30 and fails on logits of scale 1."""
+    ref = np.zeros((1, 4), dtype=np.float32)
+    ref[0, 0] = 30.0
+    big = Agreement()
+    big.logits(ref + 2e-3 * np.array([[0, 1, 0, 0]], dtype=np.float32), ref)
+    check({"target": {**big.figures(), "present_key": None, "present_value": None}}, FP32)
+    small = Agreement()
+    small.logits(ref / 30 + 2e-3 * np.array([[0, 1, 0, 0]], dtype=np.float32), ref / 30)
+    with pytest.raises(ValidationError, match=r"target logits: max\|Δ\| 0\.002 > 0\.0001"):
+        check({"target": {**small.figures(), "present_key": None, "present_value": None}}, FP32)
