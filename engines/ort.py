@@ -17,11 +17,10 @@ from typing import Sequence
 import numpy as np
 import onnxruntime as ort
 
-from specdec.engines.fused import FusedRunner
 from specdec.engines.kv import NP_DTYPES, CrossKV, KVCache
 from specdec.engines.threads import ThreadPolicy
 from specdec.errors import EngineError, InputError, SignatureError
-from specdec.manifest import FUSED_ROLES, GraphSpec
+from specdec.manifest import GraphSpec
 
 ORT_TYPES = {"float32": "tensor(float)", "float16": "tensor(float16)", "int64": "tensor(int64)", "int32": "tensor(int32)", "bool": "tensor(bool)"}
 PROVIDERS = {
