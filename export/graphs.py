@@ -149,3 +149,26 @@ def export_decoder(
         cfg._attn_implementation = previous
     program.save(str(path), external_data=True)
     return inputs, outputs, io
+
+
+def fix_tokens(dynamic: Path, path: Path, tokens: int, layers: int, kv_heads: int, head_dim: int, vocab: int, max_seq: int,
+               dtype: str) -> tuple[list[TensorSpec], list[TensorSpec], GraphIO]:  # fmt: skip
+    """Write ``path``: the ORT-flavour graph at ``dynamic`` with its dynamic token count S fixed
+    to ``tokens`` on every input and output. Weights stay where ``dynamic``'s point (its external
+    data, in the same folder); inner shapes are dropped for ONNX Runtime to infer again."""
+    import onnx
+
+    proto = onnx.load(str(dynamic), load_external_data=False)
+    ids = next(v for v in proto.graph.input if v.name == "input_ids")
+    symbol = ids.type.tensor_type.shape.dim[1].dim_param  # the exporter's name for S ("s0", "S", ...)
+    fixed = 0
+    for value in (*proto.graph.input, *proto.graph.output):
+        for dim in value.type.tensor_type.shape.dim:
+            if symbol and dim.dim_param == symbol:
+                dim.dim_value = tokens  # clears dim_param (a oneof)
+                fixed += 1
+    if fixed < 3:  # input_ids, position_ids, logits at least
+        raise ValueError(f"{dynamic.name}: expected a dynamic token dimension on input_ids, position_ids and logits, fixed {fixed}")
+    del proto.graph.value_info[:]
+    onnx.save_model(proto, str(path))
+    return signature(layers, kv_heads, head_dim, vocab, max_seq, tokens, dtype, "ort")

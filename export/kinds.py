@@ -43,12 +43,23 @@ class GraphKind:
     export: Callable
     validate: Callable
     float_only: bool = False
+    derived: bool = False  # made from another graph after its optimization and quantization: neither runs again
 
 
 def _export_decoder(ctx, plan, model, spec, path, tokens):
     from specdec.export.graphs import export_decoder
 
     return export_decoder(model, path, tokens, ctx.max_seq, spec.num_kv_heads, spec.head_dim, ctx.cfg.dtype, plan.flavour)
+
+
+def _export_static(ctx, plan, model, spec, path, tokens):
+    """The model's dynamic-length graph, optimized and quantized, with S fixed to ``tokens``:
+    no second trace and no second optimization (they were most of a real model's export)."""
+    from specdec.export.graphs import fix_tokens
+
+    cfg = model.config
+    return fix_tokens(ctx.tmp / f"{plan.model}_dynamic.onnx", path, tokens, cfg.num_hidden_layers, spec.num_kv_heads, spec.head_dim,
+                      cfg.vocab_size, ctx.max_seq, ctx.cfg.dtype)  # fmt: skip
 
 
 def _validate_decoder(ctx, name, g):
@@ -111,7 +122,8 @@ def _validate_seq2seq(ctx, name, g):
 
 
 KINDS: dict[str, GraphKind] = {
-    "decoder": GraphKind(_export_decoder, _validate_decoder),  # dynamic-length, K-token verify, 1-token step
+    "decoder": GraphKind(_export_decoder, _validate_decoder),  # the dynamic-length graph
+    "static": GraphKind(_export_static, _validate_decoder, derived=True),  # K-token verify, 1-token step: the dynamic one, S fixed
     "portable": GraphKind(_export_decoder, _validate_decoder, float_only=True),  # standard ops, static shapes
     "fused": GraphKind(_export_fused, _validate_fused),  # the draft's γ steps in one call
     "batched": GraphKind(_export_batched, _validate_batched),  # B rows, each over its own cache slot

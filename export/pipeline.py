@@ -151,11 +151,12 @@ class GraphPlan(NamedTuple):
     kind: str = "decoder"  # how it is exported and validated: a key of export/kinds.py KINDS
 
 
+# The static graphs are their model's dynamic graph with S fixed (kind "static"): after it.
 GRAPHS = (
     GraphPlan("target_dynamic", "target", "dynamic", None),
-    GraphPlan("target_verify", "target", "verify", "K"),
+    GraphPlan("target_verify", "target", "verify", "K", kind="static"),
     GraphPlan("draft_dynamic", "draft", "dynamic", None),
-    GraphPlan("draft_step", "draft", "step", 1),
+    GraphPlan("draft_step", "draft", "step", 1, kind="static"),
 )
 # Standard ops, static shapes (the kind of graph TensorRT builds from; no TensorRT build is
 # made here). Prompts use the ORT dynamic graph (both flavours share one cache layout), so
@@ -226,7 +227,8 @@ def export_bundle(cfg: ExportConfig, progress: Progress | None = None) -> Manife
     max_seq = cfg.max_seq_len or default_max_seq(sources.values())
 
     progress("load weights")
-    models = {role: load_model(src) for role, src in sources.items()}
+    models = {"target": load_model(sources["target"])}
+    models["draft"] = load_model(sources["draft"], target=models["target"])
     specs = {role: _model_spec(sources[role], models[role], cfg.quantization(role)) for role in models}
 
     # Graphs are traced from a copy in the bundle's dtype; validation compares them with the
@@ -314,7 +316,7 @@ def _export_graph(plan: GraphPlan, ctx: ExportContext, model, progress: Progress
     tokens = {"K": cfg.gamma + 1, "gamma": cfg.gamma}.get(plan.tokens, plan.tokens)
     file = f"{plan.name}.onnx"
     inputs, outputs, io = kind.export(ctx, plan, model, spec, ctx.tmp / file, tokens)
-    if not kind.float_only:
+    if not kind.float_only and not kind.derived:
         progress(f"optimize {plan.name}")
         optimize_for_cpu(ctx.tmp / file, ctx.max_seq)
         quantization = cfg.quantization(plan.model)

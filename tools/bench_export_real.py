@@ -4,8 +4,10 @@
     python tools/bench_export_real.py                  # -> docs/bench/real-model/export.json
 
 Target: the package's GGUF file, as a user passes it (dequantized to float32 by transformers).
-Draft: a 4-layer cut of the same model (its first 4 layers, saved once under --work), a small
-draft for timing only (it accepts little: issue 25). Records the wall time of every export step
+Draft: the shipped draft trained for it (models/smollm2-draft), or with ``--draft-layers N`` a
+cut of the target's first N layers (saved once under --work; it accepts little).
+``--dtype``/``--quantize`` export other precisions (their validation figures are recorded;
+``--out`` names the results file). Records the wall time of every export step
 (the pipeline's progress steps), the bytes in the staging folder after each (how often the
 weights are written), the bundle's file sizes and the validation figures.
 """
@@ -52,7 +54,9 @@ def staged_bytes(out: Path) -> int:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--work", type=Path, default=Path("/tmp/specdec-real"), help="draft cut and bundle go here")
-    ap.add_argument("--draft-layers", type=int, default=4)
+    ap.add_argument("--draft-layers", type=int, default=None, help="a cut of the target as draft (default: models/smollm2-draft)")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--quantize", default=None)
     ap.add_argument("--max-seq-len", type=int, default=None)
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
@@ -60,8 +64,9 @@ def main() -> None:
     from specdec.export.pipeline import ExportConfig, Progress, bundle_size, export_bundle
 
     gguf = gguf_path()
-    draft = draft_cut(gguf, args.work / f"draft-{args.draft_layers}l", args.draft_layers)
-    bundle = args.work / "bundle"
+    shipped = Path(__file__).resolve().parent.parent / "models" / "smollm2-draft"
+    draft = draft_cut(gguf, args.work / f"draft-{args.draft_layers}l", args.draft_layers) if args.draft_layers else shipped
+    bundle = args.work / f"bundle-{args.dtype}-{args.quantize or 'float'}"
     steps: list[dict] = []
     start = last = time.perf_counter()
 
@@ -75,7 +80,8 @@ def main() -> None:
         last = now
         print(f"{now - start:7.1f}s  {step}", flush=True)
 
-    cfg = ExportConfig(str(gguf), str(draft), bundle, max_seq_len=args.max_seq_len, overwrite=True)
+    cfg = ExportConfig(str(gguf), str(draft), bundle, max_seq_len=args.max_seq_len, overwrite=True, dtype=args.dtype,
+                       quantize=args.quantize)  # fmt: skip
     manifest = export_bundle(cfg, Progress(report))
     total = time.perf_counter() - start
     steps[-1]["seconds"] = round(time.perf_counter() - last, 2)
@@ -85,11 +91,13 @@ def main() -> None:
         phases[phase] = round(phases.get(phase, 0.0) + s["seconds"], 2)
     files = {p.name: round(p.stat().st_size / 2**20, 1) for p in sorted(bundle.iterdir()) if p.is_file()}
     result = {
-        "what": "specdec-export of SmolLM2-135M-Instruct (Q4_1 GGUF, dequantized to float32) with a 4-layer cut as draft",
-        "command": "python tools/bench_export_real.py",
+        "what": f"specdec-export of SmolLM2-135M-Instruct (Q4_1 GGUF, dequantized) with {'a cut' if args.draft_layers else 'the shipped draft'}",
+        "command": "python tools/bench_export_real.py " + " ".join(__import__("sys").argv[1:]),
+        "dtype": args.dtype,
+        "quantize": args.quantize,
         "machine": {"cpu": platform.processor() or platform.machine(), "cores": __import__("os").cpu_count()},
         "target": str(gguf.name),
-        "draft": f"first {args.draft_layers} layers of the target",
+        "draft": f"first {args.draft_layers} layers of the target" if args.draft_layers else "models/smollm2-draft",
         "max_seq_len": manifest.max_seq_len,
         "total_seconds": round(total, 1),
         "phases_seconds": phases,

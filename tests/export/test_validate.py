@@ -62,6 +62,8 @@ def test_true_reference_passes(llama_bundle):
     f = figures(out, reference(target))
     check(f, FP32)
     assert f["target"]["top1_agreement"] == 1.0 and f["target"]["logits_scale"] > 1 and f["target"]["kv_scale"] > 0
+    # Greedy over several steps on several prompts: every step compared agrees.
+    assert f["target"]["greedy_steps"] >= 30 and f["target"]["greedy_mismatches"] == 0
 
 
 @pytest.mark.parametrize(
@@ -79,6 +81,7 @@ def test_broken_graph_is_refused(llama_bundle, broken):
     msg = str(err.value)
     assert "target logits: max|Δ|" in msg and "x max(1, max|logit|" in msg and "\n" not in msg, msg
     assert "target top-1: agreement" in msg, msg  # random tokens: the argmax moves too
+    assert "target greedy:" in msg and "rollouts chose another token" in msg, msg  # and greedy decoding parts from PyTorch's
 
 
 def test_near_ties_do_not_count():

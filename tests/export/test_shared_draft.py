@@ -1,0 +1,149 @@
+"""A shared draft (export/shared_draft.py): the target's embedding, a head over a vocabulary subset.
+
+The output must stay exactly the target's even though the draft gives q = 0 to every token
+outside its subset: greedy token for token, sampled in law (chi-square on the first two tokens,
+including tokens only the residual max(0, p - q) can reach). And a shared draft that belongs to
+another target is refused before any weights load.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+scipy_stats = pytest.importorskip("scipy.stats")
+
+from models import near_copy, peaked_model, config_for, make_tokenizer  # noqa: E402
+
+from specdec.errors import ModelError  # noqa: E402
+from specdec.export import shared_draft  # noqa: E402
+from specdec.export.pipeline import ExportConfig, export_bundle  # noqa: E402
+from specdec.runtime import SamplingConfig, SpeculativeDecoder, standardize  # noqa: E402
+
+PROMPTS = [[5, 17, 42, 99, 7, 3], [200], [31, 31, 31, 64, 128, 250, 12, 9]]
+KEEP = 200  # of the 320-token vocabulary: the draft cannot propose the other 120
+
+
+def _save_shared(target, folder, seed: int, keep: int = KEEP):
+    """A near copy of ``target`` (its first 2 layers) as a shared draft over ``keep`` token ids."""
+    draft = near_copy(target, 0.1, seed)
+    draft.model.layers = draft.model.layers[:2]
+    draft.config.num_hidden_layers = 2
+    rng = np.random.default_rng(seed)
+    ids = sorted({0, 1, 2} | set(rng.choice(np.arange(3, target.config.vocab_size), keep - 3, replace=False).tolist()))
+    from transformers import AutoTokenizer
+
+    shared_draft.save(draft, folder, ids, AutoTokenizer.from_pretrained(folder.parent / "target"), dtype=torch.float32)
+    return ids
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory):
+    root = tmp_path_factory.mktemp("shared")
+    target = peaked_model(config_for("llama", "target"), 0)
+    target.save_pretrained(root / "target", safe_serialization=True)
+    make_tokenizer(root / "target")
+    ids = _save_shared(target, root / "draft", seed=1)
+    out = root / "bundle"
+    manifest = export_bundle(ExportConfig(str(root / "target"), str(root / "draft"), out, gamma=4, max_seq_len=128))
+    return root, target, ids, out, manifest
+
+
+def _greedy(model, prompt, n):
+    from transformers import DynamicCache
+
+    cache, out, ids = DynamicCache(), [], torch.tensor([prompt])
+    with torch.no_grad():
+        for _ in range(n):
+            tok = int(model(ids, past_key_values=cache, use_cache=True).logits[0, -1].argmax())
+            out.append(tok)
+            ids = torch.tensor([[tok]])
+    return out
+
+
+def test_the_shipped_files_hold_only_the_drafts_own_weights(shared):
+    root, target, ids, out, manifest = shared
+    from safetensors import safe_open
+
+    with safe_open(str(root / "draft" / "model.safetensors"), "pt") as f:
+        names = list(f.keys())
+    assert names and not any(n.startswith(("model.embed_tokens", "lm_head")) for n in names)
+    assert json.loads((root / "draft" / "draft_vocab.json").read_text()) == ids
+    assert manifest.draft.num_layers == 2
+    assert manifest.validation["draft"]["top1_agreement"] == 1.0
+
+
+def test_draft_logits_are_fill_outside_its_subset(shared):
+    root, target, ids, out, manifest = shared
+    from transformers import AutoConfig
+
+    draft = shared_draft.load(root / "draft", AutoConfig.from_pretrained(root / "draft"), target)
+    with torch.no_grad():
+        logits = draft(torch.tensor([PROMPTS[0]])).logits[0]  # [S, V]
+    outside = np.setdiff1d(np.arange(logits.shape[-1]), ids)
+    assert torch.all(logits[:, outside] == shared_draft.FILL)
+    assert torch.all(logits[:, ids] > shared_draft.FILL / 2)
+    # The embedding is the target's: the same tensor values, not a copy trained apart.
+    assert torch.equal(draft.get_input_embeddings().weight, target.get_input_embeddings().weight)
+
+
+def test_greedy_equals_the_target(shared):
+    root, target, ids, out, manifest = shared
+    dec = SpeculativeDecoder.load(out)
+    outside = set(range(manifest.vocab_size)) - set(ids)
+    seen_outside = 0
+    for prompt in PROMPTS:
+        res = dec.generate(prompt, max_new_tokens=60, ignore_eos=True)
+        assert res.tokens == _greedy(target, prompt, 60), f"prompt {prompt}"
+        seen_outside += sum(t in outside for t in res.tokens)
+        assert 0 < res.stats.accepted < res.stats.drafted  # both paths crossed
+    assert seen_outside > 0  # tokens the draft cannot propose were emitted (by the target's bonus/residual)
+
+
+def test_sampled_first_two_tokens_follow_the_target(shared):
+    root, target, ids, out, manifest = shared
+    cfg = SamplingConfig(1.0, None, None)
+    prompt = PROMPTS[2]
+    with torch.no_grad():
+        p1 = standardize(target(torch.tensor([prompt])).logits[0, -1].double().numpy(), cfg)
+        support = np.flatnonzero(p1)
+        p2 = p1[support] @ standardize(target(torch.tensor([prompt + [int(t)] for t in support])).logits[:, -1].double().numpy(), cfg)
+    dec = SpeculativeDecoder.load(out)
+    counts = np.zeros((2, manifest.vocab_size), np.int64)
+    for seed in range(3000):
+        res = dec.generate(prompt, max_new_tokens=5, seed=seed, ignore_eos=True, temperature=1.0)
+        counts[0, res.tokens[0]] += 1
+        counts[1, res.tokens[1]] += 1
+    outside = np.setdiff1d(np.arange(manifest.vocab_size), ids)
+    assert p1[outside].sum() > 0.01  # the target puts mass where the draft has none: the residual must carry it
+    for c, p in zip(counts, (p1, p2)):
+        assert c[p == 0].sum() == 0
+        expected = p * c.sum()
+        big = expected >= 5  # Pearson's validity rule; the rest pooled in one bin
+        obs = np.append(c[big], c[~big].sum())
+        exp = np.append(expected[big], expected[~big].sum())
+        assert scipy_stats.chisquare(obs, exp * obs.sum() / exp.sum()).pvalue > 1e-4  # seeds fixed: deterministic
+
+
+def test_a_shared_draft_of_another_target_is_refused_before_loading(shared, tmp_path):
+    root, target, ids, out, manifest = shared
+    other = tmp_path / "draft"
+    other.mkdir()
+    for f in (root / "draft").iterdir():
+        (other / f.name).write_bytes(f.read_bytes())
+    cfg = json.loads((other / "config.json").read_text())
+    cfg[shared_draft.KEY]["target_vocab_sha256"] = "0" * 64
+    (other / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelError, match="trained for another target vocabulary"):
+        export_bundle(ExportConfig(str(root / "target"), str(other), tmp_path / "b1", max_seq_len=64))
+    (other / "draft_vocab.json").write_text(json.dumps([5, 3, 4]))
+    cfg[shared_draft.KEY]["target_vocab_sha256"] = None
+    (other / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelError, match="ascending token ids"):
+        export_bundle(ExportConfig(str(root / "target"), str(other), tmp_path / "b2", max_seq_len=64))
+    with pytest.raises(ModelError, match="shared draft"):
+        export_bundle(ExportConfig(str(root / "draft"), str(root / "target"), tmp_path / "b3", max_seq_len=64))
+    assert not any(p.name.startswith("b") for p in tmp_path.iterdir())  # nothing half-written
