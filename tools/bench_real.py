@@ -67,6 +67,7 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=None, help="the first N prompts of the kind [default: all]")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--no-exactness", action="store_true")
+    ap.add_argument("--cost", action="store_true", help="only measure the draft's c and acceptance at fixed γ = 1, 2, 4 -> draft-cost-<kind>.json")
     ap.add_argument("--out", type=Path, default=None, help="default: docs/bench/real-model/decode-<kind>.json")
     a = ap.parse_args()
 
@@ -80,13 +81,27 @@ def main() -> None:
     chat = bundle_template(bundle, m, base.codec)
     texts = KINDS[a.kind][: a.prompts]
     prompts = [base.codec.encode(chat.render([{"role": "user", "content": p}])) for p in texts]
-    drafters = a.drafters.split(",")
+    drafters = a.drafters.split(",") if not a.cost else ["model"]
     decs = {d: base.fork(d) for d in drafters}
     eos = set(m.eos_token_ids)
     result: dict = {"what": "SmolLM2-135M-Instruct (GGUF Q4_1 -> float32 bundle) with models/smollm2-draft, held-out chat prompts",
                     "command": "python tools/bench_real.py " + " ".join(sys.argv[1:]),
                     "machine": {"cpu": platform.processor() or platform.machine(), "cores": __import__("os").cpu_count()},
                     "gamma": m.gamma, "max_new_tokens": a.max_new, "kind": a.kind, "prompts": list(texts), "exactness": {}, "speed": {}}  # fmt: skip
+
+    if a.cost:
+        rows = []
+        for g in (1, 2, 4):
+            cs, acc, drafted = [], 0, 0
+            for p in prompts:
+                r = decs["model"].generate(p, max_new_tokens=64, gamma=g)
+                cs.append(r.stats.cost_coefficient)
+                acc, drafted = acc + r.stats.accepted, drafted + r.stats.drafted
+            rows.append({"gamma": g, "c": round(float(np.median(cs)), 3), "acceptance": round(acc / drafted, 3)})
+            print(f"[cost] {rows[-1]}", file=sys.stderr, flush=True)
+        out = a.out or OUT / f"draft-cost-{a.kind}.json"
+        out.write_text(json.dumps({**{k: result[k] for k in ("what", "command", "machine", "kind", "prompts")}, "rows": rows}, indent=2) + "\n")
+        return
 
     if not a.no_exactness:
         import torch
