@@ -29,6 +29,8 @@ class ExportContext(NamedTuple):
     models: dict  # "target"/"draft" -> the float32 torch model (validation's reference)
     specs: dict  # "target"/"draft" -> ModelSpec
     graphs: dict  # graph name -> GraphSpec, once exported
+    text: tuple[int, ...] = ()  # validate.VALIDATION_TEXT in the target's tokens (empty: no tokenizer)
+    gguf_types: dict = {}  # "target"/"draft" -> the GGUF tensor types of its source (() when not a GGUF)
 
     def kv(self, model: str) -> tuple[int, int, int, int, str]:
         s = self.specs[model]
@@ -69,7 +71,8 @@ def _validate_decoder(ctx, name, g):
     if g.role == "dynamic":
         return None
     key = g.model + ("_portable" if g.flavour == "portable" else "")
-    return key, validate_model(ctx.models[g.model], ctx.tmp, ctx.graph(f"{g.model}_dynamic"), (name, g), ctx.kv(g.model), seed=ctx.cfg.seed)
+    return key, validate_model(ctx.models[g.model], ctx.tmp, ctx.graph(f"{g.model}_dynamic"), (name, g), ctx.kv(g.model), seed=ctx.cfg.seed,
+                               text=ctx.text)  # fmt: skip
 
 
 def _export_fused(ctx, plan, model, spec, path, tokens):

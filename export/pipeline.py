@@ -26,6 +26,10 @@ from specdec.manifest import FUSED_ROLES, GraphSpec, Manifest, ModelSpec, sha256
 DTYPES = ("float32", "float16")
 DEFAULT_MAX_SEQ = 2048
 QUANTIZATIONS = (None, "int8", "int4", "dynamic-int8")  # int8/int4: weight-only MatMulNBits; dynamic-int8: quantize_dynamic
+# The draft's precision when --draft-quantize is not given, per --quantize (else the same): a
+# 4-bit draft accepted half as much as an 8-bit one over SmolLM2's int4 target, which made int8
+# the fastest end to end (docs/quantization.md#drafts).
+DRAFT_DEFAULT = {"int4": "int8"}
 MAX_GAMMA = 15
 MAX_BATCH = 64
 
@@ -52,7 +56,7 @@ class ExportConfig:
     max_seq_len: int | None = None  # None: 2048, or less if a model has fewer positions
     dtype: str = "float32"
     quantize: str | None = None
-    draft_quantize: str | None = None  # None: as ``quantize``; "none": float weights
+    draft_quantize: str | None = None  # None: as ``quantize`` (int8 under int4: DRAFT_DEFAULT); "none": float weights
     portable: bool = False
     max_batch: int = 1  # > 1: also batched graphs for the continuous-batching engine
     fused_draft: bool = False  # also the draft's fused graphs (export/fused.py), per batch size
@@ -62,6 +66,7 @@ class ExportConfig:
     trust_remote_code: bool = False
     ngram_corpus: Path | None = None  # text file or folder: the n-gram drafter's table
     max_source_len: int | None = None  # encoder-decoder: source tokens per request [default: the models' limit, or 512]
+    max_kl: float | None = None  # bound on the mean KL over the validation text for float16/quantized models [default: validate.TOLERANCES]
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -74,6 +79,8 @@ class ExportConfig:
             raise ConfigError(f"--max-seq-len {self.max_seq_len}: expected an integer >= {self.gamma + 2} (gamma + 2)")
         if isinstance(self.max_batch, bool) or not isinstance(self.max_batch, int) or not 1 <= self.max_batch <= MAX_BATCH:
             raise ConfigError(f"--max-batch {self.max_batch}: expected an integer in 1..{MAX_BATCH} (requests decoded together)")
+        if self.max_kl is not None and not self.max_kl > 0:
+            raise ConfigError(f"--max-kl {self.max_kl}: expected a bound in nats > 0 (inf: record the KL without refusing)")
         if self.max_source_len is not None and (isinstance(self.max_source_len, bool) or not isinstance(self.max_source_len, int) or self.max_source_len < 2):
             raise ConfigError(f"--max-source-len {self.max_source_len}: expected an integer >= 2 (source tokens per request)")
         if self.dtype not in DTYPES:
@@ -82,7 +89,7 @@ class ExportConfig:
         if self.quantize not in QUANTIZATIONS:
             raise ConfigError(f"--quantize {self.quantize}: expected one of {names}, or nothing for float weights")
         if self.draft_quantize not in (None, "none", *QUANTIZATIONS):
-            raise ConfigError(f"--draft-quantize {self.draft_quantize}: expected none or one of {names} (default: as --quantize)")
+            raise ConfigError(f"--draft-quantize {self.draft_quantize}: expected none or one of {names} (default: as --quantize; int8 under int4)")
         if (self.quantize or self.quantization("draft")) and self.dtype != "float32":
             raise ConfigError(f"--quantize/--draft-quantize need --dtype float32 (they quantize float32 weights), got --dtype {self.dtype}")
 
@@ -90,6 +97,8 @@ class ExportConfig:
         """The weights of ``model`` ("target" or "draft"): None (float) or a QUANTIZATIONS name."""
         if model == "draft" and self.draft_quantize is not None:
             return None if self.draft_quantize == "none" else self.draft_quantize
+        if model == "draft":
+            return DRAFT_DEFAULT.get(self.quantize, self.quantize)
         return self.quantize
 
 
@@ -227,7 +236,7 @@ def _read_sources(cfg: ExportConfig) -> tuple[dict[str, Source], int | None, int
 def export_bundle(cfg: ExportConfig, progress: Progress | None = None) -> Manifest:
     """Export, validate and write the bundle at ``cfg.out``; returns its manifest."""
     from specdec.export.graphs import TORCH_DTYPES
-    from specdec.export.validate import NEAR_TIE, check
+    from specdec.export.validate import NEAR_TIE, check, text_tokens
 
     progress = progress or Progress()
     check_destination(cfg.out, cfg.overwrite)
@@ -244,7 +253,8 @@ def export_bundle(cfg: ExportConfig, progress: Progress | None = None) -> Manife
     exported = {role: m if cfg.dtype == "float32" else copy.deepcopy(m).to(TORCH_DTYPES[cfg.dtype]) for role, m in models.items()}
     with staging(cfg.out) as tmp:
         plans = planned_graphs(cfg, max_source is not None)
-        ctx = ExportContext(cfg, max_seq, tmp, max_source, models, specs, {})
+        ctx = ExportContext(cfg, max_seq, tmp, max_source, models, specs, {}, text_tokens(sources["target"].tokenizer, max_seq),
+                            {role: sources[role].gguf_types for role in sources})  # fmt: skip
         graphs = {p.name: _export_graph(p, ctx, exported[p.model], progress) for p in plans}
         progress("share weights")
         ctx = ctx._replace(graphs=_share_weights(graphs, tmp))
@@ -263,7 +273,8 @@ def export_bundle(cfg: ExportConfig, progress: Progress | None = None) -> Manife
         if cfg.ngram_corpus is not None:
             progress("count n-grams")
             ngram = write_table(cfg.ngram_corpus, target.tokenizer, target.config.vocab_size, tmp)
-        as_json = lambda t: {"rel": t.rel if math.isfinite(t.rel) else None, "min_top1": t.min_top1, "near_tie": NEAR_TIE}  # noqa: E731
+        as_json = lambda t: {"rel": t.rel if math.isfinite(t.rel) else None, "min_top1": t.min_top1, "near_tie": NEAR_TIE,  # noqa: E731
+                             "min_text_top1": t.min_text_top1, "max_text_kl": t.max_text_kl if math.isfinite(t.max_text_kl) else None}
         validation = {"tolerance": as_json(tol), **figures}
         if tols.get("draft", tol) != tol:
             validation["draft_tolerance"] = as_json(tols["draft"])
@@ -317,7 +328,7 @@ def _export_graph(plan: GraphPlan, ctx: ExportContext, model, progress: Progress
     """Export one graph by its kind (export/kinds.py); then, unless the kind stays float,
     optimize it for ONNX Runtime and quantize it (--quantize)."""
     from specdec.export.optimize import optimize_for_cpu
-    from specdec.export.quantize import external_files, quantize_int8, quantize_weight_only
+    from specdec.export.quantize import external_files, quantize_int8, quantize_weight_only, scheme_for
 
     cfg, spec, kind = ctx.cfg, ctx.specs[plan.model], KINDS[plan.kind]
     progress(f"export {plan.name}")
@@ -333,7 +344,7 @@ def _export_graph(plan: GraphPlan, ctx: ExportContext, model, progress: Progress
             if quantization == "dynamic-int8":
                 quantize_int8(ctx.tmp / file)
             else:
-                quantize_weight_only(ctx.tmp / file, quantization)
+                quantize_weight_only(ctx.tmp / file, quantization, scheme_for(quantization, ctx.gguf_types.get(plan.model, ())))
     return GraphSpec(file, sha256_of(ctx.tmp / file), plan.model, plan.role, tokens, inputs, outputs, io, external_files(ctx.tmp / file),
                      plan.flavour, plan.batch)  # fmt: skip
 
@@ -365,6 +376,10 @@ def _validate(ctx: ExportContext, plans: dict[str, GraphPlan], progress: Progres
             continue
         key, figures[key] = found
         tols[key] = TOLERANCES[(ctx.cfg.dtype, None if kind.float_only else ctx.cfg.quantization(g.model))]
+        if g.model == "draft":  # a lossy draft costs acceptance, never exactness: its text figures are recorded only
+            tols[key] = dataclasses.replace(tols[key], max_text_kl=float("inf"))
+        elif ctx.cfg.max_kl is not None and tols[key].rel == float("inf"):  # a changed target: the user's bound
+            tols[key] = dataclasses.replace(tols[key], max_text_kl=ctx.cfg.max_kl)
     return figures, tols
 
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import tempfile
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+import numpy as np
 import onnx
 from onnx import helper
 
@@ -69,22 +71,149 @@ def external_files(path: Path) -> tuple[str, ...]:
     return tuple(sorted(found))
 
 
-WEIGHT_ONLY_BITS = {"int8": 8, "int4": 4}
-BLOCK_SIZE = 32  # weights per scale along K, as onnxruntime-genai's CPU int4 models
-ACCURACY_LEVEL = 4  # MatMulNBits computes with int8 activations: the fast CPU path (genai's default on CPU)
+@dataclass(frozen=True)
+class WeightOnly:
+    """How one precision stores MatMul weights: a block recipe of ``export/blocks.py`` for the
+    block matrices (``body``) and for the LM head (``head``, the MatMul that makes the logits),
+    run by ONNX Runtime's ``MatMulNBits``.
+
+    accuracy_level: 4 computes with int8 activations quantized per block (MLAS's fast CPU path,
+        as llama.cpp's Q4_1 x Q8_1 dot products); 0 in float32 (slower on CPU; ~30x with a zero point).
+    """
+
+    body: str
+    head: str = "q8_0"
+    block_size: int = 32
+    accuracy_level: int = 4
 
 
-def quantize_weight_only(path: Path, kind: str) -> None:
-    """Replace ``path`` (and its ``.data``) with a graph whose MatMul weights are block-wise
-    symmetric ``kind`` ("int8" or "int4"), run by ONNX Runtime's ``MatMulNBits``; activations,
-    embeddings, norms and the KV cache stay float32."""
-    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+# Chosen on a real model (SmolLM2-135M-Instruct, docs/quantization.md), one change at a time:
+# symmetric blocks or rounded zero points (ONNX Runtime's quantizer) lose the model at int4;
+# llama.cpp's own recipes keep it, and give back a GGUF's Q4_1/Q8_0 blocks exactly.
+PRECISIONS = {
+    "int8": WeightOnly(body="q8_0"),
+    "int4": WeightOnly(body="q4_1"),
+}
 
+
+def scheme_for(kind: str, gguf_types: tuple[str, ...] = ()) -> WeightOnly:
+    """``kind``'s scheme for a source whose GGUF tensor types are ``gguf_types`` (() for other
+    sources): int4 of a file whose 4-bit matrices are Q4_0 (and none Q4_1) takes the q4_0 recipe,
+    which gives its blocks back exactly (q4_1 would move them onto another grid)."""
+    s = PRECISIONS[kind]
+    if kind == "int4" and "Q4_0" in gguf_types and "Q4_1" not in gguf_types:
+        return replace(s, body="q4_0")
+    return s
+
+
+def head_matmuls(model: onnx.ModelProto, output: str = "logits") -> list[str]:
+    """Names of the MatMul nodes with a constant weight nearest upstream of ``output``: the LM head."""
+    inits = {t.name for t in model.graph.initializer}
+    producer = {o: n for n in model.graph.node for o in n.output}
+    todo, seen, found = [output], set(), []
+    while todo:
+        node = producer.get(todo.pop())
+        if node is None or node.name in seen:
+            continue
+        seen.add(node.name)
+        if node.op_type == "MatMul" and len(node.input) > 1 and node.input[1] in inits:
+            found.append(node.name)
+            continue
+        todo.extend(node.input)
+    return found
+
+
+class _Blocked:
+    """MatMul nodes rewritten as MatMulNBits by one scheme; new nodes and initializers collect here."""
+
+    def __init__(self, scheme: WeightOnly):
+        self.s = scheme
+        self.nodes: list[onnx.NodeProto] = []
+        self.inits: list[onnx.TensorProto] = []
+        self.sums: dict[str, str] = {}  # input name -> its block sums [.., K/block]
+        self.indicators: dict[int, str] = {}  # K -> the [K, K/block] 0/1 matrix that sums blocks
+        self.made: set[str] = set()  # constants already written: a weight shared by several MatMuls is stored once
+
+    def _const(self, name: str, arr: np.ndarray) -> str:
+        if name not in self.made:
+            self.made.add(name)
+            self.inits.append(onnx.numpy_helper.from_array(arr, name))
+        return name
+
+    def _block_sums(self, x: str, k: int) -> str:
+        """x [.., K] -> [.., K/block]: one MatMul by a 0/1 matrix shared by every input of width K."""
+        if x not in self.sums:
+            if k not in self.indicators:
+                ind = np.kron(np.eye(k // self.s.block_size, dtype=np.float32), np.ones((self.s.block_size, 1), np.float32))
+                self.indicators[k] = self._const(f"block_sum_{k}x{k // self.s.block_size}", ind)  # [K, K/block]
+            self.sums[x] = f"{x}_block_sums"
+            self.nodes.append(helper.make_node("MatMul", [x, self.indicators[k]], [self.sums[x]], name=f"{x}_block_sums"))
+        return self.sums[x]
+
+    def rewrite(self, node: onnx.NodeProto, w: np.ndarray, recipe: str) -> None:
+        from specdec.export import blocks
+
+        k, n = w.shape
+        x, base, out = node.input[0], node.input[1], node.output[0]
+        attrs = dict(K=k, N=n, block_size=self.s.block_size, accuracy_level=self.s.accuracy_level)
+        if recipe == "q8_0":
+            codes, scale = blocks.q8_0(w, self.s.block_size)
+            ins = [x, self._const(base + "_q8", codes), self._const(base + "_scale", scale.reshape(-1))]
+            self.nodes.append(helper.make_node("MatMulNBits", ins, [out], name=node.name + "_q8", domain="com.microsoft", bits=8, **attrs))
+            return
+        if recipe == "q4_0":
+            codes, scale = blocks.q4_0(w, self.s.block_size)
+            ins = [x, self._const(base + "_q4", blocks.pack_nibbles(codes)), self._const(base + "_scale", scale.reshape(-1))]
+            self.nodes.append(helper.make_node("MatMulNBits", ins, [out], name=node.name + "_q4", domain="com.microsoft", bits=4, **attrs))
+            return
+        if recipe != "q4_1":
+            raise ValueError(f"unknown block recipe {recipe!r}; expected q4_0, q4_1 or q8_0")
+        codes, scale, minimum = blocks.q4_1(w, self.s.block_size)
+        z, r = blocks.split_minimum(scale, minimum)
+        ins = [x, self._const(base + "_q4", blocks.pack_nibbles(codes)), self._const(base + "_scale", scale.reshape(-1)),
+               self._const(base + "_zp", blocks.pack_zero_points(z).reshape(-1))]  # fmt: skip
+        self.nodes.append(helper.make_node("MatMulNBits", ins, [out + "_int"], name=node.name + "_q4", domain="com.microsoft", bits=4, **attrs))
+        rest = self._const(base + "_residual", np.ascontiguousarray(r.T))  # [K/block, N]: min - scale * z per block
+        self.nodes.append(helper.make_node("MatMul", [self._block_sums(x, k), rest], [out + "_res"], name=node.name + "_res"))
+        self.nodes.append(helper.make_node("Add", [out + "_int", out + "_res"], [out], name=node.name + "_add"))
+
+
+def _used_names(graph: onnx.GraphProto) -> set[str]:
+    """Every value name a node of ``graph`` (or of its subgraphs) reads."""
+    used = set()
+    for node in graph.node:
+        used.update(node.input)
+        for a in node.attribute:
+            for g in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                used |= _used_names(g)
+    return used
+
+
+def quantize_weight_only(path: Path, kind: str, scheme: WeightOnly | None = None) -> None:
+    """Replace ``path`` (and its ``.data``) with a graph whose MatMul weights are stored in
+    blocks by ``kind``'s scheme (``PRECISIONS``, or ``scheme``) and run by ONNX Runtime's
+    ``MatMulNBits``; activations, embeddings, norms and the KV cache stay float32.
+    A MatMul whose K is not a multiple of the block size stays float32."""
+    s = scheme or PRECISIONS[kind]
     model = onnx.load(str(path))
     _gemm_to_matmul(model)
-    quantizer = MatMulNBitsQuantizer(model, bits=WEIGHT_ONLY_BITS[kind], block_size=BLOCK_SIZE, is_symmetric=True,
-                                     accuracy_level=ACCURACY_LEVEL, op_types_to_quantize=("MatMul",))  # fmt: skip
-    quantizer.process()
+    head = set(head_matmuls(model))
+    inits = {t.name: t for t in model.graph.initializer}
+    out = _Blocked(s)
+    for node in model.graph.node:
+        w = inits.get(node.input[1]) if node.op_type == "MatMul" and len(node.input) == 2 else None
+        if w is None or len(w.dims) != 2 or w.dims[0] % s.block_size or w.data_type != onnx.TensorProto.FLOAT:
+            out.nodes.append(node)
+        else:
+            out.rewrite(node, onnx.numpy_helper.to_array(w), s.head if node.name in head else s.body)
+    del model.graph.node[:]
+    model.graph.node.extend(out.nodes)
+    used = _used_names(model.graph) | {o.name for o in model.graph.output}
+    kept = [t for t in model.graph.initializer if t.name in used]  # float weights now unused are dropped
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(kept + out.inits)
+    if not any(o.domain == "com.microsoft" for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
     for old in (path, path.with_name(path.name + ".data")):
         old.unlink(missing_ok=True)
-    onnx.save_model(quantizer.model.model, str(path), save_as_external_data=True, location=path.name + ".data")
+    onnx.save_model(model, str(path), save_as_external_data=True, location=path.name + ".data")

@@ -31,6 +31,7 @@ class Source:
     family: Family
     tokenizer: Any | None  # a transformers tokenizer, or None when the source has none
     gguf: Path | None = None  # a llama.cpp GGUF file the weights dequantize from
+    gguf_types: tuple[str, ...] = ()  # its tensor types (GGML names: "Q4_1", "Q8_0", ...)
 
     @property
     def location(self) -> str:
@@ -100,7 +101,7 @@ def _resolve_gguf(src: str, path: Path, max_seq_len: int | None) -> Source:
 
     if not path.is_file():
         raise ModelError(f"GGUF file {src!r} does not exist; pass the path of a .gguf file")
-    check_header(path)
+    _, types = check_header(path)
     folder, name = str(path.parent), path.name
     try:
         config = AutoConfig.from_pretrained(folder, gguf_file=name)
@@ -112,7 +113,7 @@ def _resolve_gguf(src: str, path: Path, max_seq_len: int | None) -> Source:
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     except (OSError, ValueError, TypeError, AttributeError, KeyError):  # no tokenizer metadata in the file
         tokenizer = None
-    return Source(src, None, False, config, family, tokenizer, gguf=path)
+    return Source(src, None, False, config, family, tokenizer, gguf=path, gguf_types=types)
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "spiece.model")

@@ -61,10 +61,11 @@ def plan_cmd(alpha: float, cost: float, cost_ops: float | None, gamma: int | Non
 @click.option("--max-seq-len", default=None, type=int, help="KV cache rows: prompt + output + gamma [default: 2048, or the models' positions if fewer].")
 @click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "float16"]))
 @click.option("--quantize", default=None, type=click.Choice(["int8", "int4", "dynamic-int8"]),
-              help="Weight-only block-wise int8/int4 (ONNX Runtime MatMulNBits, block 32; exact decoding of the quantized "
-                   "target), or dynamic-int8 (quantize_dynamic: activations scaled per call, so NOT exact).")
+              help="Weight-only int8/int4 in llama.cpp's Q8_0/Q4_1 blocks of 32 (ONNX Runtime MatMulNBits; a GGUF's own "
+                   "blocks are kept; exact decoding of the quantized target), or dynamic-int8 (quantize_dynamic: activations "
+                   "scaled per call, so NOT exact).")
 @click.option("--draft-quantize", default=None, type=click.Choice(["none", "int8", "int4", "dynamic-int8"]),
-              help="The draft's weights, when they should differ from the target's [default: as --quantize].")
+              help="The draft's weights, when they should differ from the target's [default: as --quantize; int8 under int4].")
 @click.option("--portable", is_flag=True, help="Also write standard-op, static-shape verify/step graphs (run by the CPU engine).")
 @click.option("--max-batch", default=1, show_default=True, type=int, help="Requests the batched engine decodes together; > 1 adds batched graphs for 2..N rows.")
 @click.option("--fused-draft", is_flag=True, help="Also write fused draft graphs: gamma draft steps and their token choice in one call "
@@ -75,6 +76,8 @@ def plan_cmd(alpha: float, cost: float, cost_ops: float | None, gamma: int | Non
 @click.option("--trust-remote-code", is_flag=True, help="Allow models that run their own code (off by default).")
 @click.option("--ngram-corpus", default=None, type=click.Path(path_type=Path), help="Text file or folder: count a bigram table into the bundle for --drafter ngram.")
 @click.option("--max-source-len", default=None, type=int, help="Encoder-decoder models: source tokens per request [default: the encoders' positions, at most 512].")
+@click.option("--max-kl", default=None, type=float, help="Refuse a float16 or quantized target whose mean KL from the float32 model on the "
+              "validation text exceeds this many nats [default: 0.05; inf records it without refusing].")
 def export_cmd(**options) -> None:
     """Export a target and draft to a validated ONNX bundle for the specdec runtime."""
     from specdec.export.pipeline import ExportConfig, Progress, bundle_size, export_bundle, planned_graphs

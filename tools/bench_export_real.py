@@ -57,6 +57,7 @@ def main() -> None:
     ap.add_argument("--draft-layers", type=int, default=None, help="a cut of the target as draft (default: models/smollm2-draft)")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--quantize", default=None)
+    ap.add_argument("--draft-quantize", default=None, help="the draft apart (none: float32) [default: as --quantize; int8 under int4]")
     ap.add_argument("--max-seq-len", type=int, default=None)
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
@@ -66,7 +67,7 @@ def main() -> None:
     gguf = gguf_path()
     shipped = Path(__file__).resolve().parent.parent / "models" / "smollm2-draft"
     draft = draft_cut(gguf, args.work / f"draft-{args.draft_layers}l", args.draft_layers) if args.draft_layers else shipped
-    bundle = args.work / f"bundle-{args.dtype}-{args.quantize or 'float'}"
+    bundle = args.work / (f"bundle-{args.dtype}-{args.quantize or 'float'}" + (f"-draft-{args.draft_quantize}" if args.draft_quantize else ""))
     steps: list[dict] = []
     start = last = time.perf_counter()
 
@@ -81,7 +82,7 @@ def main() -> None:
         print(f"{now - start:7.1f}s  {step}", flush=True)
 
     cfg = ExportConfig(str(gguf), str(draft), bundle, max_seq_len=args.max_seq_len, overwrite=True, dtype=args.dtype,
-                       quantize=args.quantize)  # fmt: skip
+                       quantize=args.quantize, draft_quantize=args.draft_quantize)  # fmt: skip
     manifest = export_bundle(cfg, Progress(report))
     total = time.perf_counter() - start
     steps[-1]["seconds"] = round(time.perf_counter() - last, 2)
@@ -95,6 +96,7 @@ def main() -> None:
         "command": "python tools/bench_export_real.py " + " ".join(__import__("sys").argv[1:]),
         "dtype": args.dtype,
         "quantize": args.quantize,
+        "draft_quantize": args.draft_quantize,
         "machine": {"cpu": platform.processor() or platform.machine(), "cores": __import__("os").cpu_count()},
         "target": str(gguf.name),
         "draft": f"first {args.draft_layers} layers of the target" if args.draft_layers else "models/smollm2-draft",
@@ -104,6 +106,7 @@ def main() -> None:
         "steps": steps,
         "bundle_mib": round(bundle_size(bundle) / 2**20, 1),
         "files_mib": files,
+        "weights_mib": {m: files.get(f"{m}.weights") for m in ("target", "draft")},
         "parameters": {"target": manifest.target.parameters, "draft": manifest.draft.parameters},
         "validation": manifest.validation,
     }

@@ -87,6 +87,7 @@ def main() -> None:
     result: dict = {"what": "SmolLM2-135M-Instruct (GGUF Q4_1 -> float32 bundle) with models/smollm2-draft, held-out chat prompts",
                     "command": "python tools/bench_real.py " + " ".join(sys.argv[1:]),
                     "machine": {"cpu": platform.processor() or platform.machine(), "cores": __import__("os").cpu_count()},
+                    "precision": {"target": m.target.quantization or "fp32", "draft": m.draft.quantization or "fp32"},
                     "gamma": m.gamma, "max_new_tokens": a.max_new, "kind": a.kind, "prompts": list(texts), "exactness": {}, "speed": {}}  # fmt: skip
 
     if a.cost:

@@ -152,23 +152,27 @@ def test_quantized_bundle(llama_bundle, tmp_path, quantize, draft_quantize):
     target, draft, fp32 = llama_bundle
     out = tmp_path / "q"
     batch = 2 if quantize == "int4" else 1  # quantized bundles serve: batched graphs too
+    # max_kl: these random-weight models lose ~0.2 nats at int4 on the validation text (a real
+    # model keeps 0.003, and the default bound 0.05 refuses them: test_lossy_quantization_is_refused)
     m = export_bundle(ExportConfig(str(target), str(draft), out, gamma=3, max_seq_len=96, quantize=quantize, draft_quantize=draft_quantize,
-                                   max_batch=batch))  # fmt: skip
-    want = {"target": quantize, "draft": draft_quantize or quantize}
+                                   max_batch=batch, max_kl=1.0))  # fmt: skip
+    want = {"target": quantize, "draft": draft_quantize or {"int4": "int8"}.get(quantize, quantize)}  # int4's draft: int8 by default
     assert (m.quantization, m.target.quantization, m.draft.quantization) == (quantize, want["target"], want["draft"])
     f32 = load_manifest(fp32)
     for model, q in want.items():
         name, g = m.graph(model, "dynamic")
         ops = {n.op_type for n in onnx.load(str(out / g.file), load_external_data=False).graph.node}
         assert (QUANT_OPS[q] in ops) if q else not {"MatMulNBits", "MatMulInteger"} & ops, (model, ops)
-        if q == "int4":
+        if q in ("int4", "int8"):
             bits = {a.i for n in onnx.load(str(out / g.file), load_external_data=False).graph.node if n.op_type == "MatMulNBits" for a in n.attribute if a.name == "bits"}
-            assert bits == {4}
+            assert bits == ({4, 8} if q == "int4" else {8})  # int4: the body q4_1, the head q8_0 (export/quantize.py PRECISIONS)
         size = (out / g.data[0]).stat().st_size
         full = (fp32 / f32.graph(model, "dynamic")[1].data[0]).stat().st_size
         assert size < 0.7 * full if q else size == full, (model, size, full)
     v = m.validation
     assert v["target"]["top1_agreement"] >= 0.5 and v["target"]["positions"] > 0
+    assert v["target"]["text_positions"] > 10 and 0 <= v["target"]["text_kl"] <= 1.0
+    assert v["tolerance"]["max_text_kl"] == (1.0 if quantize else None)
     assert (v["tolerance"]["rel"] is None) == (quantize is not None)  # recorded, not bounded, once the model changes
     if quantize is None:
         assert v["target"]["logits"] <= 1e-4 and v["draft_tolerance"]["rel"] is None
@@ -188,6 +192,22 @@ def test_quantized_bundle(llama_bundle, tmp_path, quantize, draft_quantize):
             got = [h.result(timeout=120).tokens for h in handles]
         assert got == [dec.generate(p, max_new_tokens=40, gamma=0, ignore_eos=True).tokens for p in prompts]
         assert max(engine.occupancy) == 2
+
+
+def test_lossy_quantization_is_refused(llama_bundle, tmp_path):
+    """int4 of a random-weight model is another model on real text (mean KL ~0.2 nats): the
+    default bound refuses such a target, naming the figure and the bound, and writes nothing;
+    such a draft is exported, its figures recorded."""
+    from specdec.errors import ValidationError
+
+    target, draft, _ = llama_bundle
+    out = tmp_path / "q"
+    with pytest.raises(ValidationError, match=r"target on real text: mean KL 0\.\d+ nats > 0\.05 over \d+ tokens") as e:
+        export_bundle(ExportConfig(str(target), str(draft), out, gamma=3, max_seq_len=96, quantize="int4", draft_quantize="none"))
+    assert "draft" not in str(e.value) and not out.exists()
+    # a lossy draft costs acceptance, never exactness: recorded, not refused
+    m = export_bundle(ExportConfig(str(target), str(draft), out, gamma=3, max_seq_len=96, draft_quantize="int4", max_kl=0.01))
+    assert m.validation["draft"]["text_kl"] > 0.01 and m.validation["draft_tolerance"]["max_text_kl"] is None
 
 
 def test_each_model_weights_are_stored_and_loaded_once(family_bundle):
@@ -274,3 +294,14 @@ def test_portable_flavour_is_standard_ops_and_exact(family, tmp_path):
         _, _, step = runners(out, m, role, "portable")
         assert isinstance(step, PortableRunner) and step.spec.io.past_length == "past_length"
         assert check_decode(model, out, m, role, rng, "portable") <= ATOL
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan"])
+def test_max_kl_must_be_a_positive_bound(llama_bundle, tmp_path, value):
+    from test_bad_input import assert_one_line_error, export_cli
+
+    target, draft, _ = llama_bundle
+    out = tmp_path / "bundle"
+    res = export_cli("--target", str(target), "--draft", str(draft), "--out", str(out), "--quantize", "int4", "--max-kl", value)
+    assert_one_line_error(res, f"--max-kl {float(value)}", "expected a bound in nats > 0")
+    assert not out.exists()

@@ -1,0 +1,107 @@
+"""Block quantization recipes, pure NumPy: llama.cpp's Q4_1 and Q8_0 blocks in MatMulNBits' layout.
+
+A weight ``w`` [K, N] (``x @ w``) is cut into blocks of ``block`` along K, per column, as both
+GGUF (a row of ``ne0 = K`` inputs) and ONNX Runtime's ``MatMulNBits`` (B: [N, K/block, blob])
+do. Each recipe is the one llama.cpp uses to make that GGUF type:
+
+- ``q4_1``: scale = (max - min) / 15, minimum = min; code = round((w - min) / scale) in 0..15;
+- ``q4_0``: scale = m / -8 where m is the block's w of largest |w| (its sign kept); code =
+  min(15, floor(w / scale + 8.5)), w ~= scale * (code - 8): MatMulNBits' symmetric 4-bit;
+- ``q8_0``: scale = max|w| / 127; code = round(w / scale) in -127..127.
+
+Both are idempotent: applied to weights a GGUF of that type dequantizes to, they give back
+the file's own blocks (Q4_1: its minimum has code 0 and its maximum code 15, so min, max and
+hence scale come back; Q4_0: its largest |w| has code 0, i.e. -8 x scale; Q8_0: its largest
+|w| has code ±127). Requantizing a Q4_1 file's
+weights with any other recipe (symmetric blocks, a rounded zero point) moves every weight onto
+another grid: a second full 4-bit rounding, which on SmolLM2-135M loses the model
+(docs/quantization.md). That is why int4 keeps Q4_1's float minimum.
+
+MatMulNBits takes only integer zero points on its fast CPU path (a float zero point runs
+~30x slower), so the minimum is split: w = scale * (code - z) + r with z = round(-min /
+scale) in 0..15 and r = min + scale * z, |r| <= scale / 2. ``x @ w`` is then MatMulNBits over
+(code, scale, z) plus the block sums of x times r: a [.., K/block] @ [K/block, N] float32
+product (``export/quantize.py`` builds both).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def _blocks(w: np.ndarray, block: int) -> np.ndarray:
+    """w [K, N] -> [N, K/block, block] float32 (K must be a multiple of block)."""
+    k, n = w.shape
+    if k % block:
+        raise ValueError(f"K={k} is not a multiple of the block size {block}")
+    return np.ascontiguousarray(w.T, dtype=np.float32).reshape(n, k // block, block)
+
+
+def q4_1(w: np.ndarray, block: int = 32) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """codes [N, K/block, block] uint8 (0..15), scales [N, K/block] float32, minimums [N, K/block]
+    float32, with w ~= scale * code + min per block."""
+    b = _blocks(w, block)
+    lo, hi = b.min(axis=-1), b.max(axis=-1)
+    scale = (hi - lo) / 15
+    inv = np.divide(1.0, scale, out=np.zeros_like(scale), where=scale > 0)
+    codes = np.clip(np.rint((b - lo[..., None]) * inv[..., None]), 0, 15).astype(np.uint8)
+    return codes, scale.astype(np.float32), lo.astype(np.float32)
+
+
+def q4_0(w: np.ndarray, block: int = 32) -> tuple[np.ndarray, np.ndarray]:
+    """codes [N, K/block, block] uint8 (0..15, zero point 8), scales [N, K/block] float32, with
+    w ~= scale * (code - 8)."""
+    b = _blocks(w, block)
+    at = np.abs(b).argmax(axis=-1)[..., None]
+    scale = np.take_along_axis(b, at, axis=-1)[..., 0] / -8
+    inv = np.divide(1.0, scale, out=np.zeros_like(scale), where=scale != 0)
+    codes = np.clip(np.floor(b * inv[..., None] + 8.5), 0, 15).astype(np.uint8)
+    return codes, scale.astype(np.float32)
+
+
+def q8_0(w: np.ndarray, block: int = 32) -> tuple[np.ndarray, np.ndarray]:
+    """codes [N, K/block, block] uint8 (stored + 128: MatMulNBits' 8-bit symmetric zero point),
+    scales [N, K/block] float32, with w ~= scale * (code - 128)."""
+    b = _blocks(w, block)
+    scale = np.abs(b).max(axis=-1) / 127
+    inv = np.divide(1.0, scale, out=np.zeros_like(scale), where=scale > 0)
+    codes = np.clip(np.rint(b * inv[..., None]), -127, 127).astype(np.int16) + 128
+    return codes.astype(np.uint8), scale.astype(np.float32)
+
+
+def split_minimum(scale: np.ndarray, minimum: np.ndarray, bits: int = 4) -> tuple[np.ndarray, np.ndarray]:
+    """Integer zero points z [N, K/block] uint8 and residuals r [N, K/block] float32 with
+    scale * (code - z) + r == scale * code + minimum."""
+    top = 2**bits - 1
+    z = np.clip(np.rint(-minimum / np.where(scale > 0, scale, 1)), 0, top)
+    return z.astype(np.uint8), (minimum + scale * z).astype(np.float32)
+
+
+def pack_nibbles(codes: np.ndarray) -> np.ndarray:
+    """Two 4-bit codes per byte, the even index in the low nibble, along the last axis. [.., n/2]"""
+    return (codes[..., 0::2] | (codes[..., 1::2] << 4)).astype(np.uint8)
+
+
+def pack_zero_points(z: np.ndarray) -> np.ndarray:
+    """4-bit zero points [N, nb] -> MatMulNBits' [N, ceil(nb/2)] (odd nb padded with 8)."""
+    if z.shape[1] % 2:
+        z = np.concatenate([z, np.full((z.shape[0], 1), 8, np.uint8)], axis=1)
+    return pack_nibbles(z)
+
+
+def dequantize_q4_1(codes: np.ndarray, scale: np.ndarray, minimum: np.ndarray) -> np.ndarray:
+    """Back to w [K, N] float32."""
+    b = codes.astype(np.float32) * scale[..., None] + minimum[..., None]
+    return b.reshape(b.shape[0], -1).T
+
+
+def dequantize_q4_0(codes: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """Back to w [K, N] float32."""
+    b = (codes.astype(np.float32) - 8) * scale[..., None]
+    return b.reshape(b.shape[0], -1).T
+
+
+def dequantize_q8_0(codes: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """Back to w [K, N] float32."""
+    b = (codes.astype(np.float32) - 128) * scale[..., None]
+    return b.reshape(b.shape[0], -1).T
