@@ -47,6 +47,14 @@ def _t5_unsupported(cfg: Any) -> list[str]:
     return [] if act in ("relu", "gated-gelu", "gated-relu", "gelu", "gated-silu", "silu") else [f"feed_forward_proj={act!r}"]
 
 
+def _no_longrope(cfg: Any) -> list[str]:
+    """LongRoPE (Phi-3's 128k variants) switches its rotary factors on the sequence length, a
+    branch a traced graph would freeze: refused until the graph carries both factor sets."""
+    scaling = getattr(cfg, "rope_scaling", None) or {}
+    kind = scaling.get("rope_type", scaling.get("type"))
+    return [f"rope_scaling type {kind!r} (need none: the short-context variant)"] if kind in ("longrope", "su") else []
+
+
 @dataclass(frozen=True)
 class Family:
     name: str
@@ -68,7 +76,9 @@ def _seq2seq(name: str, model_types: tuple[str, ...], unsupported, layers, heads
 
 
 FAMILIES = (
-    Family("llama", ("llama", "qwen2", "mistral")),
+    # Llama-shaped: what differs (Qwen3's q/k norms, Phi-3's fused projections) runs in
+    # transformers' own modules before the attention function export/attention.py replaces
+    Family("llama", ("llama", "qwen2", "qwen3", "mistral", "phi3"), _no_longrope),
     Family("gpt2", ("gpt2",), _no_unsupported(scale_attn_by_inverse_layer_idx=False, reorder_and_upcast_attn=False)),
     Family("opt", ("opt",), _no_unsupported(enable_bias=True)),
     Family("gpt_neox", ("gpt_neox",)),

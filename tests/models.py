@@ -51,6 +51,13 @@ def config_for(family: str, size: str = "target"):
         "mistral": dict(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
                         num_attention_heads=heads, num_key_value_heads=heads // 2, max_position_embeddings=512,
                         sliding_window=None),
+        # Qwen3: per-head q/k RMSNorm before rotary; head_dim given apart from hidden / heads
+        "qwen3": dict(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                      num_key_value_heads=heads // 2, head_dim=16, max_position_embeddings=512, tie_word_embeddings=False),
+        # Phi-3: fused qkv_proj and gate_up_proj, plain rotary (no LongRoPE scaling)
+        "phi3": dict(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                     num_key_value_heads=heads // 2, max_position_embeddings=512, original_max_position_embeddings=512,
+                     rope_scaling=None, resid_pdrop=0.0, embd_pdrop=0.0, attention_dropout=0.0),
         "gpt2": dict(n_embd=hidden, n_layer=layers, n_head=heads, n_positions=512),
         "opt": dict(hidden_size=hidden, ffn_dim=2 * hidden, num_hidden_layers=layers, num_attention_heads=heads,
                     max_position_embeddings=512, word_embed_proj_dim=hidden),

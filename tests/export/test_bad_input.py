@@ -198,3 +198,16 @@ def test_inspect_cli(llama_bundle):
     assert "K=5" in res.stdout and "target_verify" in res.stdout and "validated target" in res.stdout
     bad = subprocess.run([shutil.which("specdec") or "specdec", "inspect", str(out / "nope")], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_phi3_longrope_is_refused_by_name(llama_bundle, tmp_path):
+    """Phi-3's 128k variants switch rotary factors on the sequence length: refused up front."""
+    cfg = config_for("phi3")
+    cfg.max_position_embeddings, cfg.original_max_position_embeddings = 1024, 256
+    cfg.rope_scaling = {"type": "longrope", "short_factor": [1.0] * 8, "long_factor": [2.0] * 8}
+    peaked_model(cfg, 4).save_pretrained(tmp_path / "phi3-128k")
+    make_tokenizer(tmp_path / "phi3-128k")
+    target, _, _ = llama_bundle
+    out = export_cli("--target", str(tmp_path / "phi3-128k"), "--draft", str(target), "--out", str(tmp_path / "b"))
+    assert_one_line_error(out, "rope_scaling type 'longrope'", "cannot be exported exactly yet")
+    assert not (tmp_path / "b").exists()
