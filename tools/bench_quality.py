@@ -46,7 +46,6 @@ LLAMA_PY = ROOT / ".bench" / "llamacpp-venv" / "bin" / "python"
 
 def llama_python() -> Path:
     if not LLAMA_PY.exists():
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
         from peers.llamacpp import VENV
         from peers.venv import ensure_venv
 
@@ -116,7 +115,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=OUT)
     a = ap.parse_args()
 
-    from specdec.bench.quality import TargetRunner, code_windows, kept, log_softmax, prose_windows, scores, window_logprobs
+    from specdec.bench.quality import TargetRunner, code_windows, kept, prose_windows, scores, window_logprobs
     from specdec.runtime.decoder import SpeculativeDecoder
     from specdec.serve.chat import bundle_template
 
@@ -141,7 +140,7 @@ def main() -> None:
     for label, b in bundles.items():
         runner = TargetRunner(b, threads=a.threads)
         raw = [runner.logits(w) for w in windows]
-        logp = window_logprobs(lambda w, it=iter(raw): next(it), windows)
+        logp = window_logprobs(raw)
         if ref_logp is None:
             ref_logp, ref_raw = logp, raw
         rows[label] = {"engine": "specdec", "model": str(b), **scores(ref_logp, logp, windows), "tokens_per_second": [],
@@ -151,7 +150,7 @@ def main() -> None:
         for label, g in ggufs.items():
             logits, greedy = run_llama(g, windows, prompts, a.steps, a.threads, Path(tmp) / "w")
             raw = [np.asarray(logits[i : i + a.window]) for i in range(0, len(logits), a.window)]
-            rows[label] = {"engine": "llama.cpp", "model": str(g), **scores(ref_logp, np.concatenate([log_softmax(x) for x in raw]), windows),
+            rows[label] = {"engine": "llama.cpp", "model": str(g), **scores(ref_logp, window_logprobs(raw), windows),
                            "tokens_per_second": [greedy["tokens_per_second"]], "greedy": greedy["tokens"],
                            "max_logit_delta": max(float(np.abs(x - y).max()) for x, y in zip(raw, ref_raw))}  # fmt: skip
             log(f"{label}: {rows[label]['perplexity']:.3f} ppl, KL {rows[label]['mean_kl']:.4f}")

@@ -104,9 +104,9 @@ class TargetRunner:
         return np.array(self.runner.run(np.asarray(tokens, dtype=np.int64)))
 
 
-def window_logprobs(logits_of: Callable[[Sequence[int]], np.ndarray], windows: Sequence[Sequence[int]]) -> np.ndarray:
-    """Log-probabilities of every position of every window, stacked. [sum(len(w)), V]"""
-    return np.concatenate([log_softmax(logits_of(w)) for w in windows])
+def window_logprobs(logits: Sequence[np.ndarray]) -> np.ndarray:
+    """Log-probabilities of every position of every window's logits [n_w, V], stacked. [sum(n_w), V]"""
+    return np.concatenate([log_softmax(x) for x in logits])
 
 
 def scores(ref_logp: np.ndarray, logp: np.ndarray, windows: Sequence[Sequence[int]]) -> dict[str, float]:

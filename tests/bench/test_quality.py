@@ -38,7 +38,7 @@ def test_a_bundle_against_itself_and_its_own_decoder(llama_bundle):
     windows = prose_windows(dec.codec.encode, 1, 40) + code_windows(dec.codec.encode, 1, 40)
     assert [len(w) for w in windows] == [40, 40] and windows[0] != windows[1]
     runner = TargetRunner(bundle)
-    logp = window_logprobs(runner.logits, windows)
+    logp = window_logprobs([runner.logits(w) for w in windows])
     assert logp.shape == (80, dec.manifest.vocab_size)
     s = scores(logp, logp, windows)
     assert s["mean_kl"] == 0.0 and 1.0 < s["perplexity"] < np.inf  # a random peaked model is confidently wrong on text: large

@@ -87,6 +87,16 @@ def write_gguf(model, tokenizer_folder, path, arch: str = "llama", odd_type=None
     w.close()
 
 
+def assert_greedy_as(ref, dec) -> None:
+    """Greedy speculative output of ``dec`` equals ``ref``'s (PyTorch) argmax loop, 24 tokens, two prompts."""
+    for prompt in ([5, 9, 2, 7], [40, 41, 42]):
+        ids = list(prompt)
+        with torch.no_grad():
+            for _ in range(24):
+                ids.append(int(ref(torch.tensor([ids])).logits[0, -1].argmax()))
+        assert dec.generate(prompt, max_new_tokens=24, gamma=3).tokens == ids[len(prompt):]
+
+
 @pytest.fixture(scope="module")
 def gguf_pair(tmp_path_factory):
     """A tied llama target and a smaller draft as GGUF files, and their bundle (exported once)."""
@@ -118,13 +128,7 @@ def test_gguf_bundle_decodes_as_pytorch(gguf_pair):
     assert m.target.source == str(files["target"]) and m.tokenizer is not None
     ref = AutoModelForCausalLM.from_pretrained(str(files["target"].parent), gguf_file=files["target"].name, dtype=torch.float32).eval()
     assert ref.config.tie_word_embeddings
-    dec = SpeculativeDecoder.load(out)
-    for prompt in ([5, 9, 2, 7], [40, 41, 42]):
-        ids = list(prompt)
-        with torch.no_grad():
-            for _ in range(24):
-                ids.append(int(ref(torch.tensor([ids])).logits[0, -1].argmax()))
-        assert dec.generate(prompt, max_new_tokens=24, gamma=3).tokens == ids[len(prompt):]
+    assert_greedy_as(ref, SpeculativeDecoder.load(out))
 
 
 def test_tied_embedding_is_stored_once(gguf_pair):
@@ -233,10 +237,4 @@ def test_qwen3_gguf_decodes_as_pytorch(tmp_path):
     export_main(["--target", str(files["target"]), "--draft", str(files["draft"]), "--out", str(out), "--gamma", "3", "--max-seq-len", "96"])
     ref = AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file=files["target"].name, dtype=torch.float32).eval()
     assert ref.config.model_type == "qwen3"
-    dec = SpeculativeDecoder.load(out)
-    for prompt in ([5, 9, 2, 7], [40, 41, 42]):
-        ids = list(prompt)
-        with torch.no_grad():
-            for _ in range(24):
-                ids.append(int(ref(torch.tensor([ids])).logits[0, -1].argmax()))
-        assert dec.generate(prompt, max_new_tokens=24, gamma=3).tokens == ids[len(prompt):]
+    assert_greedy_as(ref, SpeculativeDecoder.load(out))
