@@ -45,11 +45,15 @@ def gqa(
     kv_heads: int,
     scale: float,
     local_window: int,
+    softcap: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Reference semantics of GroupQueryAttention (batch 1), for running the wrapper in torch.
 
     query [1, S, H*D], key/value [1, S, kvH*D], past_* [1, kvH, MAX, D]; the S new rows go to
-    [total - S, total); token i attends to rows j <= total - S + i (and within the window).
+    [total - S, total); token i attends to rows j <= total - S + i and, with a window, to the
+    last ``local_window`` of them (itself included: i - j < window, as transformers' sliding
+    masks and ORT's local_window_size alike). ``softcap`` > 0: scores -> softcap * tanh(scores /
+    softcap) before the mask (Gemma 2).
     """
     b, s, _ = query.shape
     d = past_key.shape[-1]
@@ -61,6 +65,8 @@ def gqa(
     k = pk[:, :, :total].repeat_interleave(rep, 1)  # [1, H, T, D]
     v = pv[:, :, :total].repeat_interleave(rep, 1)
     scores = (q @ k.transpose(-1, -2)) * scale  # [1, H, S, T]
+    if softcap > 0:
+        scores = torch.tanh(scores / softcap) * softcap
     i = torch.arange(s)[:, None] + start
     j = torch.arange(total)[None, :]
     visible = j <= i
@@ -81,7 +87,7 @@ def write_rows(past_key, past_value, key, value, start: int, total: int) -> tupl
 
 
 @gqa.register_fake
-def _gqa_fake(query, key, value, past_key, past_value, seqlens_k, total_len, num_heads, kv_heads, scale, local_window):
+def _gqa_fake(query, key, value, past_key, past_value, seqlens_k, total_len, num_heads, kv_heads, scale, local_window, softcap=0.0):
     return torch.empty_like(query), torch.empty_like(past_key), torch.empty_like(past_value)
 
 
@@ -116,6 +122,7 @@ def _register_gqa_schema() -> None:
                 attr("kv_num_heads", kind.INT, ""),
                 attr("scale", kind.FLOAT, ""),
                 attr("local_window_size", kind.INT, ""),
+                attr("softcap", kind.FLOAT, ""),
             ],
         )
     )
@@ -125,11 +132,17 @@ _register_gqa_schema()
 _MSFT = onnxscript.values.Opset("com.microsoft", 1)
 
 
-def _gqa_to_onnx(query, key, value, past_key, past_value, seqlens_k, total_len, num_heads: int, kv_heads: int, scale: float, local_window: int):
+def _gqa_to_onnx(query, key, value, past_key, past_value, seqlens_k, total_len, num_heads: int, kv_heads: int, scale: float,
+                 local_window: int, softcap: float = 0.0):  # fmt: skip
+    window = local_window if local_window > 0 else -1
+    if softcap > 0:  # the attribute only where it is used: other graphs stay as ORT < 1.19 reads them
+        return _MSFT.GroupQueryAttention(
+            query, key, value, past_key, past_value, seqlens_k, total_len,
+            num_heads=num_heads, kv_num_heads=kv_heads, scale=scale, local_window_size=window, softcap=float(softcap),
+        )  # fmt: skip
     return _MSFT.GroupQueryAttention(
         query, key, value, past_key, past_value, seqlens_k, total_len,
-        num_heads=num_heads, kv_num_heads=kv_heads, scale=scale,
-        local_window_size=local_window if local_window > 0 else -1,
+        num_heads=num_heads, kv_num_heads=kv_heads, scale=scale, local_window_size=window,
     )  # fmt: skip
 
 
@@ -179,7 +192,7 @@ def _scaling(module: torch.nn.Module, head_dim: int, scaling: float | None) -> f
     return scale
 
 
-def gqa_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, sliding_window=None, **kwargs):
+def gqa_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, sliding_window=None, softcap=None, **kwargs):
     """query [1, H, S, D], key/value [1, kvH, S, D] (new rows only) -> output [1, S, H, D]."""
     state = _active[-1]
     b, h, s, d = query.shape
@@ -190,7 +203,7 @@ def gqa_attention(module, query, key, value, attention_mask, scaling=None, dropo
         key.transpose(1, 2).reshape(b, s, kvh * d),
         value.transpose(1, 2).reshape(b, s, kvh * d),
         state.past_k[layer], state.past_v[layer], state.seqlens_k, state.total_len,
-        h, kvh, _scaling(module, d, scaling), int(sliding_window or 0),
+        h, kvh, _scaling(module, d, scaling), int(sliding_window or 0), float(softcap or 0.0),
     )  # fmt: skip
     state.present_k[layer], state.present_v[layer] = pk, pv
     return out.view(b, s, h, d), None

@@ -45,7 +45,7 @@ class RowsState:
     present_v: dict[int, list[torch.Tensor]] = field(default_factory=dict)
 
 
-def rows_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, sliding_window=None, **kwargs):
+def rows_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, sliding_window=None, softcap=None, **kwargs):
     """query [B, H, S, D], key/value [B, kvH, S, D] (new rows only) -> [B, S, H, D], one GQA per row."""
     state = _active[-1]
     rows, h, s, d = query.shape
@@ -59,7 +59,7 @@ def rows_attention(module, query, key, value, attention_mask, scaling=None, drop
             key[b : b + 1].transpose(1, 2).reshape(1, s, kvh * d),
             value[b : b + 1].transpose(1, 2).reshape(1, s, kvh * d),
             state.past_k[layer][b], state.past_v[layer][b], seqlens, (seqlens[0] + 1).to(torch.int32),
-            h, kvh, _scaling(module, d, scaling), int(sliding_window or 0),
+            h, kvh, _scaling(module, d, scaling), int(sliding_window or 0), float(softcap or 0.0),
         )  # fmt: skip
         outs.append(out)
         pks.append(pk)

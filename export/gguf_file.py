@@ -15,10 +15,12 @@ from typing import Any
 
 from specdec.errors import ModelError
 
-# GGUF ``general.architecture`` -> the transformers model type it loads as. Llama-shaped only:
-# the families specdec exports (export/families.py) that transformers' GGUF loader also reads.
-# (llama.cpp writes Mistral checkpoints as "llama".)
-ARCHITECTURES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3"}
+# GGUF ``general.architecture`` -> the transformers model type it loads as: the families specdec
+# exports (export/families.py) that transformers' GGUF loader also reads. (llama.cpp writes
+# Mistral checkpoints as "llama"; Phi-3 files carry no LongRoPE factors the loader reads, so
+# they load as the short-context variant.)
+ARCHITECTURES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2", "gemma3": "gemma3_text",
+                 "phi3": "phi3"}  # fmt: skip
 
 # Tensor types gguf-py dequantizes in NumPy, as llama.cpp's usual file types use them.
 QUANT_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
@@ -57,8 +59,10 @@ def load_gguf_model(auto: Any, path: Path) -> Any:
     """The GGUF file's model, dequantized to float32 (``auto``: a transformers Auto class)."""
     import torch
 
+    from specdec.export.source import REFERENCE_ATTENTION
+
     try:
-        return auto.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+        return auto.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32, attn_implementation=REFERENCE_ATTENTION)
     except (OSError, ValueError, KeyError, NotImplementedError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ModelError(f"cannot load the weights of GGUF file {path.name} ({first})") from None

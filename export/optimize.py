@@ -6,7 +6,7 @@
    prepack (a large share of a verify call: docs/bench/notes.md). The head becomes a plain MatMul on
    a stored Wᵀ [H, V]:
 
-       FusedMatMul(h, W, transB=1)    ->  MatMul(h, Wᵀ)
+       FusedMatMul(h, W, transB=1)    ->  MatMul(h, Wᵀ)   (x alpha, where ORT folded a scale in)
 
    The embedding lookup keeps W only when W is tiny (<= DUPLICATE_LIMIT elements, 16 MiB in
    float32: ORT's column gather costs ~0.15 ms a call, a few percent of a small model's verify
@@ -52,7 +52,6 @@ def _is_transposed_head(node: onnx.NodeProto, inits: dict) -> bool:
         and node.input[1] in inits
         and a.get("transB", 0) == 1
         and a.get("transA", 0) == 0
-        and a.get("alpha", 1.0) == 1.0
         and len(inits[node.input[1]].dims) == 2
     )
 
@@ -82,7 +81,12 @@ def untranspose_tied_head(model: onnx.ModelProto) -> int:
             graph.initializer.remove(inits[w])
         nodes = []
         for n in graph.node:
-            if n is head:
+            if n is head and _attrs(n).get("alpha", 1.0) != 1.0:  # a scale ORT folded in (Gemma 2's 1 / final soft-cap)
+                alpha = numpy_helper.from_array(np.array(_attrs(n)["alpha"], dtype=matrix.dtype), n.name + "_alpha")
+                graph.initializer.append(alpha)
+                nodes.append(helper.make_node("MatMul", [n.input[0], wt.name], [n.output[0] + "_unscaled"], name=n.name + "_untransposed"))
+                nodes.append(helper.make_node("Mul", [n.output[0] + "_unscaled", alpha.name], list(n.output), name=n.name + "_alpha"))
+            elif n is head:
                 nodes.append(helper.make_node("MatMul", [n.input[0], wt.name], list(n.output), name=n.name + "_untransposed"))
             elif n in gathers:
                 rank = ranks[n.input[1]]
@@ -156,9 +160,11 @@ def _prune(graph: onnx.GraphProto) -> None:
 
 
 def constant_rotary_cache(model: onnx.ModelProto, max_seq: int) -> int:
-    """Replace the per-call cos/sin computation feeding RotaryEmbedding with one constant table
-    of ``max_seq`` rows; returns 1 if done. An unrolled graph (export/fused.py) computes a table
-    per step from position_ids + j: each is a prefix of the same table, so all share one."""
+    """Replace the per-call cos/sin computations feeding RotaryEmbedding with constant tables of
+    ``max_seq`` rows; returns how many distinct tables are stored. Models with one RoPE base have
+    one table; Gemma 3 has two (local and global layers' bases). An unrolled graph
+    (export/fused.py) computes a table per step from position_ids + j: each is a prefix of the
+    same table, so equal tables are stored once."""
     import onnxruntime as ort
 
     graph = model.graph
@@ -167,12 +173,12 @@ def constant_rotary_cache(model: onnx.ModelProto, max_seq: int) -> int:
     inits = {t.name for t in graph.initializer}
     if not caches or any(set(pair) & inits for pair in caches):
         return 0
-    cos, sin = caches[0]
+    wanted = [name for pair in caches for name in pair]
     probe = onnx.ModelProto()
     probe.CopyFrom(model)
     del probe.graph.output[:]
     elem = next(i.type.tensor_type.elem_type for i in graph.input if i.name.startswith("past_key_0"))  # the model's dtype
-    probe.graph.output.extend([helper.make_tensor_value_info(name, elem, None) for name in (cos, sin)])
+    probe.graph.output.extend([helper.make_tensor_value_info(name, elem, None) for name in wanted])
     _prune(probe.graph)
     needed = {i for n in probe.graph.node for i in n.input}
     kept = [t for t in probe.graph.initializer if t.name in needed]
@@ -185,17 +191,27 @@ def constant_rotary_cache(model: onnx.ModelProto, max_seq: int) -> int:
     sess = ort.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
     pos = next(i for i in graph.input if i.name == "position_ids")
     shape = [d.dim_value or 1 for d in pos.type.tensor_type.shape.dim]  # static [B, S], or 1 for a dynamic axis
-    cos_v, sin_v = sess.run([cos, sin], {"position_ids": np.full(shape, max_seq - 1, dtype=np.int64)})
-    assert cos_v.shape[0] >= max_seq, cos_v.shape
-    names = ("rotary_cos_cache", "rotary_sin_cache")
-    graph.initializer.extend([numpy_helper.from_array(cos_v[:max_seq], names[0]), numpy_helper.from_array(sin_v[:max_seq], names[1])])
+    values = dict(zip(wanted, sess.run(wanted, {"position_ids": np.full(shape, max_seq - 1, dtype=np.int64)})))
+    tables: list[tuple[np.ndarray, np.ndarray]] = []  # distinct (cos, sin) [max_seq, D/2]
+    renamed = {}
+    for cos, sin in caches:
+        assert values[cos].shape[0] >= max_seq, values[cos].shape
+        table = (values[cos][:max_seq], values[sin][:max_seq])
+        k = next((k for k, t in enumerate(tables) if all(np.array_equal(a, b) for a, b in zip(t, table))), None)
+        if k is None:
+            k = len(tables)
+            tables.append(table)
+            suffix = f"_{k}" if k else ""
+            graph.initializer.extend([numpy_helper.from_array(table[0], f"rotary_cos_cache{suffix}"),
+                                      numpy_helper.from_array(table[1], f"rotary_sin_cache{suffix}")])  # fmt: skip
+        suffix = f"_{k}" if k else ""
+        renamed[(cos, sin)] = (f"rotary_cos_cache{suffix}", f"rotary_sin_cache{suffix}")
     for n in rotaries:
-        n.input[2], n.input[3] = names
-    outputs = {name for pair in caches for name in pair}
-    for n in [n for n in graph.node if set(n.output) & outputs]:
+        n.input[2], n.input[3] = renamed[(n.input[2], n.input[3])]
+    for n in [n for n in graph.node if set(n.output) & set(wanted)]:
         graph.node.remove(n)
     _prune(graph)
-    return 1
+    return len(tables)
 
 
 def rotary_on_3d(model: onnx.ModelProto) -> int:

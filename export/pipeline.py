@@ -133,11 +133,10 @@ def _model_spec(src: Source, model, quantization: str | None) -> ModelSpec:
 
 
 def default_max_seq(sources) -> int:
-    """2048 rows, or fewer when a model has fewer positions (or a smaller sliding window)."""
+    """2048 rows, or fewer when a model has fewer positions."""
     limits = [DEFAULT_MAX_SEQ]
     for src in sources:
         limits += [getattr(src.config, "max_position_embeddings", None) or DEFAULT_MAX_SEQ]
-        limits += [src.family.window(src.config) or DEFAULT_MAX_SEQ]
     return min(limits)
 
 

@@ -34,7 +34,8 @@ class PortableState:
     new_v: dict[int, torch.Tensor] = field(default_factory=dict)
 
 
-def portable_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, sliding_window=None, **kwargs):
+def portable_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, sliding_window=None, softcap=None,
+                       **kwargs):  # fmt: skip
     """query [1, H, S, D], key/value [1, kvH, S, D] (new rows, after rotary) -> [1, S, H, D]."""
     state = _active[-1]
     layer = module.layer_idx
@@ -50,13 +51,17 @@ def portable_attention(module, query, key, value, attention_mask, scaling=None, 
     j = torch.arange(past_k.shape[2])  # [MAX]
     past_ok = j[None, :] < state.past_length  # [1, MAX]
     new_ok = torch.arange(s)[None, :] <= torch.arange(s)[:, None]  # [S, S] causal
-    if sliding_window:
+    if sliding_window:  # the last `sliding_window` rows, itself included (transformers' masks)
         past_ok = past_ok & (pos[:, None] - j[None, :] < sliding_window)  # [S, MAX]
+        new_ok = new_ok & (torch.arange(s)[:, None] - torch.arange(s)[None, :] < sliding_window)
     past_ok = past_ok.expand(s, -1).repeat(g, 1)  # [g*S, MAX]
     new_ok = new_ok.repeat(g, 1)  # [g*S, S]
     low = torch.finfo(query.dtype).min
-    s_past = torch.where(past_ok, (q @ past_k.transpose(2, 3)) * scale, low)
-    s_new = torch.where(new_ok, (q @ key.transpose(2, 3)) * scale, low)
+    s_past, s_new = (q @ past_k.transpose(2, 3)) * scale, (q @ key.transpose(2, 3)) * scale
+    if softcap:  # Gemma 2: scores -> softcap * tanh(scores / softcap)
+        s_past, s_new = torch.tanh(s_past / softcap) * softcap, torch.tanh(s_new / softcap) * softcap
+    s_past = torch.where(past_ok, s_past, low)
+    s_new = torch.where(new_ok, s_new, low)
     w = torch.softmax(torch.cat([s_past, s_new], dim=-1).float(), dim=-1).to(query.dtype)
     split = past_k.shape[2]
     out = w[..., :split] @ past_v + w[..., split:] @ value  # [1, kvH, g*S, D]

@@ -84,7 +84,7 @@ def resolve(src: str, max_seq_len: int | None, revision: str | None = None, trus
 
 
 def _checked_family(config: Any, src: str, max_seq_len: int | None) -> Family:
-    family = family_of(config, src, max_seq_len)
+    family = family_of(config, src)
     positions = getattr(config, "max_position_embeddings", None)
     if positions is not None and max_seq_len is not None and max_seq_len > positions:
         raise ModelError(
@@ -176,7 +176,9 @@ def load_model(src: Source, target: Any = None) -> Any:
     if src.gguf is not None:
         from specdec.export.gguf_file import load_gguf_model
 
-        return load_gguf_model(auto, src.gguf).eval()
+        model = load_gguf_model(auto, src.gguf)
+        src.family.adapt(model)
+        return model.eval()
     try:
         model = auto.from_pretrained(
             src.location,
@@ -184,11 +186,18 @@ def load_model(src: Source, target: Any = None) -> Any:
             trust_remote_code=src.trust_remote_code,
             use_safetensors=True,
             torch_dtype=torch.float32,
+            attn_implementation=REFERENCE_ATTENTION,
         )
     except (OSError, ValueError) as e:
         first = str(e).strip().splitlines()[0]
         raise ModelError(f"cannot load weights of {src.name!r} ({first}); specdec loads safetensors weights only") from None
+    src.family.adapt(model)
     return model.eval()
+
+
+# The attention validation compares against: transformers' eager path is every family's own
+# math (its sdpa path drops Gemma 2's score soft-capping without a word, in 4.57)
+REFERENCE_ATTENTION = "eager"
 
 
 def parameter_count(model: Any) -> int:

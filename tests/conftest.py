@@ -43,7 +43,7 @@ def llama_bundle(tmp_path_factory):
     return target, draft, out
 
 
-FAMILIES = ["llama", "qwen2", "qwen3", "phi3", "mistral", "gpt2", "opt", "gpt_neox"]
+FAMILIES = ["llama", "qwen2", "qwen3", "phi3", "gemma3", "gemma2", "mistral", "gpt2", "opt", "gpt_neox"]
 
 
 @pytest.fixture(scope="session", params=FAMILIES)

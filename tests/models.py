@@ -36,6 +36,9 @@ def make_tokenizer(folder: Path) -> None:
     fast.save_pretrained(folder)
 
 
+MODEL_TYPES = {"gemma3": "gemma3_text"}  # test family name -> transformers model_type where they differ
+
+
 def config_for(family: str, size: str = "target"):
     """A tiny config of ``family``; the draft is smaller than the target."""
     from transformers import AutoConfig
@@ -48,9 +51,10 @@ def config_for(family: str, size: str = "target"):
                       num_attention_heads=heads, num_key_value_heads=heads // 2, max_position_embeddings=512),
         "qwen2": dict(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
                       num_attention_heads=heads, num_key_value_heads=heads // 2, max_position_embeddings=512),
+        # Mistral: a sliding window far below the tests' lengths, so every layer's window is crossed
         "mistral": dict(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
                         num_attention_heads=heads, num_key_value_heads=heads // 2, max_position_embeddings=512,
-                        sliding_window=None),
+                        sliding_window=16),
         # Qwen3: per-head q/k RMSNorm before rotary; head_dim given apart from hidden / heads
         "qwen3": dict(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers, num_attention_heads=heads,
                       num_key_value_heads=heads // 2, head_dim=16, max_position_embeddings=512, tie_word_embeddings=False),
@@ -58,13 +62,24 @@ def config_for(family: str, size: str = "target"):
         "phi3": dict(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers, num_attention_heads=heads,
                      num_key_value_heads=heads // 2, max_position_embeddings=512, original_max_position_embeddings=512,
                      rope_scaling=None, resid_pdrop=0.0, embd_pdrop=0.0, attention_dropout=0.0),
+        # Gemma 3 text: local layers (window 12, RoPE base 1e4) before a global one (base 1e6), q/k
+        # norms, query_pre_attn_scalar apart from head_dim, embedding x sqrt(hidden), tied head
+        "gemma3": dict(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                       num_key_value_heads=heads // 2, head_dim=16, query_pre_attn_scalar=24, sliding_window=12,
+                       layer_types=(["sliding_attention"] * (layers - 1) + ["full_attention"]) if big else ["sliding_attention"],
+                       rope_theta=1e6, rope_local_base_freq=1e4, max_position_embeddings=512),
+        # Gemma 2: alternating local (window 12) and global layers, score and final-logit soft-capping
+        "gemma2": dict(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                       num_key_value_heads=heads // 2, head_dim=16, query_pre_attn_scalar=16, sliding_window=12,
+                       layer_types=["sliding_attention", "full_attention"] * (layers // 2) + ["sliding_attention"] * (layers % 2),
+                       attn_logit_softcapping=3.0, final_logit_softcapping=30.0, max_position_embeddings=512),
         "gpt2": dict(n_embd=hidden, n_layer=layers, n_head=heads, n_positions=512),
         "opt": dict(hidden_size=hidden, ffn_dim=2 * hidden, num_hidden_layers=layers, num_attention_heads=heads,
                     max_position_embeddings=512, word_embed_proj_dim=hidden),
         "gpt_neox": dict(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
                          num_attention_heads=heads, max_position_embeddings=512, rotary_pct=0.5),
     }[family]
-    return AutoConfig.for_model(family, **common, **kw)
+    return AutoConfig.for_model(MODEL_TYPES.get(family, family), **common, **kw)
 
 
 def peaked_model(cfg, seed: int, inner: float = 4.0, head: float = 8.0):
@@ -73,7 +88,7 @@ def peaked_model(cfg, seed: int, inner: float = 4.0, head: float = 8.0):
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, attn_implementation="eager").eval()
     final = [m for name, m in model.named_modules() if re.search(r"(norm|ln_f)$", name) and not re.search(r"\.\d+\.", name)]
     return sharpen(model, inner, final, head)  # the final norm only
 
@@ -88,6 +103,9 @@ def sharpen(model, inner: float, norms: list, head: float):
             if p.dim() == 2:
                 p.mul_(inner)
         for norm in norms:
+            if type(norm).__name__.startswith("Gemma"):  # Gemma norms scale by (1 + weight)
+                norm.weight.add_(1).mul_(head).sub_(1)
+                continue
             norm.weight.mul_(head)
             if getattr(norm, "bias", None) is not None:
                 norm.bias.mul_(head)

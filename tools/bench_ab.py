@@ -4,7 +4,8 @@ through BatchEngine, alternated request by request between two long-lived worker
 
     python tools/bench_ab.py BUNDLE --old DIR [--rounds 30] [--out docs/bench/engine-core]
 
-``--old DIR``: a folder whose ``specdec`` package is the other tree (e.g. a ``git worktree`` of
+``--old-bundle PATH``: the old tree's own bundle (an export change: each tree's export of the
+same models), else both load BUNDLE. ``--old DIR``: a folder whose ``specdec`` package is the other tree (e.g. a ``git worktree`` of
 the previous commit with ``specdec/``'s subpackages linked in); its worker runs with it first on
 ``PYTHONPATH``. Each worker loads the bundle once and warms up; then each round sends every
 measurement to both workers in turn (the order flips every round), one at a time, so both see
@@ -67,10 +68,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("bundle", type=Path)
     ap.add_argument("--old", type=Path, required=True)
+    ap.add_argument("--old-bundle", type=Path, default=None, help="the old tree's export of the same models (default: BUNDLE)")
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
-    procs = {"old": worker(args.bundle, str(args.old)), "new": worker(args.bundle, None)}
+    procs = {"old": worker(args.old_bundle or args.bundle, str(args.old)), "new": worker(args.bundle, None)}
     runs = {(tree, mode): [] for tree in procs for mode in MODES}
     try:
         for r in range(args.rounds):
@@ -91,7 +93,7 @@ def main() -> None:
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         raw = {f"{tree} {mode}": v for (tree, mode), v in runs.items()}
-        (args.out / "results.json").write_text(json.dumps({"bundle": str(args.bundle), "rounds": args.rounds, "rows": rows, "runs": raw}, indent=1))
+        (args.out / "results.json").write_text(json.dumps({"bundle": str(args.bundle), "old_bundle": str(args.old_bundle or args.bundle), "rounds": args.rounds, "rows": rows, "runs": raw}, indent=1))
 
 
 if __name__ == "__main__":

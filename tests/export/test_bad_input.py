@@ -200,14 +200,27 @@ def test_inspect_cli(llama_bundle):
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
 
 
-def test_phi3_longrope_is_refused_by_name(llama_bundle, tmp_path):
-    """Phi-3's 128k variants switch rotary factors on the sequence length: refused up front."""
-    cfg = config_for("phi3")
-    cfg.max_position_embeddings, cfg.original_max_position_embeddings = 1024, 256
-    cfg.rope_scaling = {"type": "longrope", "short_factor": [1.0] * 8, "long_factor": [2.0] * 8}
-    peaked_model(cfg, 4).save_pretrained(tmp_path / "phi3-128k")
-    make_tokenizer(tmp_path / "phi3-128k")
+def test_mixture_of_experts_is_refused_with_its_reason(llama_bundle, tmp_path):
+    """Qwen3-MoE routes each token to experts (a second MLP path): refused by name, with why."""
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.for_model("qwen3_moe", vocab_size=320, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
+                               num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, num_experts=4, num_experts_per_tok=2)  # fmt: skip
+    cfg.save_pretrained(tmp_path / "moe")
+    make_tokenizer(tmp_path / "moe")
     target, _, _ = llama_bundle
-    out = export_cli("--target", str(tmp_path / "phi3-128k"), "--draft", str(target), "--out", str(tmp_path / "b"))
-    assert_one_line_error(out, "rope_scaling type 'longrope'", "cannot be exported exactly yet")
+    out = export_cli("--target", str(tmp_path / "moe"), "--draft", str(target), "--out", str(tmp_path / "b"))
+    assert_one_line_error(out, "architecture 'qwen3_moe' is not supported", "mixture-of-experts")
+    assert not (tmp_path / "b").exists()
+
+
+def test_bidirectional_gemma3_is_refused_by_name(llama_bundle, tmp_path):
+    """EmbeddingGemma-style Gemma 3 (bidirectional attention) is not a causal decoder: refused up front."""
+    cfg = config_for("gemma3")
+    cfg.use_bidirectional_attention = True
+    peaked_model(cfg, 4).save_pretrained(tmp_path / "gemma3-bi")
+    make_tokenizer(tmp_path / "gemma3-bi")
+    target, _, _ = llama_bundle
+    out = export_cli("--target", str(tmp_path / "gemma3-bi"), "--draft", str(target), "--out", str(tmp_path / "b"))
+    assert_one_line_error(out, "use_bidirectional_attention=True (need False)", "cannot be exported exactly yet")
     assert not (tmp_path / "b").exists()

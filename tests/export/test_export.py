@@ -77,7 +77,7 @@ def test_family_exports_exactly(family_bundle):
     assert rows.batch == 4 and rows.inputs[0].shape == (4, "S") and len(rows.io.past) == 4 * manifest.target.num_layers
     rng = np.random.default_rng(0)
     for role, src in (("target", target), ("draft", draft)):
-        model = AutoModelForCausalLM.from_pretrained(src).eval()
+        model = AutoModelForCausalLM.from_pretrained(src, attn_implementation="eager").eval()
         worst = check_decode(model, out, manifest, role, rng)
         assert worst <= ATOL, f"{family} {role}: max |Δ logits| {worst:.2e} after rollbacks"
 
@@ -89,7 +89,7 @@ def test_smaller_draft_exports_exactly(llama_bundle):
     _, draft, out = llama_bundle
     manifest = load_manifest(out)
     assert manifest.draft.num_layers < manifest.target.num_layers
-    model = AutoModelForCausalLM.from_pretrained(draft).eval()
+    model = AutoModelForCausalLM.from_pretrained(draft, attn_implementation="eager").eval()
     assert check_decode(model, out, manifest, "draft", np.random.default_rng(1)) <= ATOL
 
 
@@ -99,7 +99,7 @@ def test_rollback_is_needed_for_exactness(llama_bundle):
 
     target, _, out = llama_bundle
     manifest = load_manifest(out)
-    model = AutoModelForCausalLM.from_pretrained(target).eval()
+    model = AutoModelForCausalLM.from_pretrained(target, attn_implementation="eager").eval()
     cache, prefill, verify = runners(out, manifest, "target")
     seq = [5, 6, 7, 8, 9, 10]
     prefill.run(seq)
@@ -290,7 +290,7 @@ def test_portable_flavour_is_standard_ops_and_exact(family, tmp_path):
         assert m.validation[g.model + "_portable"]["logits"] <= ATOL
     rng = np.random.default_rng(1)
     for role, src in (("target", target), ("draft", draft)):
-        model = AutoModelForCausalLM.from_pretrained(src).eval()
+        model = AutoModelForCausalLM.from_pretrained(src, attn_implementation="eager").eval()
         _, _, step = runners(out, m, role, "portable")
         assert isinstance(step, PortableRunner) and step.spec.io.past_length == "past_length"
         assert check_decode(model, out, m, role, rng, "portable") <= ATOL
@@ -307,9 +307,9 @@ def test_max_kl_must_be_a_positive_bound(llama_bundle, tmp_path, value):
     assert not out.exists()
 
 
-@pytest.mark.parametrize("family", ["qwen3", "phi3"])
+@pytest.mark.parametrize("family", ["qwen3", "phi3", "gemma3", "gemma2"])
 def test_new_families_quantize_and_decode_exactly(tmp_path, family):
-    """Qwen3 (q/k norms) and Phi-3 (fused projections) at int4, target and draft: the blocks
+    """Qwen3 (q/k norms), Phi-3 (fused projections) and Gemma 3 / 2 (windows, soft-capping) at int4, target and draft: the blocks
     replace every projection, the real-text figures are recorded, and speculative greedy output
     is the quantized target's own, up to int8 activation rounding (docs/exactness.md). max_kl:
     random-weight models lose ~0.2 nats at int4 (test_lossy_quantization_is_refused)."""

@@ -39,7 +39,7 @@ def test_fused_graphs_match_pytorch_for_every_family(family, tmp_path):
 
     model = peaked_model(config_for(family, "draft"), seed=3).eval()
     cfg = model.config
-    fam = family_of(cfg, family, MAX_SEQ)
+    fam = family_of(cfg, family)
     kv_heads, head_dim = fam.kv_heads(cfg), fam.head_dim(cfg)
 
     def spec(file, role, tokens, io_triple, batch=1):

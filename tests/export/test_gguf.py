@@ -31,6 +31,8 @@ def _permute(w: np.ndarray, heads: int) -> np.ndarray:
 
 
 PERMUTED = ("llama", "mistral")  # llama.cpp reorders q/k rows for these architectures only
+SENTENCEPIECE = ("gemma2", "gemma3", "phi3")  # transformers reads these architectures' tokenizers as sentencepiece ones
+PLUS_ONE_NORMS = ("gemma2", "gemma3")  # llama.cpp stores Gemma's (1 + w) norm weights as 1 + w
 
 
 def write_gguf(model, tokenizer_folder, path, arch: str = "llama", odd_type=None) -> None:
@@ -55,10 +57,17 @@ def write_gguf(model, tokenizer_folder, path, arch: str = "llama", odd_type=None
     tok = json.loads((tokenizer_folder / "tokenizer.json").read_text())
     vocab = sorted(tok["model"]["vocab"].items(), key=lambda kv: kv[1])
     special = {t["id"] for t in tok["added_tokens"]}
-    w.add_tokenizer_model("gpt2")
+    if getattr(cfg, "sliding_window", None):
+        w.add_sliding_window(cfg.sliding_window)
     w.add_token_list([t for t, _ in vocab])
     w.add_token_types([3 if i in special else 1 for _, i in vocab])  # 3: control
-    w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]])
+    if arch in SENTENCEPIECE:
+        w.add_tokenizer_model("llama")
+        w.add_token_scores([-float(i) for _, i in vocab])
+        w.add_unk_token_id(cfg.pad_token_id)
+    else:
+        w.add_tokenizer_model("gpt2")
+        w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]])
     w.add_bos_token_id(cfg.bos_token_id)
     w.add_eos_token_id(cfg.eos_token_id)
     w.add_pad_token_id(cfg.pad_token_id)
@@ -73,6 +82,8 @@ def write_gguf(model, tokenizer_folder, path, arch: str = "llama", odd_type=None
         elif ".k_proj." in hf and arch in PERMUTED:
             a = _permute(a, cfg.num_key_value_heads)
         name = names[hf]
+        if arch in PLUS_ONE_NORMS and "norm.weight" in hf:
+            a = a + 1
         if odd_type is not None and name == "output_norm.weight":
             block, size = gguf.GGML_QUANT_SIZES[odd_type]
             w.add_tensor(name, np.zeros(a.size // block * size, np.uint8), raw_dtype=odd_type)  # shape in bytes
@@ -219,22 +230,42 @@ def test_real_model_demo_without_the_package_names_the_pip_command(monkeypatch):
         demo.smollm2_gguf()
 
 
-def test_qwen3_gguf_decodes_as_pytorch(tmp_path):
-    """A Qwen3 GGUF (q/k norms as their own tensors, no q/k row reordering) exports and decodes
-    greedily as PyTorch's model loaded from the same file."""
+# What transformers' GGUF reader does not take from the file, set to what it assumes (every
+# released size has these): Qwen3's head_dim; Gemma's query_pre_attn_scalar and layer pattern
+GGUF_DEFAULTS = {
+    "qwen3": dict(head_dim=128),
+    "gemma3": dict(query_pre_attn_scalar=256),
+    "gemma2": dict(query_pre_attn_scalar=256, attn_logit_softcapping=50.0),
+    "phi3": {},
+}
+
+
+@pytest.mark.parametrize("arch", sorted(GGUF_DEFAULTS))
+def test_new_family_gguf_decodes_as_pytorch(tmp_path, arch):
+    """GGUF files of the newer families (Qwen3's q/k norms; Gemma's 1 + w norms, windows and
+    tied head; Phi-3's fused qkv) export and decode greedily as PyTorch's model loaded from the
+    same file, whose weights must be the ones written."""
     from transformers import AutoModelForCausalLM
 
     from specdec.runtime.decoder import SpeculativeDecoder
 
     make_tokenizer(tmp_path / "tok")
-    files = {}
+    files, models = {}, {}
     for seed, size in enumerate(("target", "draft")):
-        files[size] = tmp_path / f"qwen3-{size}.gguf"
-        cfg = config_for("qwen3", size)
-        cfg.head_dim = 128  # transformers' GGUF reader takes Qwen3's head_dim as 128 (every released size), not from the file
-        write_gguf(peaked_model(cfg, seed), tmp_path / "tok", files[size], arch="qwen3")
+        files[size] = tmp_path / f"{arch}-{size}.gguf"
+        cfg = config_for(arch, size)
+        for k, v in GGUF_DEFAULTS[arch].items():
+            setattr(cfg, k, v)
+        if arch == "gemma3":  # the reader's layer pattern: every 6th layer global
+            cfg.layer_types = ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(cfg.num_hidden_layers)]
+        models[size] = peaked_model(cfg, seed)
+        write_gguf(models[size], tmp_path / "tok", files[size], arch=arch)
     out = tmp_path / "bundle"
     export_main(["--target", str(files["target"]), "--draft", str(files["draft"]), "--out", str(out), "--gamma", "3", "--max-seq-len", "96"])
-    ref = AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file=files["target"].name, dtype=torch.float32).eval()
-    assert ref.config.model_type == "qwen3"
+    ref = AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file=files["target"].name, dtype=torch.float32, attn_implementation="eager").eval()
+    assert ref.config.model_type == models["target"].config.model_type
+    written = models["target"].state_dict()
+    for name, t in ref.state_dict().items():  # Q8_0 matrices come back within their rounding; the rest exactly
+        tol = 0.02 * float(written[name].abs().max()) if t.dim() == 2 else 1e-6
+        torch.testing.assert_close(t, written[name], rtol=0, atol=tol, msg=lambda m: f"{arch} {name}: {m}")
     assert_greedy_as(ref, SpeculativeDecoder.load(out))

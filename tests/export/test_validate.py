@@ -25,7 +25,7 @@ FP32 = {"target": TOLERANCES[("float32", None)]}
 def reference(folder, **config):
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(folder, **config).eval()
+    return AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager", **config).eval()
 
 
 def figures(bundle, model) -> dict:

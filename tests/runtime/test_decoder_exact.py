@@ -38,7 +38,7 @@ def torch_greedy(model, prompt: list[int], n: int) -> list[int]:
 def load_model(src):
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(src).eval()
+    return AutoModelForCausalLM.from_pretrained(src, attn_implementation="eager").eval()
 
 
 def test_greedy_matches_target_for_every_family(family_bundle):
@@ -89,11 +89,14 @@ def exact_first_two(model, prompt: list[int], cfg: SamplingConfig) -> tuple[np.n
     return p1, p1[support] @ p2
 
 
+NEW_FAMILIES = ("qwen3", "phi3", "gemma3", "gemma2")
+
+
 def test_first_two_tokens_follow_the_target_in_new_families(family_bundle):
     """The families whose layers differ most from Llama's (Qwen3's q/k norms, Phi-3's fused
-    projections), plain sampling. Parametrized by the fixture's own params (the others skip),
+    projections, Gemma's sliding windows, per-layer RoPE bases and soft-capping), plain sampling. Parametrized by the fixture's own params (the others skip),
     so that the session-scoped bundles are built once each."""
-    if family_bundle[0] not in ("qwen3", "phi3"):
+    if family_bundle[0] not in NEW_FAMILIES:
         pytest.skip("plain-sampling chi-square for the newest families; llama runs every mode below")
     first_two_tokens_follow_the_target(family_bundle, "plain", "model")
 
