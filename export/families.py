@@ -61,7 +61,8 @@ class Family:
 
 
 def _seq2seq(name: str, model_types: tuple[str, ...], unsupported, layers, heads, head_dim, max_source) -> Family:
-    return Family(name, model_types, unsupported, kv_heads=heads, head_dim=head_dim, layers=layers, heads=heads, hidden=lambda cfg: cfg.d_model, seq2seq=True, max_source=max_source)  # fmt: skip
+    return Family(name, model_types, unsupported, kv_heads=heads, head_dim=head_dim, layers=layers, heads=heads,
+                  hidden=lambda cfg: cfg.d_model, seq2seq=True, max_source=max_source)  # fmt: skip
 
 
 FAMILIES = (

@@ -104,3 +104,31 @@ def test_every_placeholder_in_the_docs_resolves():
     hook = load_hook()
     for page in sorted((ROOT / "docs").rglob("*.md")):
         hook.expand(page.read_text(), ROOT / "docs" / "bench", str(page.relative_to(ROOT)))
+
+
+def test_families_table_covers_every_supported_architecture(tmp_path):
+    """docs/families.md's table (written by tools/families_table.py from a test run) has a row
+    for every model type the export takes, each cell a mark the tool writes; and the tool turns
+    a junit report into those marks (a passed, a failed and a skipped test)."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    import families_table
+
+    from specdec.export.families import SUPPORTED
+
+    text = (ROOT / "docs" / "families.md").read_text()
+    body = text.split(families_table.BEGIN, 1)[1].split(families_table.END, 1)[0]
+    rows = [ln.strip("|").split("|") for ln in body.strip().splitlines()[2:]]
+    assert sorted(r[0].strip() for r in rows) == sorted(SUPPORTED) == sorted(families_table.FAMILIES.values())
+    assert all(len(r) == len(families_table.COLUMNS) + 1 and {c.strip() for c in r[1:]} <= {"✓", "✗", "—"} for r in rows), rows
+    junit = tmp_path / "junit.xml"
+    junit.write_text(
+        '<testsuites><testsuite name="pytest">'
+        '<testcase classname="tests.runtime.test_decoder_exact" name="test_greedy_matches_target_for_every_family[gemma2]"/>'
+        '<testcase classname="tests.runtime.test_batch" name="test_batched_greedy_matches_target_per_row[gemma2-lookup]"><failure/></testcase>'
+        '<testcase classname="tests.export.test_gguf" name="test_new_family_gguf_decodes_as_pytorch[gemma2]"><skipped/></testcase>'
+        "</testsuite></testsuites>"
+    )
+    cells = families_table.outcomes(junit)
+    assert cells == {("greedy = PyTorch", "gemma2"): [True], ("batched (BatchEngine)", "gemma2"): [False]}
+    table = families_table.table(cells)
+    assert "| gemma2 | ✓ | — | — | ✗ | — | — | — | — |" in table

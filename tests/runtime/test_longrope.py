@@ -1,6 +1,7 @@
-"""LongRoPE (Phi-3 128k): the exported rotary chooses short or long factors per position, and
-decoding across the switch equals transformers' one-token-at-a-time decoding, for the
-decoder at several γ and for the batched engine (export/rope.py says why per position)."""
+"""LongRoPE (Phi-3 128k; Phi-4-mini, whose rotary covers 3/4 of each head): the exported rotary
+chooses short or long factors per position, and decoding across the switch equals transformers'
+one-token-at-a-time decoding, for the decoder at several γ and for the batched engine
+(export/rope.py says why per position)."""
 
 from __future__ import annotations
 
@@ -17,19 +18,20 @@ from specdec.export.pipeline import ExportConfig, export_bundle  # noqa: E402
 ORIGINAL = 32  # original_max_position_embeddings: the switch falls inside every test's sequence
 
 
-def longrope_config():
+def longrope_config(partial: float = 1.0):
     cfg = config_for("phi3")
     cfg.max_position_embeddings, cfg.original_max_position_embeddings = 256, ORIGINAL
-    half = cfg.hidden_size // cfg.num_attention_heads // 2
+    cfg.partial_rotary_factor = partial
+    half = int(cfg.hidden_size // cfg.num_attention_heads * partial) // 2
     cfg.rope_scaling = {"type": "longrope", "short_factor": [1.0 + 0.1 * i for i in range(half)],
                         "long_factor": [2.0 + i for i in range(half)]}  # fmt: skip
     return cfg
 
 
-@pytest.fixture(scope="module")
-def longrope_bundle(tmp_path_factory):
+@pytest.fixture(scope="module", params=[1.0, 0.5], ids=["full-rotary", "partial-rotary"])
+def longrope_bundle(request, tmp_path_factory):
     root = tmp_path_factory.mktemp("longrope")
-    target = peaked_model(longrope_config(), 0)
+    target = peaked_model(longrope_config(request.param), 0)
     for name, model in (("target", target), ("draft", near_copy(target, 0.1, 1))):
         model.save_pretrained(root / name)
         make_tokenizer(root / name)

@@ -59,6 +59,33 @@ def test_top_p_tie_keeps_lower_index_like_argmax():
     np.testing.assert_array_equal(standardize(logits, SamplingConfig(top_p=0.3)) > 0, [0, 1, 0, 0])
 
 
+@pytest.mark.parametrize("shape", ["peaked", "flat"])
+def test_top_p_at_a_large_vocabulary_matches_transformers(shape):
+    """The nucleus is found by sorting a growing set of top candidates (64, 512, ...), not the
+    whole row: a peaked row closes inside the first 64, a flat one grows to the full sort."""
+    rng = np.random.default_rng(1)
+    logits = rng.normal(scale=3.0, size=(3, 50_000))
+    if shape == "peaked":
+        logits[:, rng.choice(50_000, 20, replace=False)] += 25.0
+    for cfg in (SamplingConfig(1.0, top_p=0.9), SamplingConfig(0.7, top_k=5000, top_p=0.5)):
+        np.testing.assert_allclose(standardize(logits, cfg), hf_reference(logits, cfg), atol=1e-12)
+    kept = (standardize(logits, SamplingConfig(1.0, top_p=0.9)) > 0).sum(-1)
+    assert (kept < 64).all() if shape == "peaked" else (kept > 512).all(), kept
+
+
+def test_top_p_with_ties_at_the_candidates_edge_keeps_lower_indices():
+    """Ties where the first 64 candidates end: the set grows until the nucleus closes strictly
+    inside it, and among equal scores the lower index stays (the full sort's rule)."""
+    logits = np.zeros(1000)
+    logits[[900, 10, 500]] = [5.0, 5.0, 4.0]  # two tied leaders, then 997 tied zeros
+    probs = standardize(logits, SamplingConfig(top_p=0.9))
+    p = softmax(logits)
+    need = int(np.searchsorted(np.cumsum(np.sort(p)[::-1]) - np.sort(p)[::-1], 0.9))  # tokens whose mass above is < 0.9
+    assert (probs > 0).sum() == need and need > 64
+    zeros_kept = np.flatnonzero((probs > 0) & (logits == 0))
+    np.testing.assert_array_equal(zeros_kept, np.flatnonzero(logits == 0)[: need - 3])  # the lowest indices among the ties
+
+
 def test_top_p_keeps_smallest_set_reaching_mass():
     logits = np.log(np.array([0.5, 0.3, 0.15, 0.05]))
     assert (standardize(logits, SamplingConfig(top_p=0.5)) > 0).sum() == 1

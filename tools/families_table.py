@@ -1,0 +1,102 @@
+"""docs/families.md's table of families x features, filled from a test run (never by hand).
+
+    python -m pytest tests --junitxml=.bench/junit.xml
+    python tools/families_table.py .bench/junit.xml        # rewrites the table in docs/families.md
+
+A cell is ✓ when at least one of the column's tests ran for that family and every one that ran
+passed, ✗ when one failed, and — when none ran (no test yet: the feature is not claimed). The
+family of a test is its parameter (``[gemma2-lookup]``) or, for a test written for one family,
+the family given here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "families.md"
+BEGIN, END = "<!-- families table: tools/families_table.py -->", "<!-- end of families table -->"
+
+# test family name -> what users know it by (transformers model_type)
+FAMILIES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3", "gemma3": "gemma3_text", "gemma2": "gemma2",
+            "mistral": "mistral", "gpt2": "gpt2", "opt": "opt", "gpt_neox": "gpt_neox", "t5": "t5", "bart": "bart",
+            "marian": "marian"}  # fmt: skip
+
+# column -> (test file::function, the family when the test is not parametrized by one)
+COLUMNS = {
+    "greedy = PyTorch": [("runtime/test_decoder_exact.py::test_greedy_matches_target_for_every_family", None),
+                         ("runtime/test_seq2seq.py::test_greedy_matches_pytorch", None)],
+    "sampled in law (χ²)": [("runtime/test_decoder_exact.py::test_first_two_tokens_follow_the_target_in_new_families", None),
+                            ("runtime/test_decoder_exact.py::test_first_two_tokens_follow_the_target", None),
+                            ("runtime/test_seq2seq.py::test_first_two_tokens_follow_the_target", None)],
+    "every drafter": [("runtime/test_drafters.py::test_greedy_matches_target_with_every_drafter", None)],
+    "batched (BatchEngine)": [("runtime/test_batch.py::test_batched_greedy_matches_target_per_row", None),
+                              ("runtime/test_seq2seq.py::test_batch_engine_serves_encoder_decoder_bundles", None)],
+    "int8 / int4": [("export/test_export.py::test_quantized_bundle", "llama"),
+                    ("export/test_export.py::test_new_families_quantize_and_decode_exactly", None),
+                    ("export/test_seq2seq_export.py::test_quantized_and_half_bundles_decode_as_their_own_target", "t5")],
+    "GGUF in": [("export/test_gguf.py::test_gguf_bundle_decodes_as_pytorch", "llama"),
+                ("export/test_gguf.py::test_new_family_gguf_decodes_as_pytorch", None)],
+    "TensorRT-ready graphs": [("export/test_export.py::test_portable_flavour_is_standard_ops_and_exact", None)],
+    "feature drafter": [],  # issue 28: no family yet
+}
+
+
+def _family(params: str, given: str | None) -> str | None:
+    if given is not None:
+        return given
+    return next((part for part in re.split(r"[-\[\]]", params) if part in FAMILIES), None)
+
+
+def outcomes(junit: Path) -> dict[tuple[str, str], list[bool]]:
+    """(column, family) -> pass/fail of each of the column's tests that ran for the family."""
+    cells: dict[tuple[str, str], list[bool]] = {}
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        if case.find("skipped") is not None:
+            continue
+        path = case.get("classname", "").replace(".", "/")  # tests.runtime.test_batch -> tests/runtime/test_batch
+        name = case.get("name", "")
+        func, _, params = name.partition("[")
+        node = f"{path.removeprefix('tests/')}.py::{func}"
+        ok = case.find("failure") is None and case.find("error") is None
+        for column, tests in COLUMNS.items():
+            for test, given in tests:
+                fam = _family("[" + params, given) if node == test else None
+                if fam is not None:
+                    cells.setdefault((column, fam), []).append(ok)
+    return cells
+
+
+def table(cells: dict[tuple[str, str], list[bool]]) -> str:
+    rows = ["| family (model_type) | " + " | ".join(COLUMNS) + " |", "|---" * (len(COLUMNS) + 1) + "|"]
+    for fam, model_type in FAMILIES.items():
+        marks = []
+        for column in COLUMNS:
+            ran = cells.get((column, fam), [])
+            marks.append("—" if not ran else ("✓" if all(ran) else "✗"))
+        rows.append(f"| {model_type} | " + " | ".join(marks) + " |")
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("junit", type=Path, help="pytest --junitxml output of the full suite")
+    args = ap.parse_args(argv)
+    cells = outcomes(args.junit)
+    if not cells:
+        print(f"{args.junit}: no family tests ran; pass the junit file of a full run", file=sys.stderr)
+        return 2
+    text = DOC.read_text()
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    DOC.write_text(f"{head}{BEGIN}\n{table(cells)}\n{END}{tail}")
+    print(table(cells))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
