@@ -59,31 +59,36 @@ def _top_k_mask(scores: np.ndarray, k: int) -> np.ndarray:
     return scores < kth
 
 
-def _top_p_mask(scores: np.ndarray, top_p: float) -> np.ndarray:
-    """True for tokens outside the nucleus [..., V]. HF sorts ascending and drops a token while
-    the cumulative mass up to and including it is <= 1 - top_p; equivalently, in descending
-    order a token stays while the mass of the tokens ranked above it is < top_p (so the most
-    likely token always stays). Among equal scores the lower index ranks higher, as argmax.
+# Where a row's nucleus search starts, as fractions of its largest probability: the tokens above
+# the first cut, then the second, ..., then every token
+NUCLEUS_CUTS = (2.0**-8, 2.0**-12, 2.0**-16, 2.0**-24, 2.0**-40, 0.0)
 
-    Only the nucleus needs an order: each row sorts its top candidates (argpartition), 64 at
-    first and 8x more while the nucleus does not close strictly inside them, instead of the whole
-    vocabulary (at 262,144 tokens a full sort costs ~25 ms a row; docs/families.md)."""
-    probs = softmax(scores)  # [..., V]
+
+def _top_p_mask(scores: np.ndarray, top_p: float, probs: np.ndarray) -> np.ndarray:
+    """True for tokens outside the nucleus [..., V] (``probs``: softmax of ``scores``). HF sorts
+    ascending and drops a token while the cumulative mass up to and including it is <= 1 - top_p;
+    equivalently, in descending order a token stays while the mass of the tokens ranked above it
+    is < top_p (so the most likely token always stays). Among equal scores the lower index ranks
+    higher, as argmax.
+
+    Only the nucleus needs an order: each row sorts the candidates whose probability is at least
+    a cut (``NUCLEUS_CUTS`` x its largest), lowering the cut until a candidate is dropped. Every
+    other token is then strictly less likely than every candidate, so it ranks after all of them
+    and is dropped too. A peaked row sorts a handful of tokens instead of the whole vocabulary (at
+    262,144 tokens a full sort costs ~20 ms a row; docs/families.md). Where the mass above a token
+    equals top_p exactly (equal probabilities), float rounding decides, as in any implementation:
+    against a full ascending sort the two differ only there (|mass - top_p| <= 2.2e-16)."""
     drop = np.ones(scores.shape, dtype=bool)
-    v = scores.shape[-1]
     for row in np.ndindex(scores.shape[:-1]):
         s, p = scores[row], probs[row]
-        m = min(v, 64)
-        while True:
-            cand = np.argpartition(s, v - m)[v - m :] if m < v else np.arange(v)  # the m largest, unordered
-            order = cand[np.lexsort((cand, -s[cand]))]  # descending score, then ascending index
-            above = np.cumsum(p[order]) - p[order]  # [m]: mass ranked above each candidate
+        top = p.max()
+        for cut in NUCLEUS_CUTS:
+            cand = np.flatnonzero(p >= cut * top) if cut > 0 else np.arange(p.shape[-1])
+            order = cand[np.argsort(-s[cand], kind="stable")]  # descending score; ties: ascending index (cand is sorted)
+            above = np.cumsum(p[order]) - p[order]  # mass ranked above each candidate
             kept = int((above < top_p).sum())
-            # closed inside: a token outside the candidates scores <= the last candidate, below
-            # the last kept one, so it ranks after every kept token and cannot change `above`
-            if m == v or (kept < m and s[order[kept - 1]] > s[order[-1]]):
+            if kept < len(order):  # the nucleus closed inside the candidates
                 break
-            m = min(v, 8 * m)
         drop[row][order[:kept]] = False
     return drop
 
@@ -102,7 +107,14 @@ def standardize(logits: np.ndarray, cfg: SamplingConfig) -> np.ndarray:
     if cfg.top_k:
         scores = np.where(_top_k_mask(scores, int(cfg.top_k)), -np.inf, scores)
     if cfg.top_p is not None and cfg.top_p < 1.0:
-        scores = np.where(_top_p_mask(scores, cfg.top_p), -np.inf, scores)
+        # softmax's own steps, its exponentials kept: zeroing the dropped ones and normalizing
+        # again gives softmax of the masked scores bit for bit, without a second exp
+        e = scores - scores.max(axis=-1, keepdims=True)  # [..., V], a new array
+        np.exp(e, out=e)
+        drop = _top_p_mask(scores, cfg.top_p, e / e.sum(axis=-1, keepdims=True))
+        e[drop] = 0.0
+        e /= e.sum(axis=-1, keepdims=True)
+        return e
     return softmax(scores)
 
 

@@ -43,6 +43,21 @@ def median_ms(fn, reps: int) -> float:
     return 1000 * statistics.median(times)
 
 
+def full_sort_top_p(scores: np.ndarray, top_p: float) -> np.ndarray:
+    """Top-p's mask by a full stable sort of every row: what ``runtime.sampling`` did before it
+    sorted only the nucleus' candidates, kept here as the figure to compare with."""
+    from specdec.runtime.sampling import softmax
+
+    v = scores.shape[-1]
+    order = v - 1 - np.argsort(scores[..., ::-1], axis=-1, kind="stable")
+    cum = np.cumsum(softmax(np.take_along_axis(scores, order, axis=-1)), axis=-1)
+    drop_sorted = cum <= 1.0 - top_p
+    drop_sorted[..., -1] = False
+    drop = np.empty_like(drop_sorted)
+    np.put_along_axis(drop, order, drop_sorted, axis=-1)
+    return drop
+
+
 def fill_vocabulary(path: Path, size: int) -> None:
     """Give the small BPE tokenizer ``size`` entries (``<unused_i>`` after its own), so that a
     converter sizing the model by its tokenizer (llama.cpp's drops embedding rows past it) keeps
@@ -84,7 +99,8 @@ def main() -> None:
     args.work.mkdir(parents=True, exist_ok=True)
     target, draft = make_models(args.work)
     bundle = args.work / "bundle"
-    export_s = None
+    previous = args.out / "vocab.json" if args.out else None
+    export_s = json.loads(previous.read_text()).get("export_seconds") if previous and previous.exists() else None
     if not (bundle / "manifest.json").exists():
         from specdec.export.pipeline import ExportConfig, export_bundle
 
@@ -133,6 +149,7 @@ def main() -> None:
         f"standardize {GAMMA + 1} rows, T=1 (speculative sampling)": median_ms(lambda: standardize(rows, t1), 10),
         f"standardize {GAMMA + 1} peaked rows, T=1, top-p 0.9": median_ms(lambda: standardize(peaked, SamplingConfig(1.0, None, 0.9)), 10),
         f"standardize {GAMMA + 1} flat rows, T=1, top-p 0.9 (worst case)": median_ms(lambda: standardize(rows, SamplingConfig(1.0, None, 0.9)), 5),
+        f"top-p 0.9 mask of {GAMMA + 1} flat rows by a full sort (the previous way)": median_ms(lambda: full_sort_top_p(rows, 0.9), 5),
         f"standardize {GAMMA + 1} rows, T=1, top-k 64": median_ms(lambda: standardize(rows, SamplingConfig(1.0, 64, None)), 10),
     }
     result = {"model": "Gemma-3-270M shape, random weights", "vocab": vocab, "export_seconds": export_s,
