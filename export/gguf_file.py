@@ -17,9 +17,9 @@ from specdec.errors import ModelError
 
 # GGUF ``general.architecture`` -> the transformers model type it loads as: the families specdec
 # exports (export/families.py) that transformers' GGUF loader also reads. (llama.cpp writes
-# Mistral checkpoints as "llama"; Phi-3 files carry no LongRoPE factors the loader reads, so
-# they load as the short-context variant.)
-ARCHITECTURES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2", "gemma3": "gemma3_text",
+# Mistral checkpoints as "llama", and gguf-py has no "mistral" tensor map for the loader to use;
+# Phi-3 files carry no LongRoPE factors the loader reads, so they load as the short-context variant.)
+ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2", "gemma3": "gemma3_text",
                  "phi3": "phi3"}  # fmt: skip
 
 # Tensor types gguf-py dequantizes in NumPy, as llama.cpp's usual file types use them.

@@ -271,9 +271,10 @@ def test_float16_bundle_has_half_weights(llama_bundle, tmp_path):
     assert 0 < m.validation["target"]["logits"] < 0.5 and m.validation["target"]["top1_agreement"] >= 0.9
 
 
-@pytest.mark.parametrize("family", ["llama", "gpt2"])
+@pytest.mark.parametrize("family", ["llama", "gpt2", "gemma2"])
 def test_portable_flavour_is_standard_ops_and_exact(family, tmp_path):
-    """--portable adds static-shape, standard-op graphs, exact like the ORT ones."""
+    """--portable adds static-shape, standard-op graphs, exact like the ORT ones (Gemma 2: the
+    sliding window and score soft-capping written out in standard ops)."""
     import onnx
     from transformers import AutoModelForCausalLM
 
@@ -307,7 +308,7 @@ def test_max_kl_must_be_a_positive_bound(llama_bundle, tmp_path, value):
     assert not out.exists()
 
 
-@pytest.mark.parametrize("family", ["qwen3", "phi3", "gemma3", "gemma2"])
+@pytest.mark.parametrize("family", ["qwen2", "mistral", "qwen3", "phi3", "gemma3", "gemma2"])
 def test_new_families_quantize_and_decode_exactly(tmp_path, family):
     """Qwen3 (q/k norms), Phi-3 (fused projections) and Gemma 3 / 2 (windows, soft-capping) at int4, target and draft: the blocks
     replace every projection, the real-text figures are recorded, and speculative greedy output

@@ -26,7 +26,7 @@ MAX_SEQ = 64
 GAMMA = 3
 
 
-@pytest.mark.parametrize("family", ["qwen2", "mistral", "gpt2", "opt", "gpt_neox"])  # llama: its bundle's own export validates it
+@pytest.mark.parametrize("family", ["qwen2", "mistral", "gemma2", "gemma3", "gpt2", "opt", "gpt_neox"])  # llama: its bundle's own export validates it
 def test_fused_graphs_match_pytorch_for_every_family(family, tmp_path):
     from models import config_for, peaked_model
 

@@ -233,6 +233,7 @@ def test_real_model_demo_without_the_package_names_the_pip_command(monkeypatch):
 # What transformers' GGUF reader does not take from the file, set to what it assumes (every
 # released size has these): Qwen3's head_dim; Gemma's query_pre_attn_scalar and layer pattern
 GGUF_DEFAULTS = {
+    "qwen2": {},
     "qwen3": dict(head_dim=128),
     "gemma3": dict(query_pre_attn_scalar=256),
     "gemma2": dict(query_pre_attn_scalar=256, attn_logit_softcapping=50.0),
