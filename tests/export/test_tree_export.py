@@ -1,0 +1,73 @@
+"""The tree verify graph (export/tree.py): every node's logits and K/V are PyTorch's on the
+node's own root-to-node path, after the CPU optimizations, with siblings at one position."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from models import config_for, peaked_model  # noqa: E402
+
+MAX_SEQ = 64
+PARENTS = [-1, 0, 0, 1, -1, 4, 3]  # two branches under the root; 1 and 2 are siblings; depth up to 3
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_tree_verify_graph_matches_pytorch_per_path(family, tmp_path):
+    import onnx
+    import onnxruntime as ort
+    from transformers import DynamicCache
+
+    from specdec.export.families import family_of
+    from specdec.export.optimize import optimize_for_cpu
+    from specdec.export.tree import ancestors_bias, export_tree_verify
+
+    model = peaked_model(config_for(family), seed=5).eval()
+    cfg = model.config
+    fam = family_of(cfg, family)
+    kvh, d, layers = fam.kv_heads(cfg), fam.head_dim(cfg), cfg.num_hidden_layers
+    path = tmp_path / "tree.onnx"
+    n = len(PARENTS)
+    export_tree_verify(model, path, n, MAX_SEQ, kvh, d, "float32")
+    optimize_for_cpu(path, MAX_SEQ)
+    gqa = [node for node in onnx.load(str(path), load_external_data=False).graph.node if node.op_type == "GroupQueryAttention"]
+    assert len(gqa) == layers and all(len(node.input) == 11 for node in gqa)  # the bias in, rotary by position outside
+
+    rng = np.random.default_rng(0)
+    context = rng.integers(3, cfg.vocab_size, size=9).tolist()
+    tokens = rng.integers(3, cfg.vocab_size, size=n).tolist()
+    tokens[2] = tokens[1]  # a sibling repeating a token: same position, same token, its own row
+    depth = []
+    for p in PARENTS:
+        depth.append(0 if p < 0 else depth[p] + 1)
+    past = len(context)
+    with torch.no_grad():
+        cache = DynamicCache()
+        model(torch.tensor([context]), past_key_values=cache, use_cache=True)
+    feeds = {"input_ids": np.array([tokens]), "position_ids": np.array([[past + k for k in depth]]),
+             "seqlens_k": np.array([past + n - 1], np.int32), "total_sequence_length": np.array(past + n, np.int32),
+             "tree_bias": ancestors_bias(PARENTS).numpy().astype(np.float32)}  # fmt: skip
+    for i in range(layers):
+        for name, t in (("key", cache.layers[i].keys), ("value", cache.layers[i].values)):
+            buf = np.zeros((1, kvh, MAX_SEQ, d), np.float32)
+            buf[:, :, :past] = t.numpy()
+            feeds[f"past_{name}_{i}"] = buf
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    names = ["logits"] + [f"present_key_{i}" for i in range(layers)]
+    logits, *keys = sess.run(names, feeds)
+
+    for i in range(n):
+        chain, j = [], i
+        while j >= 0:
+            chain.insert(0, tokens[j])
+            j = PARENTS[j]
+        with torch.no_grad():
+            ref_cache = DynamicCache()
+            ref = model(torch.tensor([context + chain]), past_key_values=ref_cache, use_cache=True).logits[0, -1].numpy()
+        scale = max(1.0, float(np.abs(ref).max()))
+        assert np.abs(logits[0, i] - ref).max() < 1e-4 * scale, (family, i, np.abs(logits[0, i] - ref).max())
+        for layer in range(layers):  # node i's K row sits at past + i, rotated at its own position
+            want = ref_cache.layers[layer].keys[0, :, -1].numpy()  # [kvH, D]
+            assert np.abs(keys[layer][0, :, past + i] - want).max() < 1e-4 * max(1.0, float(np.abs(want).max())), (family, i, layer)
