@@ -125,3 +125,27 @@ def test_unknown_device_raises():
     with pytest.raises(EngineError) as e:
         KVCache(LAYERS, HEADS, MAX, DIM, "float32", device="tpu")
     assert "tpu" in one_line(e) and "cpu" in str(e.value)
+
+
+def test_keep_moves_a_tree_path_into_place(cache):
+    """keep(): a tree call wrote 6 node rows after 3 committed ones; the accepted path's rows
+    (nodes 1, 3, 4) become rows 3, 4, 5, every layer, keys and values; rows before stay."""
+    for i, (k, v) in enumerate(zip(cache.keys, cache.values)):
+        k[...] = np.arange(cache.max_seq)[None, None, :, None] + 1000 * i  # row r of layer i holds r + 1000 i
+        v[...] = -k
+    cache.append(3)
+    cache.keep([1, 3, 4])
+    assert cache.length == 6
+    for i, (k, v) in enumerate(zip(cache.keys, cache.values)):
+        np.testing.assert_array_equal(k[0, 0, :6, 0], np.array([0, 1, 2, 4, 6, 7]) + 1000 * i)
+        np.testing.assert_array_equal(v[0, 0, :6, 0], -(np.array([0, 1, 2, 4, 6, 7]) + 1000 * i))
+    cache.keep([0, 1])  # a prefix: nothing moves
+    assert cache.length == 8 and cache.keys[0][0, 0, 6, 0] == 6
+
+
+@pytest.mark.parametrize("rows", [[2, 1], [0, 0], [-1], [10_000]])
+def test_keep_refuses_rows_out_of_order_or_range(cache, rows):
+    cache.append(2)
+    with pytest.raises(InputError, match=re.escape(f"keep({rows})")):
+        cache.keep(rows)
+    assert cache.length == 2
