@@ -168,6 +168,44 @@ class GraphRunner:
         return self.logits[0, :n]
 
 
+class TreeRunner(GraphRunner):
+    """A tree verify graph (export/tree.py): N nodes, each at its depth's position, attending to
+    the committed rows and its own ancestors. ``run_tree(tokens, parents)`` writes node i's KV
+    at row cache.length + i and returns the logits [n, V] of the n real nodes; the caller keeps
+    the accepted path with ``cache.keep``."""
+
+    HIDDEN = -1e30  # tree_bias of a node that is not an ancestor
+
+    def __init__(self, session: ort.InferenceSession, name: str, spec: GraphSpec, cache: KVCache, tokens: int | None = None):
+        super().__init__(session, name, spec, cache, tokens)
+        n = self.capacity
+        self.bias = np.full((1, 1, n, n), self.HIDDEN, dtype=np.float32)  # [1, 1, N, N]
+        self.depth = np.zeros(n, dtype=np.int64)  # [N]
+        self.binding.bind_input(spec.io.tree_bias, "cpu", 0, np.float32, [1, 1, n, n], self.bias.ctypes.data)
+
+    def run_tree(self, tokens: Sequence[int], parents: Sequence[int]) -> np.ndarray:
+        n, cap, start = len(tokens), self.capacity, self.cache.length
+        if not 0 < n <= cap or len(parents) != n:
+            raise InputError(f"{self.name}: a tree of {n} nodes ({len(parents)} parents); this graph takes 1..{cap} nodes")
+        if start + cap > self.cache.max_seq:
+            raise InputError(f"{self.name}: rows {start}..{start + cap} exceed max-seq-len {self.cache.max_seq}")
+        self.bias.fill(self.HIDDEN)
+        for i in range(cap):  # padding nodes (i >= n): children of the root, never kept
+            parent = parents[i] if i < n else -1
+            if not -1 <= parent < i:
+                raise InputError(f"{self.name}: parents[{i}] = {parent}; expected -1 or an earlier node (topological order)")
+            self.depth[i] = 0 if parent < 0 else self.depth[parent] + 1
+            self.bias[0, 0, i, i] = 0.0
+            if parent >= 0:
+                self.bias[0, 0, i, :i] = self.bias[0, 0, parent, :i]  # the parent's ancestors, and the parent itself
+        self.ids[0, :n] = tokens
+        self.ids[0, n:cap] = self.ids[0, 0]
+        np.add(self.depth, start, out=self.pos[0, :cap])
+        self._set_scalars(start, cap)
+        self.session.run_with_iobinding(self.binding)
+        return self.logits[0, :n]
+
+
 class PortableRunner(GraphRunner):
     """A portable-flavour graph (standard ops, static shapes): it reads the whole buffer, masked
     beyond ``past_length``, and returns only the new rows, which are copied into the cache."""

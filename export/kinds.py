@@ -124,6 +124,18 @@ def _validate_seq2seq(ctx, name, g):
     return m, validate_seq2seq(ctx.models[m], ctx.tmp, *parts, ctx.kv(m), ctx.max_source, seed=ctx.cfg.seed)
 
 
+def _export_tree(ctx, plan, model, spec, path, tokens):
+    from specdec.export.tree import export_tree_verify
+
+    return export_tree_verify(model, path, tokens, ctx.max_seq, spec.num_kv_heads, spec.head_dim, ctx.cfg.dtype)
+
+
+def _validate_tree(ctx, name, g):
+    from specdec.export.validate import validate_tree
+
+    return name, validate_tree(ctx.models[g.model], ctx.tmp, (name, g), ctx.graph(f"{g.model}_dynamic"), ctx.kv(g.model), seed=ctx.cfg.seed)
+
+
 KINDS: dict[str, GraphKind] = {
     "decoder": GraphKind(_export_decoder, _validate_decoder),  # the dynamic-length graph
     "static": GraphKind(_export_static, _validate_decoder, derived=True),  # K-token verify, 1-token step: the dynamic one, S fixed
@@ -132,4 +144,5 @@ KINDS: dict[str, GraphKind] = {
     "batched": GraphKind(_export_batched, _validate_batched),  # B rows, each over its own cache slot
     "encoder": GraphKind(_export_encoder, lambda ctx, name, g: None),  # checked with its model's decoder
     "seq2seq": GraphKind(_export_seq2seq, _validate_seq2seq),  # an encoder-decoder's decoder graphs
+    "tree": GraphKind(_export_tree, _validate_tree),  # N draft-tree nodes, ancestors-only attention (export/tree.py)
 }

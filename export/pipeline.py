@@ -32,6 +32,7 @@ QUANTIZATIONS = (None, "int8", "int4", "dynamic-int8")  # int8/int4: weight-only
 DRAFT_DEFAULT = {"int4": "int8"}
 MAX_GAMMA = 15
 MAX_BATCH = 64
+MAX_TREE_NODES = 64
 
 
 def batch_sizes(max_batch: int) -> tuple[int, ...]:
@@ -60,6 +61,7 @@ class ExportConfig:
     portable: bool = False
     max_batch: int = 1  # > 1: also batched graphs for the continuous-batching engine
     fused_draft: bool = False  # also the draft's fused graphs (export/fused.py), per batch size
+    tree_nodes: int | None = None  # also a tree verify graph of the target for trees of this many nodes (export/tree.py)
     overwrite: bool = False
     target_revision: str | None = None
     draft_revision: str | None = None
@@ -79,6 +81,9 @@ class ExportConfig:
             raise ConfigError(f"--max-seq-len {self.max_seq_len}: expected an integer >= {self.gamma + 2} (gamma + 2)")
         if isinstance(self.max_batch, bool) or not isinstance(self.max_batch, int) or not 1 <= self.max_batch <= MAX_BATCH:
             raise ConfigError(f"--max-batch {self.max_batch}: expected an integer in 1..{MAX_BATCH} (requests decoded together)")
+        if self.tree_nodes is not None and (isinstance(self.tree_nodes, bool) or not isinstance(self.tree_nodes, int)
+                                            or not 2 <= self.tree_nodes <= MAX_TREE_NODES):  # fmt: skip
+            raise ConfigError(f"--tree-nodes {self.tree_nodes}: expected an integer in 2..{MAX_TREE_NODES} (draft-tree nodes per target call)")
         if self.max_kl is not None and not self.max_kl > 0:
             raise ConfigError(f"--max-kl {self.max_kl}: expected a bound in nats > 0 (inf: record the KL without refusing)")
         if self.max_source_len is not None and (isinstance(self.max_source_len, bool) or not isinstance(self.max_source_len, int) or self.max_source_len < 2):
@@ -154,7 +159,7 @@ class GraphPlan(NamedTuple):
     name: str
     model: str  # "target" or "draft"
     role: str  # the runtime's use: "dynamic", "verify", "step", "encoder", "fused", "fused_greedy"
-    tokens: int | str | None  # per call; None: dynamic; "K": gamma + 1; "gamma": drafted per fused call
+    tokens: int | str | None  # per call; None: dynamic; "K": gamma + 1; "gamma": drafted per fused call; "tree": --tree-nodes
     flavour: str = "ort"
     batch: int = 1  # rows per call
     kind: str = "decoder"  # how it is exported and validated: a key of export/kinds.py KINDS
@@ -195,7 +200,7 @@ def check_seq2seq(cfg: ExportConfig, sources: dict[str, Source]) -> int | None:
         if cfg.max_source_len is not None:
             raise ConfigError(f"--max-source-len {cfg.max_source_len}: {cfg.target} is decoder-only; the option is for encoder-decoder models (T5, BART, Marian)")
         return None
-    flags = {"--max-batch": cfg.max_batch > 1, "--fused-draft": cfg.fused_draft, "--portable": cfg.portable}
+    flags = {"--max-batch": cfg.max_batch > 1, "--fused-draft": cfg.fused_draft, "--portable": cfg.portable, "--tree-nodes": bool(cfg.tree_nodes)}
     bad = [f for f, on in flags.items() if on]
     if bad:
         raise ConfigError(f"{', '.join(bad)}: not supported for encoder-decoder bundles yet ({cfg.target}); export without {' and '.join(bad)}")
@@ -215,7 +220,8 @@ def planned_graphs(cfg: ExportConfig, seq2seq: bool = False) -> tuple[GraphPlan,
         batched += [GraphPlan(f"{m}_batch{b}", m, "dynamic", None, batch=b, kind="batched") for m in ("target", "draft")]
         if cfg.fused_draft:
             batched += [GraphPlan(f"draft_{role}_batch{b}", "draft", role, "gamma", batch=b, kind="fused") for role in FUSED_ROLES]
-    return GRAPHS + fused + (PORTABLE_GRAPHS if cfg.portable else ()) + tuple(batched)
+    tree = (GraphPlan("target_tree", "target", "tree", "tree", kind="tree"),) if cfg.tree_nodes else ()
+    return GRAPHS + fused + (PORTABLE_GRAPHS if cfg.portable else ()) + tuple(batched) + tree
 
 
 def _read_sources(cfg: ExportConfig) -> tuple[dict[str, Source], int | None, int]:
@@ -331,7 +337,7 @@ def _export_graph(plan: GraphPlan, ctx: ExportContext, model, progress: Progress
 
     cfg, spec, kind = ctx.cfg, ctx.specs[plan.model], KINDS[plan.kind]
     progress(f"export {plan.name}")
-    tokens = {"K": cfg.gamma + 1, "gamma": cfg.gamma}.get(plan.tokens, plan.tokens)
+    tokens = {"K": cfg.gamma + 1, "gamma": cfg.gamma, "tree": cfg.tree_nodes}.get(plan.tokens, plan.tokens)
     file = f"{plan.name}.onnx"
     inputs, outputs, io = kind.export(ctx, plan, model, spec, ctx.tmp / file, tokens)
     if not kind.float_only and not kind.derived:

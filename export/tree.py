@@ -155,7 +155,8 @@ def signature(layers: int, kv_heads: int, head_dim: int, vocab: int, max_seq: in
     for (pk, pv), (nk, nv) in zip(past, present):
         inputs += [TensorSpec(pk, dtype, kv), TensorSpec(pv, dtype, kv)]
         outputs += [TensorSpec(nk, dtype, kv), TensorSpec(nv, dtype, kv)]
-    io = GraphIO("input_ids", "position_ids", "logits", tuple(past), tuple(present), seqlens="seqlens_k", total="total_sequence_length")
+    io = GraphIO("input_ids", "position_ids", "logits", tuple(past), tuple(present), seqlens="seqlens_k", total="total_sequence_length",
+                 tree_bias="tree_bias")  # fmt: skip
     return inputs, outputs, io
 
 

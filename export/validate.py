@@ -296,6 +296,59 @@ def check(figures: dict[str, dict[str, float]], tolerances: dict[str, Tolerance]
         raise ValidationError("exported graphs disagree with PyTorch: " + "; ".join(bad) + "; no bundle was written")
 
 
+def validate_tree(model: torch.nn.Module, bundle: Path, graph: tuple[str, GraphSpec], dynamic: tuple[str, GraphSpec],
+                  kv: tuple[int, int, int, int, str], seed: int = 0, rounds: int = 4) -> dict[str, float]:  # fmt: skip
+    """The tree verify graph as decoding will drive it: a random prompt through the dynamic graph,
+    then rounds of a random tree (topological, siblings sharing positions, a repeated sibling),
+    each node's logits against PyTorch on the node's own root-to-node path, and a random
+    root-to-node path kept (``KVCache.keep``) before the next round; at the end, the committed
+    KV rows against PyTorch's cache over the whole kept sequence."""
+    from transformers import DynamicCache
+
+    from specdec.engines.ort import RUNNERS, TreeRunner, open_session
+
+    rng = np.random.default_rng(seed)
+    vocab = model.config.vocab_size
+    cache = KVCache(*kv)
+    prefill = RUNNERS[dynamic[1].flavour](open_session(bundle, *dynamic), dynamic[0], dynamic[1], cache)
+    tree = TreeRunner(open_session(bundle, *graph), graph[0], graph[1], cache)
+    seen = Agreement()
+    ids = rng.integers(0, vocab, size=int(rng.integers(5, 12))).tolist()
+    prefill.run(ids)
+    cache.append(len(ids))
+    for _ in range(rounds):
+        n = int(rng.integers(2, tree.capacity + 1))
+        parents = [-1] + [int(rng.integers(-1, i)) for i in range(1, n)]  # each node under the root or an earlier node
+        tokens = rng.integers(0, vocab, size=n).tolist()
+        siblings = [i for i in range(1, n) if parents[i] == parents[i - 1]]
+        if siblings:
+            tokens[siblings[0]] = tokens[siblings[0] - 1]  # a sibling repeating a token
+        ours = tree.run_tree(tokens, parents).copy()  # [n, V]
+        paths = []
+        for i in range(n):
+            path, j = [], i
+            while j >= 0:
+                path.insert(0, j)
+                j = parents[j]
+            paths.append(path)
+            with torch.no_grad():
+                ref = model(torch.tensor([ids + [tokens[k] for k in path]])).logits[0, -1:].float().numpy()
+            seen.logits(ours[i : i + 1], ref)
+        kept = paths[int(rng.integers(0, n))]
+        cache.keep(kept)
+        ids += [tokens[k] for k in kept]
+    with torch.no_grad():
+        ref_cache = DynamicCache()
+        model(torch.tensor([ids]), past_key_values=ref_cache, use_cache=True)
+    kv_diffs, kv_scale = {"present_key": 0.0, "present_value": 0.0}, 0.0
+    for i in range(len(cache.keys)):
+        for name, ours_kv, ref in zip(kv_diffs, (cache.keys[i], cache.values[i]), _kv(ref_cache, i)):
+            ref = ref[0].float().numpy()
+            kv_diffs[name] = max(kv_diffs[name], float(np.abs(ours_kv[0, :, : cache.length] - ref).max()))
+            kv_scale = max(kv_scale, float(np.abs(ref).max()))
+    return {**seen.figures(), **kv_diffs, "kv_scale": kv_scale}
+
+
 def validate_batched(model: torch.nn.Module, bundle: Path, graph: tuple[str, GraphSpec], kv: tuple[int, int, int, int, str],
                      max_tokens: int, seed: int = 0, rounds: int = 4) -> dict[str, float]:  # fmt: skip
     """Max |Δ logits| and top-1 agreement of a batched graph against ``model`` run row by row.

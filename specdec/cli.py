@@ -70,6 +70,8 @@ def plan_cmd(alpha: float, cost: float, cost_ops: float | None, gamma: int | Non
 @click.option("--max-batch", default=1, show_default=True, type=int, help="Requests the batched engine decodes together; > 1 adds batched graphs for 2..N rows.")
 @click.option("--fused-draft", is_flag=True, help="Also write fused draft graphs: gamma draft steps and their token choice in one call "
               "(for batch 1 and each batched size). Opt-in: its measured gain is in docs/performance.md (Fused drafting).")
+@click.option("--tree-nodes", default=None, type=int, help="Also write a tree verify graph of the target for draft trees of up to N "
+              "nodes (ancestors-only attention; validated per root-to-node path). The tree drafter that uses it is not built yet.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing bundle at --out.")
 @click.option("--target-revision", default=None, help="Hub revision of the target.")
 @click.option("--draft-revision", default=None, help="Hub revision of the draft.")

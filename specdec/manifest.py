@@ -25,7 +25,7 @@ MANIFEST_NAME = "manifest.json"
 DTYPES = ("float32", "float16", "int64", "int32", "bool")
 MODELS = ("target", "draft")
 FUSED_ROLES = ("fused", "fused_greedy")  # the draft's γ steps in one call (export/fused.py): sampling, and argmax only
-ROLES = ("dynamic", "verify", "step", "encoder", *FUSED_ROLES)
+ROLES = ("dynamic", "verify", "step", "encoder", "tree", *FUSED_ROLES)
 FLAVOURS = ("ort", "portable")
 
 
@@ -73,6 +73,7 @@ class GraphIO:
     top_k: str | None = None
     top_p: str | None = None
     cross: tuple[tuple[str, str], ...] = ()  # encoder-decoder: per decoder layer, the cross-attention K/V
+    tree_bias: str | None = None  # tree verify graph (export/tree.py): float32 [1, 1, N, N], 0 for ancestors
 
     def __post_init__(self) -> None:
         for name in ("past", "present", "cross"):
@@ -81,7 +82,7 @@ class GraphIO:
     def names(self) -> set[str]:
         """Every tensor name this mapping refers to."""
         out = {self.ids, self.positions, self.logits, self.seqlens, self.total, self.past_length}
-        out |= {self.tokens, self.uniforms, self.temperature, self.top_k, self.top_p}
+        out |= {self.tokens, self.uniforms, self.temperature, self.top_k, self.top_p, self.tree_bias}
         out |= {n for pair in (*self.past, *self.present, *self.cross) for n in pair}
         return out - {None}
 
@@ -93,7 +94,8 @@ class GraphSpec:
     ``role``: "verify" (target, static K tokens per call), "step" (draft, static 1 token per
     call), "dynamic" (any length: prompts, 1-token target steps, short verify calls),
     "fused" / "fused_greedy" (draft, γ steps and their token choice in one call: export/fused.py),
-    or "encoder" (an encoder-decoder's encoder, run once per request: export/seq2seq.py).
+    "encoder" (an encoder-decoder's encoder, run once per request: export/seq2seq.py), or "tree"
+    (the target over a draft tree of N nodes, ancestors-only attention: export/tree.py).
     ``tokens`` is the static number of new tokens per call (tokens drafted, for a fused graph),
     or None when it is dynamic.
     ``data`` lists external-data files the graph reads.

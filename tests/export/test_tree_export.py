@@ -71,3 +71,52 @@ def test_tree_verify_graph_matches_pytorch_per_path(family, tmp_path):
         for layer in range(layers):  # node i's K row sits at past + i, rotated at its own position
             want = ref_cache.layers[layer].keys[0, :, -1].numpy()  # [kvH, D]
             assert np.abs(keys[layer][0, :, past + i] - want).max() < 1e-4 * max(1.0, float(np.abs(want).max())), (family, i, layer)
+
+
+def test_bundle_with_a_tree_graph(tmp_path):
+    """--tree-nodes adds the target's tree graph to the bundle, validated per root-to-node path
+    (logits and the kept rows' K/V); its runner builds the ancestors' bias and refuses a tree
+    out of topological order; the bundle's other graphs decode as before."""
+    from models import save_pair
+
+    from specdec.engines.kv import KVCache
+    from specdec.engines.ort import TreeRunner, open_session
+    from specdec.errors import InputError
+    from specdec.export.pipeline import ExportConfig, export_bundle
+    from specdec.runtime.decoder import SpeculativeDecoder
+
+    target, draft = save_pair(tmp_path, "llama", near=0.1)
+    out = tmp_path / "bundle"
+    m = export_bundle(ExportConfig(str(target), str(draft), out, gamma=3, max_seq_len=64, tree_nodes=6))
+    g = m.graphs["target_tree"]
+    assert (g.role, g.tokens, g.io.tree_bias) == ("tree", 6, "tree_bias")
+    v = m.validation["target_tree"]
+    assert v["top1_agreement"] == 1.0 and v["positions"] >= 8 and v["logits"] < 1e-4 * max(1.0, v["logits_scale"])
+    assert v["present_key"] < 1e-4 * max(1.0, v["kv_scale"])
+
+    t = m.target
+    cache = KVCache(t.num_layers, t.num_kv_heads, m.max_seq_len, t.head_dim, m.dtype)
+    runner = TreeRunner(open_session(out, "target_tree", g), "target_tree", g, cache)
+    cache.append(4)
+    logits = runner.run_tree([5, 6, 7, 8], [-1, 0, 0, 2])  # 2 padding nodes after these 4
+    assert logits.shape == (4, m.vocab_size)
+    visible = runner.bias[0, 0] == 0
+    assert visible[3].tolist() == [True, False, True, True, False, False]  # node 3: root child 0, its parent 2, itself
+    assert visible[4].tolist() == [False] * 4 + [True, False]  # padding: itself only
+    assert runner.pos[0].tolist() == [4, 5, 5, 6, 4, 4]
+    with pytest.raises(InputError, match=r"parents\[1\] = 1"):
+        runner.run_tree([5, 6], [-1, 1])
+    assert SpeculativeDecoder.load(out).generate([5, 9, 2, 7], max_new_tokens=12, gamma=3, ignore_eos=True).stats.verify_calls > 0
+
+
+@pytest.mark.parametrize("value", ["1", "65", "x"])
+def test_tree_nodes_must_be_a_small_count(llama_bundle, tmp_path, value):
+    from test_bad_input import assert_one_line_error, export_cli
+
+    target, draft, _ = llama_bundle
+    res = export_cli("--target", str(target), "--draft", str(draft), "--out", str(tmp_path / "b"), "--tree-nodes", value)
+    if value == "x":
+        assert res.returncode == 2 and "--tree-nodes" in res.stderr
+    else:
+        assert_one_line_error(res, f"--tree-nodes {value}", "expected an integer in 2..64")
+    assert not (tmp_path / "b").exists()
