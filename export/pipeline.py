@@ -234,6 +234,13 @@ def _read_sources(cfg: ExportConfig) -> tuple[dict[str, Source], int | None, int
     check_pair(sources["target"], sources["draft"])
     check_corpus(cfg.ngram_corpus, sources["target"].tokenizer is not None)
     max_source = check_seq2seq(cfg, sources)
+    if cfg.tree_nodes:
+        from specdec.export.tree import unsupported
+
+        bad = unsupported(sources["target"].config)
+        if bad:
+            raise ConfigError(f"--tree-nodes {cfg.tree_nodes}: {cfg.target} has {', '.join(bad)}, which tree verify graphs do not take yet; "
+                              "export without --tree-nodes")  # fmt: skip
     max_seq = cfg.max_seq_len or default_max_seq(sources.values())
     return sources, max_source, max_seq
 

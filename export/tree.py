@@ -42,6 +42,13 @@ ATTN_NAME = "specdec_gqa_tree"
 HIDDEN = -1e30  # the bias of a node that is not an ancestor
 
 
+def unsupported(cfg) -> list[str]:
+    """Config options a tree verify graph cannot take yet (a window must count positions, not rows)."""
+    window = getattr(cfg, "sliding_window", None) if getattr(cfg, "use_sliding_window", True) else None
+    bad = [f"sliding_window={window}"] if window else []
+    return bad + ([f"attn_logit_softcapping={cfg.attn_logit_softcapping}"] if getattr(cfg, "attn_logit_softcapping", None) else [])
+
+
 @torch.library.custom_op("specdec::gqa_tree", mutates_args=())
 def gqa_tree(
     query: torch.Tensor,

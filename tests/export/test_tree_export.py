@@ -120,3 +120,13 @@ def test_tree_nodes_must_be_a_small_count(llama_bundle, tmp_path, value):
     else:
         assert_one_line_error(res, f"--tree-nodes {value}", "expected an integer in 2..64")
     assert not (tmp_path / "b").exists()
+
+
+def test_tree_nodes_refuse_a_sliding_window_model(tmp_path):
+    from models import save_pair
+    from test_bad_input import assert_one_line_error, export_cli
+
+    target, draft = save_pair(tmp_path, "mistral")  # window 16
+    res = export_cli("--target", str(target), "--draft", str(draft), "--out", str(tmp_path / "b"), "--tree-nodes", "8")
+    assert_one_line_error(res, "--tree-nodes 8", "sliding_window=16", "export without --tree-nodes")
+    assert not (tmp_path / "b").exists()
