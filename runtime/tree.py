@@ -99,3 +99,37 @@ def verify_tree(tokens: np.ndarray, parents: np.ndarray, q: np.ndarray | None, p
             return TreeVerdict(tuple(path), int(sample(r, rng)))
         path.append(accepted)
         row = accepted + 1
+
+
+def lookup_tree(seq: np.ndarray, length: int, nodes: int, depth: int, max_ngram: int = 3, min_ngram: int = 1) -> tuple[list[int], list[int]]:
+    """A prompt-lookup draft tree: the continuations of earlier occurrences of the context's
+    last tokens, longest match first and then the most recent, merged into a trie of at most
+    ``nodes`` nodes and ``depth`` levels. Returns (tokens, parents) in topological order; every
+    node is a fixed candidate (``verify_tree`` with q = None keeps the target's law)."""
+    tokens: list[int] = []
+    parents: list[int] = []
+    child: dict[tuple[int, int], int] = {}  # (parent, token) -> node
+    seen: set[int] = set()
+    for n in range(min(max_ngram, length - 1), min_ngram - 1, -1):
+        if len(tokens) >= nodes:
+            break
+        suffix = seq[length - n : length]
+        windows = np.lib.stride_tricks.sliding_window_view(seq[: length - 1], n)  # [length - n, n]: every earlier n-gram
+        ends = np.flatnonzero((windows == suffix).all(axis=1))[::-1] + n  # continuation starts, most recent first
+        for end in ends:
+            if end in seen:
+                continue
+            seen.add(int(end))
+            parent = -1
+            for tok in seq[end : min(end + depth, length)].tolist():
+                node = child.get((parent, tok))
+                if node is None:
+                    if len(tokens) >= nodes:
+                        break
+                    node = child[(parent, tok)] = len(tokens)
+                    tokens.append(tok)
+                    parents.append(parent)
+                parent = node
+            if len(tokens) >= nodes:
+                break
+    return tokens, parents
