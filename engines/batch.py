@@ -56,16 +56,11 @@ class SlotCache:
     def keep(self, s: int, rows: Sequence[int]) -> None:
         """Commit the uncommitted rows ``rows`` (absolute positions, ascending, each at or past the
         committed length) of slot ``s``, moved in place to follow the committed ones: how a
-        verified tree's accepted path is compacted. The rows between are forgotten. Host caches only."""
+        verified tree's accepted path is compacted (``KVCache.keep``). Host caches only."""
         view = self.views[s]
-        start, rows = view.length, np.asarray(rows, dtype=np.int64)
-        if len(rows) and (rows[0] < start or np.any(np.diff(rows) <= 0) or rows[-1] >= view.max_seq):
-            raise InputError(f"keep rows {rows.tolist()}: expected ascending positions in [{start}, {view.max_seq})")
-        dest = np.arange(start, start + len(rows))
-        if not np.array_equal(rows, dest):
-            for buf in (*view.keys, *view.values):
-                buf[:, :, dest] = buf[:, :, rows]  # [1, kvH, n, D]; the right side is read whole before the write
-        view.append(len(rows))
+        if any(r < view.length for r in rows):
+            raise InputError(f"keep rows {list(rows)}: expected ascending positions in [{view.length}, {view.max_seq})")
+        view.keep([r - view.length for r in rows])
 
 
 class BatchRunner:

@@ -67,7 +67,8 @@ class KVCache:
         after its parent). Copies len(rows) rows per layer at most; a prefix (0, 1, ..) copies none."""
         n = len(rows)
         if any(not 0 <= r < self.max_seq - self.length for r in rows) or any(a >= b for a, b in zip(rows, rows[1:])):
-            raise InputError(f"KV cache keep({list(rows)}) at length {self.length}: expected ascending offsets of the last call's rows")
+            raise InputError(f"KV cache keep({list(rows)}) at length {self.length}: expected ascending positions of the last call's rows, "
+                             f"as offsets in [0, {self.max_seq - self.length})")
         moved = [k for k, r in enumerate(rows) if r != k]
         if moved and self.device != "cpu":
             raise EngineError(f"KV cache keep({list(rows)}): moving rows runs on host buffers only; a CUDA cache keeps prefixes (append)")
