@@ -31,7 +31,7 @@ import onnxruntime as ort
 from specdec.engines.batch import BatchRunner, SlotCache
 from specdec.engines.fused import FusedRunner
 from specdec.engines.kv import CrossKV, KVCache
-from specdec.engines.ort import DEVICE, EncoderRunner, GraphRunner, fixed_tokens, fused_graph, open_session, runner_for
+from specdec.engines.ort import DEVICE, EncoderRunner, GraphRunner, TreeRunner, fixed_tokens, fused_graph, open_session, runner_for
 from specdec.engines.threads import ThreadPolicy
 from specdec.errors import ConfigError, EngineError
 from specdec.manifest import FUSED_ROLES, Manifest
@@ -48,11 +48,14 @@ def batched_sizes(manifest: Manifest, slots: int) -> tuple[int, ...]:
     return sizes
 
 
-def graph_names(manifest: Manifest, models: Sequence[str], slots: int, fused: bool) -> list[str]:
+def graph_names(manifest: Manifest, models: Sequence[str], slots: int, fused: bool, tree: bool = False) -> list[str]:
     """Every graph an engine of ``slots`` rows opens a session for: each model's batch-1 dynamic
     graph (which also runs its fixed-length calls: the weights are in memory once per graph
-    shape), its encoder, the batched graphs it needs, and the draft's fused graphs."""
-    names = []
+    shape), its encoder, the batched graphs it needs, the draft's fused graphs, and with ``tree``
+    the target's tree verify graph (a session of its own: only for a tree drafter)."""
+    if tree and not any(g.role == "tree" for g in manifest.graphs.values()):
+        raise ConfigError("a tree drafter needs the target's tree verify graph, which this bundle lacks; re-export it with --tree-nodes N (e.g. 8)")
+    names = [manifest.graph("target", "tree")[0]] if tree else []
     for model in models:
         names.append(manifest.graph(model, "dynamic")[0])
         if manifest.seq2seq:
@@ -98,6 +101,8 @@ class Executor:
             self.cross = [CrossKV(spec.num_layers, spec.num_heads, m.max_source_len, spec.head_dim, m.dtype) for _ in range(slots)]
             name, g = m.graph(model, "encoder")
             self.encoder = EncoderRunner(sessions[name], name, g, self.cross[0])
+        found = [(n, g) for n, g in m.graphs.items() if g.model == model and g.role == "tree" and n in sessions]
+        self.tree_runner = TreeRunner(sessions[found[0][0]], *found[0], view) if found else None  # a tree drafter's verify graph
         self._cross_slot = {id(self.dynamic): -1, id(self.static): -1}  # slot whose cross K/V each batch-1 runner reads
         self.calls = 0  # forward calls (the fused drafter adds its γ steps)
 
@@ -126,6 +131,15 @@ class Executor:
             self._cross_slot[id(runner)] = slot
         return runner.run(feed)
 
+    def tree(self, slot: int, tokens: Sequence[int], parents: Sequence[int]) -> np.ndarray:
+        """Logits [n, V] of a tree's n nodes over ``slot`` (engines/ort.py TreeRunner); node i's
+        KV at the slot's length + i. Keeping the accepted path is the caller's (``keep``)."""
+        self.calls += 1
+        view = self.cache.slot(slot)
+        if self.tree_runner.cache is not view:
+            self.tree_runner.bind_cache(view)
+        return self.tree_runner.run_tree(tokens, parents)
+
     def fused(self, rows: int, greedy: bool) -> FusedRunner | None:
         """The fused draft runner for a call of ``rows`` rows (the argmax-only variant when all
         are greedy and the bundle has it), or None."""
@@ -153,6 +167,10 @@ class Executor:
 
     def rewind_to(self, s: int, n: int) -> None:
         self.cache.rewind_to(s, n)
+
+    def keep(self, s: int, rows: Sequence[int]) -> None:
+        """Commit rows at these positions (ascending, past the committed ones), moved into place."""
+        self.cache.keep(s, rows)
 
     def reset(self, s: int) -> None:
         self.cache.rewind_to(s, 0)

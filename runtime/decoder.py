@@ -21,7 +21,7 @@ from specdec.engines.threads import ThreadPolicy
 from specdec.errors import BusyError
 from specdec.manifest import Manifest, load_manifest
 from specdec.runtime.adaptive import AdaptiveGamma
-from specdec.runtime.drafters import Drafter, check_drafter
+from specdec.runtime.drafters import Drafter, check_drafter, needs_tree
 from specdec.runtime.engine import Engine, clip
 from specdec.runtime.handles import GenerationResult, Handle, Piece
 from specdec.runtime.params import SamplingParams
@@ -76,7 +76,7 @@ class SpeculativeDecoder:
         manifest = load_manifest(bundle, verify)
         check_drafter(drafter)
         policy = ThreadPolicy.of(threads)
-        sessions = open_sessions(bundle, manifest, graph_names(manifest, ("target", "draft"), 1, fused=True), provider, policy)
+        sessions = open_sessions(bundle, manifest, graph_names(manifest, ("target", "draft"), 1, fused=True, tree=needs_tree(drafter)), provider, policy)
         return cls(bundle, manifest, sessions, TextCodec.from_bundle(bundle, manifest), provider, drafter, policy)
 
     def fork(self, drafter: str | Drafter | None = None) -> SpeculativeDecoder:

@@ -285,17 +285,18 @@ class Registration:
     factory: Callable[[DrafterContext], object]
     needs_draft_model: bool  # the engine then loads the draft model's executor and feeds it prompts
     batched: bool = False  # the factory makes one ``proposers.Proposer`` for all slots, not a Drafter per slot
+    tree: bool = False  # it proposes trees: the target verifies them with its tree graph (specdec-export --tree-nodes)
 
 
 DRAFTERS: dict[str, Registration] = {}
 
 
-def register(name: str, needs_draft_model: bool = False, batched: bool = False) -> Callable:
+def register(name: str, needs_draft_model: bool = False, batched: bool = False, tree: bool = False) -> Callable:
     """Decorator: make ``factory(ctx)`` available as ``drafter=name``: a ``Drafter`` per slot, or
     with ``batched`` one ``Proposer`` for all slots."""
 
     def add(factory: Callable[[DrafterContext], object]) -> Callable[[DrafterContext], object]:
-        DRAFTERS[name] = Registration(factory, needs_draft_model, batched)
+        DRAFTERS[name] = Registration(factory, needs_draft_model, batched, tree)
         return factory
 
     return add
@@ -321,6 +322,7 @@ register("model", needs_draft_model=True, batched=True)(_draft_model(fused=True)
 register("model-steps", needs_draft_model=True, batched=True)(_draft_model(fused=False))  # one call per draft token
 register("hierarchical", needs_draft_model=True)(lambda ctx: HierarchicalDrafter(ctx.draft, inner=LookupDrafter()))
 register("lookup")(lambda ctx: LookupDrafter())
+register("lookup-tree", batched=True, tree=True)(lambda ctx: _lookup_tree(ctx))
 register("ngram")(lambda ctx: NgramDrafter(ctx.manifest.vocab_size, bundle_table(ctx), order=2))
 register("unigram")(lambda ctx: NgramDrafter(ctx.manifest.vocab_size, bundle_table(ctx), order=1))
 
@@ -335,6 +337,16 @@ def check_drafter(spec) -> None:
             f"drafter={type(spec).__name__!r} object lacks the Drafter interface (name, calls, start, propose, commit); "
             f"pass one of {', '.join(DRAFTERS)} or such an object"
         )
+
+
+def _lookup_tree(ctx: DrafterContext):
+    from specdec.runtime.proposers import LookupTree
+
+    return LookupTree(ctx.manifest.graph("target", "tree")[1].tokens - 1)  # the root takes one node
+
+
+def needs_tree(spec) -> bool:
+    return isinstance(spec, str) and DRAFTERS[spec].tree
 
 
 def needs_draft_model(spec) -> bool:

@@ -23,13 +23,14 @@ from typing import Callable
 import numpy as np
 
 from specdec.engines.executor import Executor
+from specdec.errors import ConfigError
 from specdec.manifest import Manifest
 from specdec.runtime.adaptive import Acceptance, AdaptiveGamma
 from specdec.runtime.drafters import make_proposer, needs_draft_model
 from specdec.runtime.handles import Handle
 from specdec.runtime.request import Request
 from specdec.runtime.stats import Iteration
-from specdec.runtime.step import Row, schedule, speculative_step
+from specdec.runtime.step import Row, schedule, speculative_step, tree_step
 
 clock = time.perf_counter
 
@@ -59,6 +60,8 @@ class Engine:
         self.target = Executor(bundle, manifest, "target", sessions, provider, slots)
         self.draft = Executor(bundle, manifest, "draft", sessions, provider, slots) if needs_draft_model(drafter) else None
         self.proposer = make_proposer(drafter, bundle, manifest, self.draft, slots)
+        if getattr(self.proposer, "tree", False) and self.target.tree_runner is None:
+            raise ConfigError(f"drafter {self.proposer.name!r} verifies trees; load the bundle with it (its tree graph's session is opened then)")
         self.models = (self.target, self.draft) if self.draft else (self.target,)
         self.seqs = np.zeros((slots, manifest.max_seq_len), dtype=np.int64)  # [slots, MAX]
         self.qs = np.zeros((slots, manifest.gamma, manifest.vocab_size), dtype=np.float64)  # [slots, γ, V]
@@ -101,7 +104,8 @@ class Engine:
         if not rows:
             return
         gammas = [g for _, g in plan.decode]
-        its = speculative_step(rows, gammas, self.proposer, self.target)
+        step = tree_step if getattr(self.proposer, "tree", False) else speculative_step
+        its = step(rows, gammas, self.proposer, self.target)
         policy = self._policy(len(rows), rows) if any(r.req.adaptive for r in rows) else None
         if policy:  # a batch's acceptance step is part of what verifying k costs
             it = its[0]

@@ -134,6 +134,30 @@ class PerRow:
             self.drafters[r.slot].commit(r.seq, r.length, n)
 
 
+class LookupTree:
+    """Prompt lookup as a tree for every row (``runtime.tree.lookup_tree``): the continuations of
+    every earlier occurrence of the context's last tokens, as a trie of up to ``nodes`` nodes
+    and γ levels. Every node is a fixed candidate, so verification keeps the target's law."""
+
+    name = "lookup-tree"
+    tree = True
+
+    def __init__(self, nodes: int):
+        self.nodes, self.calls = nodes, 0
+
+    def start(self, row: Row) -> None:
+        pass
+
+    def propose_trees(self, rows: Sequence[Row], gammas: Sequence[int]) -> list[tuple[list[int], list[int]]]:
+        from specdec.runtime.tree import lookup_tree
+
+        self.calls += 1
+        return [lookup_tree(r.seq, r.length, self.nodes, g) if g else ([], []) for r, g in zip(rows, gammas)]
+
+    def commit(self, rows: Sequence[Row], accepted: Sequence[int], logits: np.ndarray | None) -> None:
+        pass
+
+
 class SlotModel(NamedTuple):
     """One slot of a model's executor, as a per-sequence drafter sees it (the hierarchical
     drafter's draft model): its cache, and ``run(feed)`` -> logits [len(feed), V] (a view)."""

@@ -21,7 +21,9 @@ from typing import TYPE_CHECKING, Callable, NamedTuple, Sequence
 import numpy as np
 
 from specdec.runtime.request import Request
+from specdec.runtime.sampling import standardize
 from specdec.runtime.speculative import accept
+from specdec.runtime.tree import verify_tree, verify_tree_greedy
 from specdec.runtime.stats import Iteration, Stats
 
 if TYPE_CHECKING:
@@ -95,3 +97,53 @@ def speculative_step(rows: Sequence[Row], gammas: Sequence[int], proposer: Propo
     t3 = clock()
     draft_calls = proposer.calls - calls
     return [Iteration(k, n, draft_calls, t1 - t0, t2 - t1, t3 - t2) for k, n in zip(ks, kept)]
+
+
+def tree_step(rows: Sequence[Row], gammas: Sequence[int], proposer, target: Executor) -> list[Iteration]:
+    """``speculative_step`` for a drafter that proposes trees (``proposer.propose_trees``): per
+    row ONE target call over [seq[L-1], the tree's nodes] (the tree graph; the last committed
+    token is the root), verification by recursive rejection over siblings (runtime/tree.py; each
+    node a fixed candidate), and the accepted path's KV rows kept in place (``Executor.keep``).
+    A row with an empty tree takes a plain target step. Rows run one call each: there is no
+    batched tree graph yet. An iteration's ``drafted`` is the tree's depth (the positions it
+    drafted, as a chain's γ), so per-position acceptance means per depth."""
+    t0, calls = clock(), proposer.calls
+    trees = proposer.propose_trees(rows, gammas)
+    t1 = clock()
+    target_s = accept_s = 0.0
+    kept, sizes = [], []
+    for r, (tokens, parents) in zip(rows, trees):
+        L, cfg = r.length, r.req.sampling
+        ta = clock()
+        if tokens:
+            logits = target.tree(r.slot, [int(r.seq[L - 1]), *tokens], [-1, *(p + 1 for p in parents)])  # [n + 1, V]: row 0 the root
+        else:
+            logits = target.forward([r.slot], [r.seq[L - 1 : L]])[0]  # [1, V]
+        tb = clock()
+        nodes, tree_parents = np.asarray(tokens, dtype=np.int64), np.asarray(parents, dtype=np.int64)
+        if cfg.greedy:
+            v = verify_tree_greedy(nodes, tree_parents, logits)
+        else:
+            v = verify_tree(nodes, tree_parents, None, standardize(logits, cfg), r.rng)
+        if tokens:
+            target.keep(r.slot, [L - 1, *(L + i for i in v.path)])  # the root's row and the path's
+        else:
+            target.commit(r.slot, 1)
+        r.seq[L : L + len(v.path)] = [tokens[i] for i in v.path]
+        r.seq[L + len(v.path)] = v.token
+        kept.append(len(v.path))
+        sizes.append(_levels(parents))
+        target_s += tb - ta
+        accept_s += clock() - tb
+    proposer.commit(rows, kept, None)
+    draft_calls = proposer.calls - calls
+    return [Iteration(k, n, draft_calls, t1 - t0, target_s, accept_s) for k, n in zip(sizes, kept)]
+
+
+def _levels(parents: Sequence[int]) -> int:
+    """The depth of a tree: its longest root-to-node path (0: no nodes)."""
+    depth: list[int] = []
+    for p in parents:
+        depth.append(1 if p < 0 else depth[p] + 1)
+    return max(depth, default=0)
+

@@ -1,0 +1,88 @@
+"""Decoding with a tree drafter (``drafter="lookup-tree"``): prompt lookup's candidates as a
+trie, verified in one call of the target's tree graph. Greedy output is the target's argmax
+loop token for token, in the decoder and in the batched engine (rows with trees of different
+shapes, and rows without a tree, in one step); sampled output follows the target's law
+(first-two-token chi-square, both acceptance and rejection exercised)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from test_decoder_exact import chi_square_p, exact_first_two, first_diff, load_model, torch_greedy  # noqa: E402
+
+from specdec.errors import ConfigError  # noqa: E402
+from specdec.runtime import SamplingConfig, SpeculativeDecoder  # noqa: E402
+from specdec.runtime.batch import BatchEngine  # noqa: E402
+
+REPEATS = [[5, 9, 2, 7, 5, 9, 2, 7, 5, 9], [40, 41, 42, 40, 41, 43, 40, 41], list(range(3, 30)) + list(range(3, 12)), [200]]
+
+
+@pytest.fixture(scope="module")
+def tree_bundle(tmp_path_factory):
+    from models import save_pair
+
+    from specdec.export.pipeline import ExportConfig, export_bundle
+
+    root = tmp_path_factory.mktemp("tree")
+    target, draft = save_pair(root, "llama", near=0.1)
+    out = root / "bundle"
+    manifest = export_bundle(ExportConfig(str(target), str(draft), out, gamma=4, max_seq_len=160, max_batch=4, tree_nodes=8))
+    return target, out, manifest
+
+
+@pytest.mark.parametrize("gamma", [2, 4])
+def test_greedy_tree_decoding_is_the_target(tree_bundle, gamma):
+    target, out, _ = tree_bundle
+    model, dec = load_model(target), SpeculativeDecoder.load(out, drafter="lookup-tree")
+    accepted = 0
+    for prompt in REPEATS:
+        ref = torch_greedy(model, prompt, 48)
+        res = dec.generate(prompt, max_new_tokens=48, gamma=gamma, ignore_eos=True)
+        assert res.tokens == ref, f"gamma={gamma} prompt={prompt}: first difference at {first_diff(res.tokens, ref)}"
+        accepted += res.stats.accepted
+    assert accepted > 20 and dec.engine.target.tree_runner is not None
+
+
+def test_batched_rows_with_different_trees(tree_bundle):
+    target, out, _ = tree_bundle
+    model = load_model(target)
+    with BatchEngine(out, drafter="lookup-tree") as engine:
+        handles = [engine.submit(p, max_new_tokens=40, gamma=g, ignore_eos=True) for p, g in zip(REPEATS, (4, 3, 4, 0))]
+        results = [h.result(timeout=120) for h in handles]
+        assert max(engine.occupancy) == 4
+    for prompt, res in zip(REPEATS, results):
+        ref = torch_greedy(model, prompt, 40)
+        assert res.tokens == ref, f"prompt {prompt}: first difference at {first_diff(res.tokens, ref)}"
+
+
+def test_sampled_tree_decoding_follows_the_target(tree_bundle):
+    """The prompt holds the target's own greedy continuation of its last tokens, and another
+    continuation, so the first call verifies a two-branch tree that is often right."""
+    target, out, manifest = tree_bundle
+    model = load_model(target)
+    base = [5, 17, 42, 99]
+    prompt = base + torch_greedy(model, base, 5) + [150, 151] + base + [77, 3, 9] + base
+    cfg = SamplingConfig(1.0)
+    p1, p2 = exact_first_two(model, prompt, cfg)
+    dec = SpeculativeDecoder.load(out, drafter="lookup-tree")
+    counts = np.zeros((2, manifest.vocab_size), dtype=np.int64)
+    accepted = drafted = 0
+    for seed in range(3000):
+        res = dec.generate(prompt, max_new_tokens=4, seed=seed, ignore_eos=True, gamma=4, temperature=1.0)
+        counts[0, res.tokens[0]] += 1
+        counts[1, res.tokens[1]] += 1
+        accepted += res.stats.accepted_at[0]
+        drafted += res.stats.drafted_at[0]
+    assert 0.1 < accepted / drafted < 0.9, f"acceptance {accepted}/{drafted} does not exercise both paths"
+    for i, p in enumerate((p1, p2)):
+        assert counts[i][p == 0].sum() == 0
+        assert chi_square_p(counts[i], p) > 1e-4, f"token {i + 1} differs from the target"
+
+
+def test_a_tree_drafter_needs_the_tree_graph(llama_bundle):
+    _, _, out = llama_bundle
+    with pytest.raises(ConfigError, match="--tree-nodes"):
+        SpeculativeDecoder.load(out, drafter="lookup-tree")
