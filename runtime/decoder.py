@@ -85,7 +85,12 @@ class SpeculativeDecoder:
         if drafter is None:
             drafter = self.drafter_spec
         check_drafter(drafter)
-        return SpeculativeDecoder(self.bundle, self.manifest, self.sessions, self.codec, self.provider, drafter, self.threads)
+        sessions = self.sessions
+        if needs_tree(drafter):  # the target's tree graph: opened on first use, shared from then on
+            missing = [n for n in graph_names(self.manifest, (), 1, fused=False, tree=True) if n not in sessions]
+            sessions = {**sessions, **open_sessions(self.bundle, self.manifest, missing, self.provider, self.threads)}
+            self.sessions = sessions
+        return SpeculativeDecoder(self.bundle, self.manifest, sessions, self.codec, self.provider, drafter, self.threads)
 
     @property
     def drafter(self):

@@ -86,3 +86,14 @@ def test_a_tree_drafter_needs_the_tree_graph(llama_bundle):
     _, _, out = llama_bundle
     with pytest.raises(ConfigError, match="--tree-nodes"):
         SpeculativeDecoder.load(out, drafter="lookup-tree")
+
+
+def test_fork_opens_the_tree_graph_on_first_use(tree_bundle):
+    """A decoder loaded for the draft model switches to the tree drafter (as specdec bench does)."""
+    target, out, _ = tree_bundle
+    dec = SpeculativeDecoder.load(out)
+    assert "target_tree" not in dec.sessions
+    tree = dec.fork("lookup-tree")
+    assert "target_tree" in dec.sessions and tree.engine.target.tree_runner is not None
+    ref = torch_greedy(load_model(target), REPEATS[0], 24)
+    assert tree.generate(REPEATS[0], max_new_tokens=24, gamma=4, ignore_eos=True).tokens == ref
