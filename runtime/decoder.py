@@ -115,7 +115,9 @@ class SpeculativeDecoder:
         ``source=`` and then ``prompt`` is a decoder prefix after the decoder start token."""
         params = params if params is not None else SamplingParams(**fields)
         start = self.manifest.decoder_start_token_id if self.manifest.seq2seq else None
-        return make_request(prompt, params, self.limits, self.codec, source, start)
+        req = make_request(prompt, params, self.limits, self.codec, source, start)
+        self.engine.check(req)
+        return req
 
     def generate(self, prompt: str | Sequence[int] | None = None, params: SamplingParams | None = None, *,
                  source: str | Sequence[int] | None = None, **fields) -> GenerationResult:  # fmt: skip

@@ -74,10 +74,16 @@ class Engine:
     def free_slot(self) -> int | None:
         return next((s for s in range(self.slots) if s not in self.rows), None)
 
+    def check(self, req: Request) -> None:
+        """Refuse a request this engine's drafter cannot serve as asked (a ``ConfigError``)."""
+        if getattr(self.proposer, "tree", False) and req.lenience < 1.0:
+            raise ConfigError(f"lenience={req.lenience}: drafter {self.proposer.name!r} verifies trees exactly; pass lenience=1 or use a chain drafter")
+
     def start(self, req: Request, sink: Handle, slot: int) -> Row:
         """Give ``req`` the slot: caches emptied, an encoder-decoder's source encoded by each
         model (its time counts as prefill); the prompt is fed by the next steps."""
         t0, L = clock(), len(req.prompt)
+        self.check(req)
         for model in self.models:
             model.reset(slot)
             if req.source is not None:

@@ -82,6 +82,17 @@ def test_sampled_tree_decoding_follows_the_target(tree_bundle):
         assert chi_square_p(counts[i], p) > 1e-4, f"token {i + 1} differs from the target"
 
 
+def test_lenience_is_refused_not_ignored(tree_bundle):
+    _, out, _ = tree_bundle
+    dec = SpeculativeDecoder.load(out, drafter="lookup-tree")
+    with pytest.raises(ConfigError, match=r"lenience=0\.5: drafter 'lookup-tree' verifies trees exactly"):
+        dec.generate(REPEATS[0], max_new_tokens=4, lenience=0.5)
+    with BatchEngine(out, drafter="lookup-tree") as engine:
+        with pytest.raises(ConfigError, match="lenience=0.5"):
+            engine.submit(REPEATS[0], max_new_tokens=4, lenience=0.5)  # refused before it queues
+        assert len(engine.submit(REPEATS[0], max_new_tokens=4).result(timeout=60).tokens) == 4  # the engine goes on
+
+
 def test_a_tree_drafter_needs_the_tree_graph(llama_bundle):
     _, _, out = llama_bundle
     with pytest.raises(ConfigError, match="--tree-nodes"):
