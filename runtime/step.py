@@ -108,7 +108,8 @@ def tree_step(rows: Sequence[Row], gammas: Sequence[int], proposer, target: Exec
     batched tree graph yet. An iteration's ``drafted`` is the tree's depth (the positions it
     drafted, as a chain's γ), so per-position acceptance means per depth."""
     t0, calls = clock(), proposer.calls
-    trees = proposer.propose_trees(rows, gammas)
+    room = target.cache.max_seq - target.tree_runner.capacity + 1  # a tree call writes `capacity` rows from L - 1
+    trees = [t if r.length <= room else ([], []) for r, t in zip(rows, proposer.propose_trees(rows, gammas))]
     t1 = clock()
     target_s = accept_s = 0.0
     kept, sizes = [], []

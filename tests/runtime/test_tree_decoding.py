@@ -82,6 +82,21 @@ def test_sampled_tree_decoding_follows_the_target(tree_bundle):
         assert chi_square_p(counts[i], p) > 1e-4, f"token {i + 1} differs from the target"
 
 
+def test_near_max_seq_len_the_tree_gives_way_to_plain_steps(tree_bundle, tmp_path):
+    """A 32-node tree call writes 32 rows: the last ones of the cache cannot take it (the request
+    limits leave only K = γ + 1 rows), so those steps decode plainly, still exactly."""
+    from specdec.export.pipeline import ExportConfig, export_bundle
+
+    target, _, _ = tree_bundle
+    out = tmp_path / "wide"
+    manifest = export_bundle(ExportConfig(str(target), str(target), out, gamma=4, max_seq_len=96, tree_nodes=32))
+    dec = SpeculativeDecoder.load(out, drafter="lookup-tree")
+    prompt = (REPEATS[0] * 10)[:56]
+    n = manifest.max_seq_len - len(prompt) - manifest.k  # as far as the request limits allow
+    res = dec.generate(prompt, max_new_tokens=n, gamma=4, ignore_eos=True)
+    assert res.tokens == torch_greedy(load_model(target), prompt, n) and res.stats.accepted > 0
+
+
 def test_lenience_is_refused_not_ignored(tree_bundle):
     _, out, _ = tree_bundle
     dec = SpeculativeDecoder.load(out, drafter="lookup-tree")
