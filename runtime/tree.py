@@ -83,7 +83,7 @@ def verify_tree(tokens: np.ndarray, parents: np.ndarray, q: np.ndarray | None, p
         for c in kids[row]:
             x = int(tokens[c])
             qx = 1.0 if q is None else q[c, x]  # a fixed candidate: q = δ_x
-            if not rng.random() * qx > r[x]:  # accept with min(1, r(x) / q(x)), as the chain does
+            if r[x] > 0 and not rng.random() * qx > r[x]:  # accept with min(1, r(x) / q(x)); never a token r cannot emit
                 accepted = c
                 break
             if q is None:  # max(0, r - δ_x): r without x
