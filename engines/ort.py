@@ -168,18 +168,41 @@ class GraphRunner:
         return self.logits[0, :n]
 
 
+HIDDEN = -1e30  # tree_bias of a node that is not an ancestor
+
+
+def fill_tree(parents: Sequence[int], bias: np.ndarray, depth: np.ndarray) -> None:
+    """A tree's attention bias and depths, in place: ``bias`` [N, N] gets 0 where node j is node
+    i or one of its ancestors, else HIDDEN; ``depth`` [N] each node's depth (0: under the root).
+    ``parents`` [N]: -1 or an earlier node (topological order), else an InputError."""
+    bias.fill(HIDDEN)
+    for i, parent in enumerate(parents):
+        if not -1 <= parent < i:
+            raise InputError(f"parents[{i}] = {parent}: expected -1 or an earlier node (topological order)")
+        depth[i] = 0 if parent < 0 else depth[parent] + 1
+        if parent >= 0:
+            bias[i, :i] = bias[parent, :i]  # the parent's ancestors, and the parent itself
+        bias[i, i] = 0.0
+
+
+def tree_bias(parents: Sequence[int]) -> np.ndarray:
+    """The tree_bias input [1, 1, N, N] float32 of a tree given by its parents (-1: under the root)."""
+    n = len(parents)
+    bias = np.empty((1, 1, n, n), dtype=np.float32)
+    fill_tree(parents, bias[0, 0], np.zeros(n, dtype=np.int64))
+    return bias
+
+
 class TreeRunner(GraphRunner):
     """A tree verify graph (export/tree.py): N nodes, each at its depth's position, attending to
     the committed rows and its own ancestors. ``run_tree(tokens, parents)`` writes node i's KV
     at row cache.length + i and returns the logits [n, V] of the n real nodes; the caller keeps
     the accepted path with ``cache.keep``."""
 
-    HIDDEN = -1e30  # tree_bias of a node that is not an ancestor
-
     def __init__(self, session: ort.InferenceSession, name: str, spec: GraphSpec, cache: KVCache, tokens: int | None = None):
         super().__init__(session, name, spec, cache, tokens)
         n = self.capacity
-        self.bias = np.full((1, 1, n, n), self.HIDDEN, dtype=np.float32)  # [1, 1, N, N]
+        self.bias = np.full((1, 1, n, n), HIDDEN, dtype=np.float32)  # [1, 1, N, N]
         self.depth = np.zeros(n, dtype=np.int64)  # [N]
         self.binding.bind_input(spec.io.tree_bias, "cpu", 0, np.float32, [1, 1, n, n], self.bias.ctypes.data)
 
@@ -189,15 +212,10 @@ class TreeRunner(GraphRunner):
             raise InputError(f"{self.name}: a tree of {n} nodes ({len(parents)} parents); this graph takes 1..{cap} nodes")
         if start + cap > self.cache.max_seq:
             raise InputError(f"{self.name}: rows {start}..{start + cap} exceed max-seq-len {self.cache.max_seq}")
-        self.bias.fill(self.HIDDEN)
-        for i in range(cap):  # padding nodes (i >= n): children of the root, never kept
-            parent = parents[i] if i < n else -1
-            if not -1 <= parent < i:
-                raise InputError(f"{self.name}: parents[{i}] = {parent}; expected -1 or an earlier node (topological order)")
-            self.depth[i] = 0 if parent < 0 else self.depth[parent] + 1
-            self.bias[0, 0, i, i] = 0.0
-            if parent >= 0:
-                self.bias[0, 0, i, :i] = self.bias[0, 0, parent, :i]  # the parent's ancestors, and the parent itself
+        try:  # padding nodes (past n): children of the root, never kept
+            fill_tree([*parents, *[-1] * (cap - n)], self.bias[0, 0], self.depth)
+        except InputError as e:
+            raise InputError(f"{self.name}: {e}") from None
         self.ids[0, :n] = tokens
         self.ids[0, n:cap] = self.ids[0, 0]
         np.add(self.depth, start, out=self.pos[0, :cap])

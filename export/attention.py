@@ -55,6 +55,17 @@ def gqa(
     masks and ORT's local_window_size alike). ``softcap`` > 0: scores -> softcap * tanh(scores /
     softcap) before the mask (Gemma 2).
     """
+    return reference_attention(query, key, value, past_key, past_value, total_len, num_heads, kv_heads, scale,
+                               local_window=local_window, softcap=softcap)  # fmt: skip
+
+
+def reference_attention(query, key, value, past_key, past_value, total_len, num_heads: int, kv_heads: int, scale: float,
+                        bias=None, local_window: int = 0, softcap: float = 0.0):  # fmt: skip
+    """GroupQueryAttention's semantics (batch 1), shared by the custom ops' torch bodies
+    (``specdec::gqa``, seq2seq's ``gqa_bias``, the tree graph's ``gqa_tree``): the S new rows
+    written at [total - S, total), causal attention over rows [0, total), scores soft-capped,
+    plus an additive ``bias`` [1, H or 1, S, >= total] (its first total columns), within the window.
+    Returns output [1, S, H*D] and the written buffers."""
     b, s, _ = query.shape
     d = past_key.shape[-1]
     total = int(total_len)
@@ -67,6 +78,8 @@ def gqa(
     scores = (q @ k.transpose(-1, -2)) * scale  # [1, H, S, T]
     if softcap > 0:
         scores = torch.tanh(scores / softcap) * softcap
+    if bias is not None:
+        scores = scores + bias[..., :total]
     i = torch.arange(s)[:, None] + start
     j = torch.arange(total)[None, :]
     visible = j <= i

@@ -50,16 +50,7 @@ def gqa_bias(
     scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``specdec::gqa`` with an additive score bias [1, H, S, MAX] (rows [0, total) are used)."""
-    b, s, _ = query.shape
-    d = past_key.shape[-1]
-    total = int(total_len)
-    start = total - s
-    pk, pv = attention.write_rows(past_key, past_value, key, value, start, total)
-    q = query.view(b, s, num_heads, d).transpose(1, 2)  # [1, H, S, D]
-    scores = (q @ pk[:, :, :total].transpose(-1, -2)) * scale + bias[..., :total]  # [1, H, S, T]
-    visible = torch.arange(total)[None, :] <= torch.arange(s)[:, None] + start
-    out = scores.masked_fill(~visible, float("-inf")).softmax(-1) @ pv[:, :, :total]
-    return out.transpose(1, 2).reshape(b, s, num_heads * d), pk, pv
+    return attention.reference_attention(query, key, value, past_key, past_value, total_len, num_heads, num_heads, scale, bias=bias)
 
 
 @gqa_bias.register_fake

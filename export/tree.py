@@ -5,6 +5,7 @@
     seqlens_k     int32 [1]          past + N - 1
     total_sequence_length int32 []   past + N
     tree_bias     float32 [1, 1, N, N]  0 where node j is node i or an ancestor of it, else -1e30
+                                     (engines/ort.py ``tree_bias``, which the runtime fills)
     past_key_i / past_value_i [1, kvH, MAX, D]  the cache, bound in place (as graphs.py)
       -> logits [1, N, V] (node i's next-token scores), present_key_i / present_value_i
 
@@ -39,7 +40,6 @@ from specdec.export.graphs import TORCH_DTYPES
 from specdec.manifest import GraphIO, TensorSpec
 
 ATTN_NAME = "specdec_gqa_tree"
-HIDDEN = -1e30  # the bias of a node that is not an ancestor
 
 
 def unsupported(cfg) -> list[str]:
@@ -65,20 +65,9 @@ def gqa_tree(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Reference semantics: query [1, N, H*D], key/value [1, N, kvH*D], past_* [1, kvH, MAX, D],
     tree_bias [1, 1, N, N]; the N new rows go to [total - N, total)."""
-    b, s, _ = query.shape
-    d = past_key.shape[-1]
-    total = int(total_len)
-    start = total - s
-    pk, pv = attention.write_rows(past_key, past_value, key, value, start, total)
-    q = query.view(b, s, num_heads, d).transpose(1, 2)  # [1, H, N, D]
-    rep = num_heads // kv_heads
-    k = pk[:, :, :total].repeat_interleave(rep, 1)  # [1, H, T, D]
-    v = pv[:, :, :total].repeat_interleave(rep, 1)
-    bias = torch.cat([torch.zeros(1, 1, s, start, dtype=tree_bias.dtype), tree_bias], dim=-1)  # [1, 1, N, T]
-    causal = torch.arange(total)[None, :] <= torch.arange(s)[:, None] + start  # [N, T]
-    scores = ((q @ k.transpose(-1, -2)) * scale + bias).masked_fill(~causal, float("-inf"))
-    out = scores.softmax(-1) @ v
-    return out.transpose(1, 2).reshape(b, s, num_heads * d), pk, pv
+    s, start = query.shape[1], int(total_len) - query.shape[1]
+    bias = torch.cat([torch.zeros(1, 1, s, start, dtype=tree_bias.dtype), tree_bias], dim=-1)  # [1, 1, N, T]: the past all visible
+    return attention.reference_attention(query, key, value, past_key, past_value, total_len, num_heads, kv_heads, scale, bias=bias)
 
 
 @gqa_tree.register_fake
@@ -194,15 +183,3 @@ def export_tree_verify(model: torch.nn.Module, path: Path, nodes: int, max_seq: 
         cfg._attn_implementation = previous
     program.save(str(path), external_data=True)
     return inputs, outputs, io
-
-
-def ancestors_bias(parents: list[int]) -> "torch.Tensor":
-    """tree_bias [1, 1, N, N] of a tree given by its parents (-1: under the root)."""
-    n = len(parents)
-    visible = torch.zeros(n, n, dtype=torch.bool)
-    for i in range(n):
-        j = i
-        while j >= 0:
-            visible[i, j] = True
-            j = parents[j]
-    return torch.where(visible, 0.0, HIDDEN)[None, None]

@@ -23,7 +23,7 @@ import numpy as np
 from specdec.runtime.request import Request
 from specdec.runtime.sampling import standardize
 from specdec.runtime.speculative import accept
-from specdec.runtime.tree import verify_tree, verify_tree_greedy
+from specdec.runtime.tree import depths, verify_tree, verify_tree_greedy
 from specdec.runtime.stats import Iteration, Stats
 
 if TYPE_CHECKING:
@@ -133,18 +133,9 @@ def tree_step(rows: Sequence[Row], gammas: Sequence[int], proposer, target: Exec
         r.seq[L : L + len(v.path)] = [tokens[i] for i in v.path]
         r.seq[L + len(v.path)] = v.token
         kept.append(len(v.path))
-        sizes.append(_levels(parents))
+        sizes.append(max(depths(parents), default=0))  # the positions it drafted
         target_s += tb - ta
         accept_s += clock() - tb
     proposer.commit(rows, kept, None)
     draft_calls = proposer.calls - calls
     return [Iteration(k, n, draft_calls, t1 - t0, target_s, accept_s) for k, n in zip(sizes, kept)]
-
-
-def _levels(parents: Sequence[int]) -> int:
-    """The depth of a tree: its longest root-to-node path (0: no nodes)."""
-    depth: list[int] = []
-    for p in parents:
-        depth.append(1 if p < 0 else depth[p] + 1)
-    return max(depth, default=0)
-

@@ -28,6 +28,7 @@ whose token is the target's argmax.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 
@@ -52,6 +53,14 @@ def children_of(parents: np.ndarray) -> list[list[int]]:
         if not -1 <= parent < i:
             raise ValueError(f"parents[{i}] = {parent}: expected -1 or an earlier node (topological order)")
         out[parent + 1].append(i)
+    return out
+
+
+def depths(parents: Sequence[int]) -> list[int]:
+    """Each node's depth: 1 under the root, 1 + its parent's below (parents in topological order)."""
+    out: list[int] = []
+    for p in parents:
+        out.append(1 if p < 0 else out[p] + 1)
     return out
 
 

@@ -42,15 +42,16 @@ def replay_chain(full: np.ndarray, start: int, gamma: int) -> list[int]:
 
 
 def replay_tree(full: np.ndarray, start: int, nodes: int, depth: int) -> list[int]:
-    from specdec.runtime.tree import lookup_tree, verify_tree_greedy
+    from specdec.runtime.tree import depths, lookup_tree, verify_tree_greedy
 
     out, L = [], start
     while L < len(full):
         tokens, parents = lookup_tree(full, L, nodes, depth)
+        level = depths(parents)
         rows = len(tokens) + 1
         logits = np.zeros((rows, int(full.max()) + 1))  # the greedy target as one-hot logits: row 0 the root
         for r in range(rows):
-            pos = L + (0 if r == 0 else _depth(parents, r - 1) + 1)
+            pos = L + (0 if r == 0 else level[r - 1])
             if pos < len(full):
                 logits[r, full[pos]] = 1.0
         v = verify_tree_greedy(np.array(tokens), np.array(parents), logits) if tokens else None
@@ -59,12 +60,6 @@ def replay_tree(full: np.ndarray, start: int, nodes: int, depth: int) -> list[in
         L += n + 1
     return out
 
-
-def _depth(parents: list[int], i: int) -> int:
-    d = 0
-    while parents[i] >= 0:
-        i, d = parents[i], d + 1
-    return d
 
 
 def main() -> None:

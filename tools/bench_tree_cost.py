@@ -76,7 +76,8 @@ def main() -> None:
     from specdec.export.families import family_of
     from specdec.export.graphs import export_decoder
     from specdec.export.optimize import optimize_for_cpu
-    from specdec.export.tree import ancestors_bias, export_tree_verify
+    from specdec.engines.ort import tree_bias
+    from specdec.export.tree import export_tree_verify
 
     model, name = load(args)
     cfg = model.config
@@ -104,7 +105,7 @@ def main() -> None:
                 depth[i] = depth[parents[i]] + 1
             feeds = {"input_ids": np.zeros((1, n), np.int64), "position_ids": np.array([[args.past + k for k in depth]]),
                      "seqlens_k": np.array([args.past + n - 1], np.int32), "total_sequence_length": np.array(args.past + n, np.int32),
-                     "tree_bias": ancestors_bias(parents).numpy().astype(np.float32)}  # fmt: skip
+                     "tree_bias": tree_bias(parents)}  # fmt: skip
             ms = time_graph(path, feeds, buffers, present, args.threads, args.reps)
             rows.append({"graph": f"tree, {n} nodes", "nodes": n, "ms": ms, "vs_one_token": ms / base})
             print(f"{n:>3} nodes: {ms:.2f} ms ({ms / base:.2f}x one token)", flush=True)

@@ -22,7 +22,8 @@ def test_tree_verify_graph_matches_pytorch_per_path(family, tmp_path):
 
     from specdec.export.families import family_of
     from specdec.export.optimize import optimize_for_cpu
-    from specdec.export.tree import ancestors_bias, export_tree_verify
+    from specdec.engines.ort import tree_bias
+    from specdec.export.tree import export_tree_verify
 
     model = peaked_model(config_for(family), seed=5).eval()
     cfg = model.config
@@ -48,7 +49,7 @@ def test_tree_verify_graph_matches_pytorch_per_path(family, tmp_path):
         model(torch.tensor([context]), past_key_values=cache, use_cache=True)
     feeds = {"input_ids": np.array([tokens]), "position_ids": np.array([[past + k for k in depth]]),
              "seqlens_k": np.array([past + n - 1], np.int32), "total_sequence_length": np.array(past + n, np.int32),
-             "tree_bias": ancestors_bias(PARENTS).numpy().astype(np.float32)}  # fmt: skip
+             "tree_bias": tree_bias(PARENTS)}  # fmt: skip
     for i in range(layers):
         for name, t in (("key", cache.layers[i].keys), ("value", cache.layers[i].values)):
             buf = np.zeros((1, kvh, MAX_SEQ, d), np.float32)
