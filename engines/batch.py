@@ -85,6 +85,8 @@ class BatchRunner:
         self._ids = np.zeros((cap,), dtype=np.int64)  # [B * S] viewed as [B, S] per call
         self._pos = np.zeros((cap,), dtype=np.int64)
         self._logits = np.zeros((cap * vocab,), dtype=np.float32)  # [B * S * V]
+        self.width = specs[spec.io.features].shape[-1] if spec.io.features else 0
+        self._features = np.zeros((cap * self.width,), dtype=np.float32) if spec.io.features else None  # [B * S * d]
         self.seqlens = np.zeros((self.rows,), dtype=np.int32)  # [B]: rows visible after the call - 1
         self._arange = np.arange(max_tokens, dtype=np.int64)  # [S_max] position offsets
         self.vocab, self.layers = vocab, layers
@@ -109,6 +111,8 @@ class BatchRunner:
         b.bind_input(self.io.ids, "cpu", 0, np.int64, [self.rows, s], self._ids.ctypes.data)
         b.bind_input(self.io.positions, "cpu", 0, np.int64, [self.rows, s], self._pos.ctypes.data)
         b.bind_output(self.io.logits, "cpu", 0, np.float32, [self.rows, s, self.vocab], self._logits.ctypes.data)
+        if self._features is not None:
+            b.bind_output(self.io.features, "cpu", 0, np.float32, [self.rows, s, self.width], self._features.ctypes.data)
         self.bound_tokens = s
 
     def run(self, slots: Sequence[int], feeds: Sequence[np.ndarray]) -> np.ndarray:
@@ -134,4 +138,6 @@ class BatchRunner:
         if s != self.bound_tokens:
             self._bind_tokens(s)
         self.session.run_with_iobinding(self.binding)
+        if self._features is not None:
+            self.features = self._features[: self.rows * s * self.width].reshape(self.rows, s, self.width)  # [B, S, d] view
         return self._logits[: self.rows * s * self.vocab].reshape(self.rows, s, self.vocab)[:n]

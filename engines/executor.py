@@ -53,6 +53,8 @@ def graph_names(manifest: Manifest, models: Sequence[str], slots: int, fused: bo
     graph (which also runs its fixed-length calls: the weights are in memory once per graph
     shape), its encoder, the batched graphs it needs, the draft's fused graphs, and with ``tree``
     the target's tree verify graph (a session of its own: only for a tree drafter)."""
+    if "head" in models and manifest.head is None:
+        raise ConfigError("the feature drafter needs the bundle's feature head, which this bundle lacks; train one with specdec train-drafter BUNDLE --corpus DIR")
     if tree and not any(g.role == "tree" for g in manifest.graphs.values()):
         raise ConfigError("a tree drafter needs the target's tree verify graph, which this bundle lacks; re-export it with --tree-nodes N (e.g. 8)")
     names = [manifest.graph("target", "tree")[0]] if tree else []
@@ -60,7 +62,8 @@ def graph_names(manifest: Manifest, models: Sequence[str], slots: int, fused: bo
         names.append(manifest.graph(model, "dynamic")[0])
         if manifest.seq2seq:
             names.append(manifest.graph(model, "encoder")[0])
-        names += [manifest.graph(model, "dynamic", batch=b)[0] for b in batched_sizes(manifest, slots)]
+        if model != "head":  # the head runs one row per call: no batched head graph yet
+            names += [manifest.graph(model, "dynamic", batch=b)[0] for b in batched_sizes(manifest, slots)]
     if fused and "draft" in models:
         for rows in (1, *batched_sizes(manifest, slots)):
             names += [found[0] for role in FUSED_ROLES if (found := fused_graph(manifest, role, rows))]
@@ -85,7 +88,7 @@ class Executor:
         self.dynamic: GraphRunner = runner_for(bundle, name, g, view, session=sessions[name])  # any length
         self.static: GraphRunner = runner_for(bundle, name, g, view, session=sessions[name], tokens=fixed_tokens(m, model))
         self.batched = {}
-        for b in batched_sizes(m, slots):
+        for b in batched_sizes(m, slots) if model != "head" else ():
             name, g = m.graph(model, "dynamic", batch=b)
             self.batched[b] = BatchRunner(sessions[name], name, g, self.cache, m.k)
         self.fused_runners: dict[tuple[int, bool], FusedRunner] = {}  # (graph rows, argmax only) -> runner
@@ -104,24 +107,38 @@ class Executor:
         found = [(n, g) for n, g in m.graphs.items() if g.model == model and g.role == "tree" and n in sessions]
         self.tree_runner = TreeRunner(sessions[found[0][0]], *found[0], view) if found else None  # a tree drafter's verify graph
         self._cross_slot = {id(self.dynamic): -1, id(self.static): -1}  # slot whose cross K/V each batch-1 runner reads
+        # The target's features for a feature drafter (export/features.py): per slot, row t + 1
+        # holds the feature of position t (row 0 stays zero: what the head reads at position 0).
+        # Written by every call at the rows it feeds, like the KV rows; ``keep`` compacts them too.
+        dyn = m.graph(model, "dynamic")[1]
+        width = next((t.shape[-1] for t in dyn.outputs if t.name == dyn.io.features), 0) if model == "target" else 0
+        self.store = np.zeros((slots + 1, m.max_seq_len + 1, width), dtype=np.float32) if width else None  # [slots+1, MAX+1, d]
+        self.features: np.ndarray | None = None  # [n, d]: the last batch-1 call's features (a view)
         self.calls = 0  # forward calls (the fused drafter adds its γ steps)
 
     # -- running ----------------------------------------------------------------------------
 
-    def forward(self, slots: Sequence[int], feeds: Sequence[np.ndarray]) -> np.ndarray:
+    def forward(self, slots: Sequence[int], feeds: Sequence[np.ndarray], context: np.ndarray | None = None) -> np.ndarray:
         """Logits [n, S, V] for n slots' feeds (S: the longest; a row's logits past its feed are
         padding), their KV rows written at each slot's committed length. A view the next call
-        overwrites. Committing is the caller's (``commit``)."""
+        overwrites. Committing is the caller's (``commit``). ``context`` [S, d]: a feature head's
+        input rows (one slot)."""
         self.calls += 1
         if len(slots) == 1:
-            return self._one(slots[0], feeds[0])[None]
-        return self.batched[self.rows_for(len(slots))].run(slots, feeds)
+            return self._one(slots[0], feeds[0], context)[None]
+        runner = self.batched[self.rows_for(len(slots))]
+        logits = runner.run(slots, feeds)
+        if self.store is not None:
+            for i, (s, feed) in enumerate(zip(slots, feeds)):
+                start = self.cache.length(s)
+                self.store[s, start + 1 : start + 1 + len(feed)] = runner.features[i, : len(feed)]
+        return logits
 
     def rows_for(self, n: int) -> int:
         """The graph row count a call of ``n`` rows runs (1: the batch-1 graphs)."""
         return 1 if n == 1 else min(b for b in self.batched if b >= n)
 
-    def _one(self, slot: int, feed: np.ndarray) -> np.ndarray:
+    def _one(self, slot: int, feed: np.ndarray, context: np.ndarray | None = None) -> np.ndarray:
         runner = self.static if len(feed) == self.static.capacity else self.dynamic
         view = self.cache.slot(slot)
         if runner.cache is not view:
@@ -129,7 +146,13 @@ class Executor:
         if self.encoder is not None and self._cross_slot[id(runner)] != slot:
             runner.bind_cross(self.cross[slot])
             self._cross_slot[id(runner)] = slot
-        return runner.run(feed)
+        logits = runner.run(feed, context)
+        if runner.features is not None:
+            n = len(feed)
+            self.features = runner.features[0, :n]
+            if self.store is not None:
+                self.store[slot, view.length + 1 : view.length + 1 + n] = self.features
+        return logits
 
     def tree(self, slot: int, tokens: Sequence[int], parents: Sequence[int]) -> np.ndarray:
         """Logits [n, V] of a tree's n nodes over ``slot`` (engines/ort.py TreeRunner); node i's
@@ -138,7 +161,10 @@ class Executor:
         view = self.cache.slot(slot)
         if self.tree_runner.cache is not view:
             self.tree_runner.bind_cache(view)
-        return self.tree_runner.run_tree(tokens, parents)
+        logits = self.tree_runner.run_tree(tokens, parents)
+        if self.store is not None:
+            self.store[slot, view.length + 1 : view.length + 1 + len(tokens)] = self.tree_runner.features[0, : len(tokens)]
+        return logits
 
     def fused(self, rows: int, greedy: bool) -> FusedRunner | None:
         """The fused draft runner for a call of ``rows`` rows (the argmax-only variant when all
@@ -169,8 +195,13 @@ class Executor:
         self.cache.rewind_to(s, n)
 
     def keep(self, s: int, rows: Sequence[int]) -> None:
-        """Commit rows at these positions (ascending, past the committed ones), moved into place."""
+        """Commit rows at these positions (ascending, past the committed ones), moved into place
+        (the stored features too)."""
+        start = self.cache.length(s)
         self.cache.keep(s, rows)
+        if self.store is not None:
+            for i, row in enumerate(rows):  # ascending and row >= start + i: never overwrites a row still to move
+                self.store[s, start + 1 + i] = self.store[s, row + 1]
 
     def reset(self, s: int) -> None:
         self.cache.rewind_to(s, 0)

@@ -83,6 +83,11 @@ class GraphRunner:
         self.ids = np.zeros((1, self.capacity), dtype=np.int64)  # [1, S]
         self.pos = np.zeros((1, self.capacity), dtype=np.int64)  # [1, S]
         self.logits = np.zeros((1, self.capacity, vocab), dtype=np.float32)  # [1, S, V]
+        # A feature drafter's tensors (export/features.py, export/head.py): the features the LM
+        # head read, and the head's context input; None in graphs without them.
+        width = specs[spec.io.features].shape[-1] if spec.io.features else specs[spec.io.context].shape[-1] if spec.io.context else 0
+        self.features = np.zeros((1, self.capacity, width), dtype=np.float32) if spec.io.features else None  # [1, S, d]
+        self.context = np.zeros((1, self.capacity, width), dtype=np.float32) if spec.io.context else None  # [1, S, d]
         self._arange = np.arange(self.capacity, dtype=np.int64)
         self.binding = self.session.io_binding()
         kv_spec = specs[spec.io.past[0][0]]
@@ -141,11 +146,16 @@ class GraphRunner:
         b.bind_input(io.ids, "cpu", 0, np.int64, [1, s], self.ids.ctypes.data)
         b.bind_input(io.positions, "cpu", 0, np.int64, [1, s], self.pos.ctypes.data)
         b.bind_output(io.logits, "cpu", 0, np.float32, [1, s, self.logits.shape[-1]], self.logits.ctypes.data)
+        for name, buf, bind in ((io.features, self.features, b.bind_output), (io.context, self.context, b.bind_input)):
+            if buf is not None:
+                bind(name, "cpu", 0, np.float32, [1, s, buf.shape[-1]], buf.ctypes.data)
         self.bound_tokens = s
         self.rebinds += 1
 
-    def run(self, tokens: Sequence[int] | np.ndarray) -> np.ndarray:
-        """Logits [n, V] for ``tokens`` (n <= capacity), their KV written at [cache.length, ...).
+    def run(self, tokens: Sequence[int] | np.ndarray, context: np.ndarray | None = None) -> np.ndarray:
+        """Logits [n, V] for ``tokens`` (n <= capacity), their KV written at [cache.length, ...);
+        a graph with features also fills ``self.features[0, :n]``. ``context`` [n, d]: a feature
+        head's input rows.
 
         Pass an int64 array (a view of a token buffer) to keep the call allocation-free.
         """
@@ -159,6 +169,8 @@ class GraphRunner:
         self.ids[0, :n] = tokens
         if n < s:
             self.ids[0, n:s] = self.ids[0, n - 1]  # padding: later rows, never read, never kept
+        if self.context is not None:
+            self.context[0, :n] = context
         np.add(self._arange[:s], start, out=self.pos[0, :s])
         self._set_scalars(start, s)
         if s != self.bound_tokens:

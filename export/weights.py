@@ -101,3 +101,54 @@ def share_weights(folder: Path, model: str, graph_files: list[str]) -> SharedWei
     for f in old_files:
         (folder / f).unlink()
     return SharedWeights(target, size, len(offsets), referenced, replaced)
+
+
+def share_with(folder: Path, model: str, graph_file: str, base: list[str]) -> dict[str, int]:
+    """Point ``graph_file``'s external tensors that equal a tensor of the ``base`` graphs (dtype,
+    shape and bytes) at the base's own offsets, and write the rest once to ``<model>.weights``:
+    how a feature head reads the target's embedding and LM head without a second copy on disk.
+    Returns the bytes written, the bytes read from the base's file, and how many tensors."""
+    handles: dict[str, object] = {}
+    proto = onnx.load(str(folder / graph_file), load_external_data=False)
+    mine = [t for t in proto.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+    shapes = {(t.data_type, tuple(t.dims)) for t in mine}
+    found: dict[tuple, dict[str, str]] = {}  # (dtype, dims, sha256) -> the base tensor's external info
+    target = f"{model}.weights"
+    shared = referenced = written = 0
+    try:
+        for file in base:
+            for t in onnx.load(str(folder / file), load_external_data=False).graph.initializer:
+                if t.data_location == onnx.TensorProto.EXTERNAL and (t.data_type, tuple(t.dims)) in shapes:
+                    info = _external(t)
+                    found.setdefault((t.data_type, tuple(t.dims), hashlib.sha256(_read(folder, info, handles)).hexdigest()), info)
+        old = {_external(t)["location"] for t in mine}
+        offsets: dict[tuple, int] = {}
+        with open(folder / target, "wb") as out:
+            for t in mine:
+                info = _external(t)
+                data = _read(folder, info, handles)
+                key = (t.data_type, tuple(t.dims), hashlib.sha256(data).hexdigest())
+                if key in found:
+                    entries = [(k, found[key][k]) for k in ("location", "offset", "length") if k in found[key]]
+                    referenced, shared = referenced + 1, shared + len(data)
+                else:
+                    if key not in offsets:
+                        align = BIG if len(data) >= BIG else SMALL_ALIGN
+                        pos = -(-out.tell() // align) * align
+                        out.write(b"\0" * (pos - out.tell()))
+                        out.write(data)
+                        offsets[key] = pos
+                    entries = [("location", target), ("offset", str(offsets[key])), ("length", str(len(data)))]
+                    written += len(data)
+                del t.external_data[:]
+                for k, v in entries:
+                    entry = t.external_data.add()
+                    entry.key, entry.value = k, v
+            size = out.tell()
+    finally:
+        for f in handles.values():
+            f.close()
+    onnx.save_model(proto, str(folder / graph_file))
+    for f in old - {target}:
+        (folder / f).unlink()
+    return {"own_bytes": size, "shared_bytes": shared, "shared_tensors": referenced}

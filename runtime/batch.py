@@ -26,7 +26,7 @@ from specdec.engines.executor import graph_names, open_sessions
 from specdec.engines.threads import ThreadPolicy
 from specdec.errors import ConfigError, QueueFullError, SpecDecError
 from specdec.manifest import Manifest, load_manifest
-from specdec.runtime.drafters import check_drafter, needs_draft_model, needs_tree
+from specdec.runtime.drafters import check_drafter, models_for, needs_tree
 from specdec.runtime.engine import Engine
 from specdec.runtime.handles import Handle
 from specdec.runtime.params import SamplingParams
@@ -59,8 +59,7 @@ class BatchEngine:
         m = self.manifest = manifest or load_manifest(bundle, verify)
         self.max_batch = self.check_options(m, max_batch, drafter, max_queue)
         self.limits, self.codec, self.threads = Limits.of(m), TextCodec.from_bundle(bundle, m), ThreadPolicy.of(threads)
-        models = ("target", "draft") if needs_draft_model(drafter) else ("target",)
-        sessions = open_sessions(bundle, m, graph_names(m, models, self.max_batch, fused=True, tree=needs_tree(drafter)), provider, self.threads)
+        sessions = open_sessions(bundle, m, graph_names(m, models_for(drafter), self.max_batch, fused=True, tree=needs_tree(drafter)), provider, self.threads)
         self.engine = Engine(bundle, m, sessions, drafter, self.max_batch, provider, prefill_chunk=PREFILL_CHUNK)
         self.drafter_name = self.engine.proposer.name
         self.waiting: queue.Queue = queue.Queue(maxsize=max_queue)

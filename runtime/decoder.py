@@ -21,7 +21,7 @@ from specdec.engines.threads import ThreadPolicy
 from specdec.errors import BusyError
 from specdec.manifest import Manifest, load_manifest
 from specdec.runtime.adaptive import AdaptiveGamma
-from specdec.runtime.drafters import Drafter, check_drafter, needs_tree
+from specdec.runtime.drafters import Drafter, check_drafter, models_for, needs_tree
 from specdec.runtime.engine import Engine, clip
 from specdec.runtime.handles import GenerationResult, Handle, Piece
 from specdec.runtime.params import SamplingParams
@@ -76,7 +76,8 @@ class SpeculativeDecoder:
         manifest = load_manifest(bundle, verify)
         check_drafter(drafter)
         policy = ThreadPolicy.of(threads)
-        sessions = open_sessions(bundle, manifest, graph_names(manifest, ("target", "draft"), 1, fused=True, tree=needs_tree(drafter)), provider, policy)
+        models = ("target", "draft", *(m for m in models_for(drafter) if m == "head"))
+        sessions = open_sessions(bundle, manifest, graph_names(manifest, models, 1, fused=True, tree=needs_tree(drafter)), provider, policy)
         return cls(bundle, manifest, sessions, TextCodec.from_bundle(bundle, manifest), provider, drafter, policy)
 
     def fork(self, drafter: str | Drafter | None = None) -> SpeculativeDecoder:
@@ -86,8 +87,9 @@ class SpeculativeDecoder:
             drafter = self.drafter_spec
         check_drafter(drafter)
         sessions = self.sessions
-        if needs_tree(drafter):  # the target's tree graph: opened on first use, shared from then on
-            missing = [n for n in graph_names(self.manifest, (), 1, fused=False, tree=True) if n not in sessions]
+        extra = tuple(m for m in models_for(drafter) if m == "head")
+        if needs_tree(drafter) or extra:  # the tree graph, the feature head: opened on first use, shared from then on
+            missing = [n for n in graph_names(self.manifest, extra, 1, fused=False, tree=needs_tree(drafter)) if n not in sessions]
             sessions = {**sessions, **open_sessions(self.bundle, self.manifest, missing, self.provider, self.threads)}
             self.sessions = sessions
         return SpeculativeDecoder(self.bundle, self.manifest, sessions, self.codec, self.provider, drafter, self.threads)

@@ -278,6 +278,8 @@ class DrafterContext(NamedTuple):
     bundle: Path
     manifest: object  # specdec.manifest.Manifest
     draft: object | None
+    target: object | None = None  # the target's Executor (a feature drafter reads its features)
+    head: object | None = None  # with ``needs_head``: the feature head's Executor
 
 
 @dataclass(frozen=True)
@@ -286,17 +288,18 @@ class Registration:
     needs_draft_model: bool  # the engine then loads the draft model's executor and feeds it prompts
     batched: bool = False  # the factory makes one ``proposers.Proposer`` for all slots, not a Drafter per slot
     tree: bool = False  # it proposes trees: the target verifies them with its tree graph (specdec-export --tree-nodes)
+    needs_head: bool = False  # the engine loads the bundle's feature head (specdec train-drafter)
 
 
 DRAFTERS: dict[str, Registration] = {}
 
 
-def register(name: str, needs_draft_model: bool = False, batched: bool = False, tree: bool = False) -> Callable:
+def register(name: str, needs_draft_model: bool = False, batched: bool = False, tree: bool = False, needs_head: bool = False) -> Callable:
     """Decorator: make ``factory(ctx)`` available as ``drafter=name``: a ``Drafter`` per slot, or
     with ``batched`` one ``Proposer`` for all slots."""
 
     def add(factory: Callable[[DrafterContext], object]) -> Callable[[DrafterContext], object]:
-        DRAFTERS[name] = Registration(factory, needs_draft_model, batched, tree)
+        DRAFTERS[name] = Registration(factory, needs_draft_model, batched, tree, needs_head)
         return factory
 
     return add
@@ -321,6 +324,7 @@ def _draft_model(fused: bool) -> Callable[[DrafterContext], object]:
 register("model", needs_draft_model=True, batched=True)(_draft_model(fused=True))
 register("model-steps", needs_draft_model=True, batched=True)(_draft_model(fused=False))  # one call per draft token
 register("hierarchical", needs_draft_model=True)(lambda ctx: HierarchicalDrafter(ctx.draft, inner=LookupDrafter()))
+register("feature", batched=True, needs_head=True)(lambda ctx: _feature(ctx))
 register("lookup")(lambda ctx: LookupDrafter())
 register("lookup-tree", batched=True, tree=True)(lambda ctx: _lookup_tree(ctx))
 register("ngram")(lambda ctx: NgramDrafter(ctx.manifest.vocab_size, bundle_table(ctx), order=2))
@@ -345,6 +349,21 @@ def _lookup_tree(ctx: DrafterContext):
     return LookupTree(ctx.manifest.graph("target", "tree")[1].tokens - 1)  # the root takes one node
 
 
+def _feature(ctx: DrafterContext):
+    from specdec.runtime.proposers import FeatureHead
+
+    return FeatureHead(ctx.head, ctx.target)
+
+
+def models_for(spec) -> tuple[str, ...]:
+    """The bundle models an engine with this drafter loads: the target, and the draft model or
+    the feature head when the drafter needs one."""
+    if not isinstance(spec, str):
+        return ("target",)
+    r = DRAFTERS[spec]
+    return ("target", *(("draft",) if r.needs_draft_model else ()), *(("head",) if r.needs_head else ()))
+
+
 def needs_tree(spec) -> bool:
     return isinstance(spec, str) and DRAFTERS[spec].tree
 
@@ -361,12 +380,13 @@ def make_drafter(spec, ctx: DrafterContext) -> Drafter:
     return DRAFTERS[spec].factory(ctx)
 
 
-def make_proposer(spec, bundle: Path, manifest, draft, slots: int):
+def make_proposer(spec, bundle: Path, manifest, draft, slots: int, target=None, head=None):
     """The proposer of an engine with ``slots`` slots: a batched registration's own, else a
-    fresh drafter per slot behind ``proposers.PerRow`` (``draft``: the draft model's Executor or None)."""
+    fresh drafter per slot behind ``proposers.PerRow`` (``draft``, ``target``, ``head``: the
+    models' Executors, or None)."""
     from specdec.runtime.proposers import PerRow, SlotModel
 
     check_drafter(spec)
     if isinstance(spec, str) and DRAFTERS[spec].batched:
-        return DRAFTERS[spec].factory(DrafterContext(bundle, manifest, draft))
+        return DRAFTERS[spec].factory(DrafterContext(bundle, manifest, draft, target, head))
     return PerRow([make_drafter(spec, DrafterContext(bundle, manifest, draft and SlotModel(draft, s))) for s in range(slots)])

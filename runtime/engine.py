@@ -26,7 +26,7 @@ from specdec.engines.executor import Executor
 from specdec.errors import ConfigError
 from specdec.manifest import Manifest
 from specdec.runtime.adaptive import Acceptance, AdaptiveGamma
-from specdec.runtime.drafters import make_proposer, needs_draft_model
+from specdec.runtime.drafters import make_proposer, models_for, needs_draft_model
 from specdec.runtime.handles import Handle
 from specdec.runtime.request import Request
 from specdec.runtime.stats import Iteration
@@ -59,7 +59,8 @@ class Engine:
         self.manifest, self.slots, self.prefill_chunk = manifest, slots, prefill_chunk
         self.target = Executor(bundle, manifest, "target", sessions, provider, slots)
         self.draft = Executor(bundle, manifest, "draft", sessions, provider, slots) if needs_draft_model(drafter) else None
-        self.proposer = make_proposer(drafter, bundle, manifest, self.draft, slots)
+        self.head = Executor(bundle, manifest, "head", sessions, provider, slots) if "head" in models_for(drafter) else None
+        self.proposer = make_proposer(drafter, bundle, manifest, self.draft, slots, self.target, self.head)
         if getattr(self.proposer, "tree", False) and self.target.tree_runner is None:
             raise ConfigError(f"drafter {self.proposer.name!r} verifies trees; load the bundle with it (its tree graph's session is opened then)")
         self.models = (self.target, self.draft) if self.draft else (self.target,)

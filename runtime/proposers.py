@@ -158,6 +158,55 @@ class LookupTree:
         pass
 
 
+class FeatureHead:
+    """The feature drafter (EAGLE-style, export/head.py): a one-layer head over the target's own
+    features drafts γ tokens per row, one head call per token.
+
+    Head-cache invariant, for a row with L committed tokens: the head's slot holds rows for
+    positions [0, length) fed with the target's true features (position j reads the target's
+    feature of j - 1, ``target.store[slot, j]``); seq[length:L] is fed by the next call, whose
+    last row gives the head's feature h and the distribution of token L. Each further draft
+    feeds the drafted token with the head's own h as context. After verification the rows fed
+    with predicted features (positions >= L) are dropped: a rewind, O(1).
+
+    Rows are drafted one at a time (no batched head graph yet); every token is drawn from the
+    head's distribution with the row's sampling settings, so acceptance is Algorithm 1's.
+    """
+
+    name = "feature"
+
+    def __init__(self, head: Executor, target: Executor):
+        if target.store is None:
+            raise ValueError("the feature drafter needs a target whose graphs return features (specdec train-drafter adds them)")
+        self.head, self.target = head, target
+
+    @property
+    def calls(self) -> int:
+        return self.head.calls
+
+    def start(self, row: Row) -> None:
+        self.head.reset(row.slot)
+
+    def propose(self, rows: Sequence[Row], gammas: Sequence[int]) -> list[int]:
+        head, store = self.head, self.target.store
+        for r, g in zip(rows, gammas):
+            if not g:
+                continue
+            s, L, done = r.slot, r.length, head.length(r.slot)
+            logits = head.forward([s], [r.seq[done:L]], store[s, done:L])[0, L - done - 1]  # [V]: token L
+            head.commit(s, L - done)
+            for j in range(g):
+                r.seq[L + j] = draw(logits, r.req.sampling, r.rng, r.q[j])
+                if j + 1 < g:
+                    logits = head.forward([s], [r.seq[L + j : L + j + 1]], head.features[-1:])[0, 0]  # context: the head's last h
+                    head.commit(s, 1)
+        return list(gammas)
+
+    def commit(self, rows: Sequence[Row], accepted: Sequence[int], logits: np.ndarray | None) -> None:
+        for r in rows:
+            self.head.rewind_to(r.slot, min(self.head.length(r.slot), r.length))
+
+
 class SlotModel(NamedTuple):
     """One slot of a model's executor, as a per-sequence drafter sees it (the hierarchical
     drafter's draft model): its cache, and ``run(feed)`` -> logits [len(feed), V] (a view)."""

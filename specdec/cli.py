@@ -136,6 +136,38 @@ def _kv_delta(f: dict) -> str:
 cli.add_command(export_cmd)
 
 
+@cli.command("train-drafter")
+@click.argument("bundle", type=click.Path(path_type=Path))
+@click.option("--corpus", default="stdlib", show_default=True, help="'stdlib' (the demo pair's training files) or a folder of text files; every 20th file is held out.")
+@click.option("--steps", default=600, show_default=True, type=click.IntRange(1), help="Optimizer steps.")
+@click.option("--batch", default=8, show_default=True, type=click.IntRange(1), help="Windows per step.")
+@click.option("--window", default=256, show_default=True, type=click.IntRange(8), help="Tokens per training window.")
+@click.option("--windows", default=1200, show_default=True, type=click.IntRange(1), help="Training windows (the target's features are computed once for them).")
+@click.option("--lr", default=2e-3, show_default=True, type=click.FloatRange(0, min_open=True), help="Peak learning rate (cosine schedule).")
+@click.option("--noise", default=0.1, show_default=True, type=click.FloatRange(0), help="Uniform noise on the input features, relative to their RMS.")
+@click.option("--unroll", default=1, show_default=True, type=click.IntRange(1, 4), help="Passes over the head's own features per step (EAGLE-3's training-time test).")
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--save", default=None, type=click.Path(file_okay=False, path_type=Path), help="Also save the head as a checkpoint folder (specdec-export --feature-drafter reads it).")
+def train_drafter_cmd(bundle: Path, corpus: str, steps: int, batch: int, window: int, windows: int, lr: float, noise: float, unroll: int,
+                      seed: int, save: Path | None) -> None:  # fmt: skip
+    """Train a feature drafter (EAGLE-style head) for BUNDLE's target and write it into BUNDLE.
+
+    Adds the features output to the target's graphs and a head graph; the bundle is re-hashed
+    and replaced only when all of it passed. Then decode with --drafter feature."""
+    from specdec.manifest import load_manifest
+
+    load_manifest(bundle)  # a bad bundle fails in one line before torch loads
+    try:
+        from specdec.export.train_head import Recipe, train
+    except ImportError as e:
+        raise ConfigError(f"train-drafter needs the export extra ({e.name} is missing): pip install torch==2.13.0 -e '.[export]'") from None
+    recipe = Recipe(steps=steps, batch=batch, window=window, windows=windows, lr=lr, noise=noise, unroll=unroll, seed=seed)
+    record = train(bundle, corpus, recipe, save, report=lambda line: click.echo(line, err=True))
+    after = record["held_out"]["after"]
+    click.echo(f"feature drafter written into {bundle}: held-out α(T=1) {after['alpha_t1']}, argmax agreement {after['argmax_t0']} "
+               f"({record['data_seconds']:.0f} s data, {record['train_seconds']:.0f} s training)")  # fmt: skip
+
+
 @cli.command("inspect")
 @click.argument("bundle", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest.")

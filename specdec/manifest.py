@@ -23,7 +23,7 @@ from specdec.errors import BundleError
 SCHEMA_VERSION = 2  # 2: graphs carry their I/O roles; role "prefill" became "dynamic"
 MANIFEST_NAME = "manifest.json"
 DTYPES = ("float32", "float16", "int64", "int32", "bool")
-MODELS = ("target", "draft")
+MODELS = ("target", "draft", "head")  # head: the feature drafter (export/head.py), one layer over the target's features
 FUSED_ROLES = ("fused", "fused_greedy")  # the draft's γ steps in one call (export/fused.py): sampling, and argmax only
 ROLES = ("dynamic", "verify", "step", "encoder", "tree", *FUSED_ROLES)
 FLAVOURS = ("ort", "portable")
@@ -74,6 +74,9 @@ class GraphIO:
     top_p: str | None = None
     cross: tuple[tuple[str, str], ...] = ()  # encoder-decoder: per decoder layer, the cross-attention K/V
     tree_bias: str | None = None  # tree verify graph (export/tree.py): float32 [1, 1, N, N], 0 for ancestors
+    features: str | None = None  # float32 [1, S, d]: the hidden state the LM head reads (target graphs of a
+    #                              bundle with a feature drafter), or the head's own predicted features
+    context: str | None = None  # the head's input: float32 [1, S, d], the target's features one position back
 
     def __post_init__(self) -> None:
         for name in ("past", "present", "cross"):
@@ -82,7 +85,7 @@ class GraphIO:
     def names(self) -> set[str]:
         """Every tensor name this mapping refers to."""
         out = {self.ids, self.positions, self.logits, self.seqlens, self.total, self.past_length}
-        out |= {self.tokens, self.uniforms, self.temperature, self.top_k, self.top_p, self.tree_bias}
+        out |= {self.tokens, self.uniforms, self.temperature, self.top_k, self.top_p, self.tree_bias, self.features, self.context}
         out |= {n for pair in (*self.past, *self.present, *self.cross) for n in pair}
         return out - {None}
 
@@ -103,7 +106,7 @@ class GraphSpec:
 
     file: str
     sha256: str
-    model: str  # "target" or "draft"
+    model: str  # "target", "draft" or "head"
     role: str
     tokens: int | None
     inputs: tuple[TensorSpec, ...]
@@ -166,6 +169,8 @@ class Manifest:
     max_source_len: int | None = None  # encoder-decoder bundles: source tokens per request; None: decoder-only
     decoder_start_token_id: int | None = None  # encoder-decoder bundles: the decoder's first token
     integrity: dict[str, Any] | None = None  # {"algorithm", "files": {path: {"size", "digest"}}}; None: an older bundle
+    head: ModelSpec | None = None  # the feature drafter (specdec train-drafter): one decoder layer over the target's features
+    feature: dict[str, Any] | None = None  # {"width", "training": {...}}: how the head was trained, and the feature width d
     schema_version: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:
@@ -223,6 +228,8 @@ class Manifest:
             d = dict(d)
             d["target"] = ModelSpec(**d["target"])
             d["draft"] = ModelSpec(**d["draft"])
+            if d.get("head") is not None:
+                d["head"] = ModelSpec(**d["head"])
             d["graphs"] = {k: GraphSpec(**v) for k, v in d["graphs"].items()}
             if d.get("integrity") is not None:
                 d["integrity"] = integrity.check_table(d["integrity"])

@@ -1,0 +1,159 @@
+"""A bundle gains a feature drafter: its target graphs return their features, and a head graph is added.
+
+    tables(bundle, manifest)            the target's embedding [V, d] and LM head [d, V], read
+                                        from its dynamic graph (float weights only)
+    restaged(bundle) as stage           a staging copy of the bundle (files hard-linked), moved
+                                        over the bundle by ``commit`` only when all went well
+    expose_features(stage, manifest)    every target graph gets the ``features`` output
+    add_head(stage, manifest, head)     the head graph, checked against PyTorch, in the manifest
+
+Used by ``specdec train-drafter`` (export/train_head.py) and ``specdec-export --feature-drafter``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import shutil
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from specdec.errors import ExportError
+from specdec.export import features
+from specdec.manifest import MANIFEST_NAME, GraphSpec, Manifest, ModelSpec, TensorSpec, inside, sha256_of
+
+HEAD_GRAPH = "head_dynamic"
+MAX_HEAD_DIFF = 2e-3  # |Δ logits| of the head graph vs PyTorch, float32: GQA's fused kernels reorder sums (~1e-5 seen)
+
+
+def _external_array(folder: Path, t: onnx.TensorProto) -> np.ndarray:
+    """An initializer's values, read from its external-data file in ``folder`` (or inline)."""
+    if t.data_location != onnx.TensorProto.EXTERNAL:
+        return numpy_helper.to_array(t)
+    info = {e.key: e.value for e in t.external_data}
+    dtype = onnx.helper.tensor_dtype_to_np_dtype(t.data_type)
+    count = int(np.prod(t.dims))
+    data = np.fromfile(inside(folder, info["location"]), dtype=dtype, count=count, offset=int(info.get("offset", 0)))
+    return data.reshape(tuple(t.dims))
+
+
+def tables(bundle: Path, manifest: Manifest) -> tuple[np.ndarray, np.ndarray]:
+    """The target's embedding [V, d] and LM head [d, V] as float32 arrays, from its dynamic graph."""
+    name, g = manifest.graph("target", "dynamic")
+    proto = onnx.load(str(inside(bundle, g.file)), load_external_data=False)
+    inits = {t.name: t for t in proto.graph.initializer}
+    gather = next((n for n in proto.graph.node if n.op_type == "Gather" and n.input[1] == g.io.ids and n.input[0] in inits), None)
+    _, head = features.head_input(proto.graph, g.io.logits)
+    if gather is None or head.op_type not in ("MatMul", "FusedMatMul", "Gemm") or head.input[1] not in inits:
+        raise ExportError(f"graph {name}: a feature drafter needs the target's float embedding and LM head "
+                          f"(found {head.op_type}); train it on the float32 bundle")  # fmt: skip
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in head.attribute}
+    embed = _external_array(bundle, inits[gather.input[0]]).astype(np.float32)
+    w = _external_array(bundle, inits[head.input[1]]).astype(np.float32)
+    w = w.T if attrs.get("transB", 0) else w
+    if head.op_type == "FusedMatMul" and attrs.get("alpha", 1.0) != 1.0:
+        w = w * attrs["alpha"]
+    if w.shape != (embed.shape[1], manifest.vocab_size):
+        raise ExportError(f"graph {name}: LM head weight {list(w.shape)}, expected [{embed.shape[1]}, {manifest.vocab_size}]")
+    return embed, w
+
+
+@contextlib.contextmanager
+def restaged(bundle: Path) -> Iterator[Path]:
+    """A staging folder beside ``bundle`` holding its files (hard links where the filesystem
+    allows, else copies; a file is edited by writing a new one, never in place): edit it, then
+    ``export.bundle.commit`` it over the bundle."""
+    from specdec.export.bundle import staging
+
+    with staging(bundle) as tmp:
+        for src in bundle.rglob("*"):
+            if src.name == MANIFEST_NAME and src.parent == bundle:
+                continue  # written by commit: never through a link to the bundle's own file
+            dst = tmp / src.relative_to(bundle)
+            if src.is_dir():
+                dst.mkdir(parents=True, exist_ok=True)
+                continue
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.link(src, dst)
+            except OSError:
+                shutil.copy2(src, dst)
+        yield tmp
+
+
+def expose_features(stage: Path, manifest: Manifest) -> Manifest:
+    """Every target graph of the staged bundle also returns ``features`` [B, S, d]."""
+    width = manifest.target.hidden_size
+    graphs = dict(manifest.graphs)
+    for name, g in manifest.graphs.items():
+        if g.model != "target" or g.io.features:
+            continue
+        path = inside(stage, g.file)
+        proto = onnx.load(str(path), load_external_data=False)
+        features.expose(proto, g.io.logits, width)
+        path.unlink()  # a hard link to the bundle's file: write a new one
+        onnx.save_model(proto, str(path))
+        logits = next(t for t in g.outputs if t.name == g.io.logits)
+        out = (*g.outputs, TensorSpec(features.FEATURES, "float32", (*logits.shape[:-1], width)))
+        graphs[name] = dataclasses.replace(g, sha256=sha256_of(path), outputs=out, io=dataclasses.replace(g.io, features=features.FEATURES))
+    return dataclasses.replace(manifest, graphs=graphs)
+
+
+def add_head(stage: Path, manifest: Manifest, head, record: dict, seed: int = 0) -> Manifest:
+    """Export ``head`` (export/head.py) into the staged bundle, its embedding and LM head pointing
+    at the target's weights, checked against PyTorch; returns the manifest with it."""
+    from specdec.export.head import export_head
+    from specdec.export.optimize import optimize_for_cpu
+    from specdec.export.weights import share_with
+
+    if manifest.dtype != "float32":
+        raise ExportError(f"a feature drafter needs a float32 bundle, this one is {manifest.dtype}; export with --dtype float32")
+    for f in (*stage.glob(f"{HEAD_GRAPH}.onnx*"), stage / "head.weights"):  # links to an older head's files
+        f.unlink(missing_ok=True)
+    file = f"{HEAD_GRAPH}.onnx"
+    inputs, outputs, io = export_head(head, stage / file, manifest.max_seq_len, manifest.dtype)
+    optimize_for_cpu(stage / file, manifest.max_seq_len)
+    base = [g.file for g in manifest.graphs.values() if g.model == "target"]
+    shared = share_with(stage, "head", file, base)
+    data = sorted({(e.value) for t in onnx.load(str(stage / file), load_external_data=False).graph.initializer
+                   for e in t.external_data if e.key == "location"})  # fmt: skip
+    graph = GraphSpec(file, sha256_of(stage / file), "head", "dynamic", None, inputs, outputs, io, tuple(data))
+    cfg = head.cfg
+    params = sum(p.numel() for k, p in head.trained_state().items())
+    spec = ModelSpec("specdec train-drafter", None, "feature-head", 1, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.width,
+                     cfg.max_positions, int(params))  # fmt: skip
+    graphs = {n: g for n, g in manifest.graphs.items() if g.model != "head"}
+    graphs[HEAD_GRAPH] = graph
+    diff = check_head(stage, graph, head, manifest.max_seq_len, seed)
+    feature = {"width": cfg.width, "training": record, "check": {"max_abs_logits": diff}, **shared}
+    return dataclasses.replace(manifest, graphs=graphs, head=spec, feature=feature)
+
+
+def check_head(stage: Path, graph: GraphSpec, head, max_seq: int, seed: int) -> float:
+    """Max |Δ logits| of the head graph against PyTorch over a prompt chunk and 1-token steps, as
+    the drafter calls it; an ExportError past ``MAX_HEAD_DIFF``."""
+    from specdec.engines.kv import KVCache
+    from specdec.engines.ort import runner_for
+    from specdec.export.head import reference
+
+    rng = np.random.default_rng(seed)
+    cfg = head.cfg
+    n = min(24, max_seq)
+    ids = rng.integers(0, cfg.vocab, n)
+    context = rng.standard_normal((n, cfg.width)).astype(np.float32)
+    want, _ = reference(head, ids, context)
+    cache = KVCache(1, cfg.num_kv_heads, max_seq, cfg.head_dim, "float32")
+    runner = runner_for(stage, HEAD_GRAPH, graph, cache)
+    got = []
+    for a, b in ((0, n // 2), *((i, i + 1) for i in range(n // 2, n))):
+        got.append(runner.run(ids[a:b], context[a:b]).copy())
+        cache.append(b - a)
+    diff = float(np.abs(np.concatenate(got) - want).max())
+    if not diff <= MAX_HEAD_DIFF:
+        raise ExportError(f"head graph differs from PyTorch by {diff:.3g} in logits (bound {MAX_HEAD_DIFF}); the export is wrong")
+    return diff

@@ -1,0 +1,164 @@
+"""The feature drafter (EAGLE-style head, export/head.py + export/train_head.py), end to end on a tiny llama target.
+
+``specdec train-drafter`` on a copy of the llama bundle: the target graphs gain their features,
+the head graph reads the target's own embedding and LM head from the target's weight file, the
+bundle is replaced only when all of it passed. Decoding with ``drafter="feature"`` keeps the
+target's output: greedy token for token (one request, and several in one BatchEngine), sampled
+in law (first two tokens, chi-square).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("scipy.stats")
+
+from test_decoder_exact import PROMPTS, chi_square_p, exact_first_two, load_model, torch_greedy  # noqa: E402
+
+from specdec.errors import ConfigError  # noqa: E402
+from specdec.runtime import BatchEngine, SamplingConfig, SpeculativeDecoder  # noqa: E402
+
+NEW = 60
+
+
+def corpus_prompts(dec) -> list[list[int]]:
+    """Openings in the training corpus's text, where the head has learned the target."""
+    from models import CORPUS
+
+    return [dec.codec.encode(CORPUS[a : a + 60], special=False) for a in (0, 130, 260)]
+
+
+def digests(folder) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def feature_bundle(family_bundle, tmp_path_factory):
+    """A copy of the llama bundle with a feature head trained for a few steps on a small corpus."""
+    from models import CORPUS
+
+    from specdec.export.train_head import Recipe, train
+
+    family, target, draft, out, manifest = family_bundle
+    root = tmp_path_factory.mktemp("feature")
+    corpus = root / "corpus"
+    corpus.mkdir()
+    for i in range(4):
+        (corpus / f"part{i}.py").write_text(CORPUS[i * 50 :] + CORPUS[: i * 50])
+    bundle = root / "bundle"
+    shutil.copytree(out, bundle)
+    record = train(bundle, str(corpus), Recipe(steps=400, batch=8, window=48, windows=96, lr=3e-3, noise=0.0), save=root / "head", report=lambda s: None)
+    return target, bundle, record, root
+
+
+pytestmark = pytest.mark.parametrize("family_bundle", ["llama"], indirect=True)
+
+
+def test_train_drafter_adds_features_and_a_head_sharing_the_target_weights(feature_bundle):
+    import onnx
+
+    from specdec.engines.kv import KVCache
+    from specdec.engines.ort import runner_for
+    from specdec.export.feature import tables
+    from specdec.manifest import load_manifest
+
+    _, bundle, record, root = feature_bundle
+    m = load_manifest(bundle, stamps=False)  # every file re-hashed
+    assert m.head is not None and m.feature["width"] == m.target.hidden_size
+    assert all(g.io.features for g in m.graphs.values() if g.model == "target"), "every target graph returns its features"
+    head = m.graphs["head_dynamic"]
+    locations = [e.value for t in onnx.load(str(bundle / head.file), load_external_data=False).graph.initializer for e in t.external_data if e.key == "location"]
+    assert locations.count("target.weights") >= 2, "the head reads the target's embedding and LM head from the target's file"
+    assert (bundle / "head.weights").stat().st_size < (bundle / "target.weights").stat().st_size
+    assert record["held_out"]["after"]["alpha_t1"] > record["held_out"]["before"]["alpha_t1"], "training improved the held-out acceptance"
+    assert (root / "head" / "head.safetensors").is_file()
+    # The features are what the LM head reads: features @ H == logits (a llama head has no soft-cap).
+    name, g = m.graph("target", "dynamic")
+    t = m.target
+    runner = runner_for(bundle, name, g, KVCache(t.num_layers, t.num_kv_heads, m.max_seq_len, t.head_dim, m.dtype))
+    logits = runner.run(np.array(PROMPTS[2])).copy()
+    _, head_t = tables(bundle, m)
+    np.testing.assert_allclose(runner.features[0, : len(PROMPTS[2])] @ head_t, logits, rtol=0, atol=1e-4)
+
+
+def test_feature_drafter_greedy_is_the_target_token_for_token(feature_bundle):
+    target, bundle, _, _ = feature_bundle
+    model = load_model(target)
+    dec = SpeculativeDecoder.load(bundle, drafter="feature")
+    accepted = rejected = 0
+    for prompt in [*PROMPTS, *corpus_prompts(dec)]:
+        ref = torch_greedy(model, prompt, NEW)
+        for gamma in (1, 2, 4):
+            res = dec.generate(prompt, max_new_tokens=NEW, gamma=gamma, ignore_eos=True)
+            assert res.tokens == ref, f"gamma={gamma} prompt={prompt}"
+            accepted += res.stats.accepted
+            rejected += res.stats.verify_calls - res.stats.accepted_at[gamma - 1]
+    assert accepted >= 20 and rejected >= 20, f"accepted {accepted} drafts, {rejected} rejecting calls: both paths must be crossed"
+
+
+def test_feature_drafter_in_a_batch_keeps_each_row_exact(feature_bundle):
+    target, bundle, _, _ = feature_bundle
+    model = load_model(target)
+    prompts = [PROMPTS[0], *corpus_prompts(SpeculativeDecoder.load(bundle, drafter="lookup"))]
+    with BatchEngine(bundle, max_batch=4, drafter="feature") as engine:
+        results = engine.generate_many(prompts, max_new_tokens=NEW, ignore_eos=True, gamma=3)
+    for prompt, res in zip(prompts, results):
+        assert res.tokens == torch_greedy(model, prompt, NEW), f"prompt={prompt}"
+    assert sum(r.stats.accepted for r in results) > 0
+
+
+@pytest.mark.parametrize("mode", ["plain", "top_p"])
+def test_feature_drafter_first_two_tokens_follow_the_target(feature_bundle, mode):
+    target, bundle, _, _ = feature_bundle
+    kw = {"plain": dict(temperature=1.0), "top_p": dict(temperature=1.0, top_p=0.9)}[mode]
+    cfg = SamplingConfig(kw["temperature"], None, kw.get("top_p"))
+    prompt = PROMPTS[2]
+    p1, p2 = exact_first_two(load_model(target), prompt, cfg)
+    dec = SpeculativeDecoder.load(bundle, drafter="feature")
+    counts = np.zeros((2, len(p1)), dtype=np.int64)
+    accepted = drafted = 0
+    for seed in range(3000):
+        res = dec.generate(prompt, max_new_tokens=5, seed=seed, ignore_eos=True, gamma=4, **kw)
+        counts[0, res.tokens[0]] += 1
+        counts[1, res.tokens[1]] += 1
+        accepted += res.stats.accepted_at[0] + res.stats.accepted_at[1]
+        drafted += res.stats.drafted_at[0] + res.stats.drafted_at[1]
+    assert 0.05 < accepted / drafted < 0.95, f"acceptance {accepted}/{drafted} does not exercise both paths"
+    for i, p in enumerate((p1, p2)):
+        assert counts[i][p == 0].sum() == 0, f"token {i + 1}: a token the target cannot produce"
+        assert chi_square_p(counts[i], p) > 1e-4, f"{mode} token {i + 1}: differs from the target"
+        # Power: the counts are clearly not the uniform law nor the target's argmax alone.
+        assert chi_square_p(counts[i], np.full(len(p), 1 / len(p))) < 1e-6
+
+
+def test_a_failed_training_leaves_the_bundle_as_it_was(family_bundle, tmp_path):
+    from specdec.export.train_head import Recipe, train
+
+    bundle = tmp_path / "bundle"
+    shutil.copytree(family_bundle[3], bundle)
+    before = digests(bundle)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "a.bin").write_bytes(b"\0")
+    with pytest.raises(ConfigError, match="--corpus"):
+        train(bundle, str(empty), Recipe(steps=1, windows=2, window=16), report=lambda s: None)
+    assert digests(bundle) == before
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".bundle.partial")], "no staging folder left behind"
+
+
+def test_feature_drafter_without_a_head_is_refused_in_one_line(family_bundle):
+    out = family_bundle[3]
+    with pytest.raises(ConfigError, match="train-drafter"):
+        SpeculativeDecoder.load(out, drafter="feature")
+    run = subprocess.run([sys.executable, "-m", "specdec", "generate", str(out), "--prompt-ids", "1,2,3", "--drafter", "feature"],
+                         capture_output=True, text=True)  # fmt: skip
+    assert run.returncode == 2 and "train-drafter" in run.stderr and len(run.stderr.strip().splitlines()) == 1, run.stderr
+    assert json.loads((out / "manifest.json").read_text()).get("head") is None
