@@ -62,6 +62,7 @@ class ExportConfig:
     max_batch: int = 1  # > 1: also batched graphs for the continuous-batching engine
     fused_draft: bool = False  # also the draft's fused graphs (export/fused.py), per batch size
     tree_nodes: int | None = None  # also a tree verify graph of the target for trees of this many nodes (export/tree.py)
+    feature_drafter: str | None = None  # a saved feature head (specdec train-drafter --save) to add: export/feature.py
     overwrite: bool = False
     target_revision: str | None = None
     draft_revision: str | None = None
@@ -81,6 +82,10 @@ class ExportConfig:
             raise ConfigError(f"--max-seq-len {self.max_seq_len}: expected an integer >= {self.gamma + 2} (gamma + 2)")
         if isinstance(self.max_batch, bool) or not isinstance(self.max_batch, int) or not 1 <= self.max_batch <= MAX_BATCH:
             raise ConfigError(f"--max-batch {self.max_batch}: expected an integer in 1..{MAX_BATCH} (requests decoded together)")
+        if self.feature_drafter is not None and not (Path(self.feature_drafter) / "head_config.json").is_file():
+            raise ConfigError(f"--feature-drafter {self.feature_drafter}: expected a folder with head_config.json (specdec train-drafter --save DIR)")
+        if self.feature_drafter is not None and (self.dtype != "float32" or self.quantize):
+            raise ConfigError(f"--feature-drafter with --dtype {self.dtype} --quantize {self.quantize}: the head reads the target's float32 embedding and LM head; export float32 without --quantize")
         if self.tree_nodes is not None and (isinstance(self.tree_nodes, bool) or not isinstance(self.tree_nodes, int)
                                             or not 2 <= self.tree_nodes <= MAX_TREE_NODES):  # fmt: skip
             raise ConfigError(f"--tree-nodes {self.tree_nodes}: expected an integer in 2..{MAX_TREE_NODES} (draft-tree nodes per target call)")
@@ -200,7 +205,8 @@ def check_seq2seq(cfg: ExportConfig, sources: dict[str, Source]) -> int | None:
         if cfg.max_source_len is not None:
             raise ConfigError(f"--max-source-len {cfg.max_source_len}: {cfg.target} is decoder-only; the option is for encoder-decoder models (T5, BART, Marian)")
         return None
-    flags = {"--max-batch": cfg.max_batch > 1, "--fused-draft": cfg.fused_draft, "--portable": cfg.portable, "--tree-nodes": bool(cfg.tree_nodes)}
+    flags = {"--max-batch": cfg.max_batch > 1, "--fused-draft": cfg.fused_draft, "--portable": cfg.portable, "--tree-nodes": bool(cfg.tree_nodes),
+             "--feature-drafter": cfg.feature_drafter is not None}
     bad = [f for f, on in flags.items() if on]
     if bad:
         raise ConfigError(f"{', '.join(bad)}: not supported for encoder-decoder bundles yet ({cfg.target}); export without {' and '.join(bad)}")
@@ -292,9 +298,26 @@ def export_bundle(cfg: ExportConfig, progress: Progress | None = None) -> Manife
             validation["draft_tolerance"] = as_json(tols["draft"])
         manifest = _manifest(cfg, target, specs, graphs, max_seq, tokenizer=tokenizer, chat_template=chat_template, ngram=ngram,
                              validation=validation, max_source=max_source)  # fmt: skip
+        if cfg.feature_drafter is not None:
+            progress("feature drafter")
+            manifest = _feature_drafter(tmp, manifest, Path(cfg.feature_drafter))
         progress("write bundle")
         manifest = commit(tmp, cfg.out, manifest)  # with every file's size and digest
     return manifest
+
+
+def _feature_drafter(tmp: Path, manifest: Manifest, head_dir: Path) -> Manifest:
+    """The staged bundle with its target's features exposed and a saved feature head (specdec
+    train-drafter --save) added, checked against PyTorch."""
+    import torch
+
+    from specdec.export.feature import add_head, expose_features, tables
+    from specdec.export.head import load_head
+
+    manifest = expose_features(tmp, manifest)
+    embed, head_t = tables(tmp, manifest)
+    head, record = load_head(head_dir, torch.from_numpy(embed), torch.from_numpy(head_t))
+    return add_head(tmp, manifest, head, {**record, "loaded_from": str(head_dir)})
 
 
 def save_chat_template(tokenizer, folder: Path) -> str | None:

@@ -72,6 +72,7 @@ def plan_cmd(alpha: float, cost: float, cost_ops: float | None, gamma: int | Non
               "(for batch 1 and each batched size). Opt-in: its measured gain is in docs/performance.md (Fused drafting).")
 @click.option("--tree-nodes", default=None, type=int, help="Also write a tree verify graph of the target for draft trees of up to N "
               "nodes (ancestors-only attention; validated per root-to-node path). The tree drafter that uses it is not built yet.")
+@click.option("--feature-drafter", default=None, help="A saved feature head (specdec train-drafter --save DIR) to add: the target's graphs then return their features (--drafter feature).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing bundle at --out.")
 @click.option("--target-revision", default=None, help="Hub revision of the target.")
 @click.option("--draft-revision", default=None, help="Hub revision of the draft.")

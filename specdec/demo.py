@@ -108,9 +108,11 @@ def cache_root() -> Path:
 
 
 def fingerprint(models: Path) -> str:
-    """sha256 over the target's and draft's files (names and bytes), 12 hex digits."""
+    """sha256 over the target's, draft's and feature head's files (names and bytes), 12 hex digits."""
     h = hashlib.sha256()
-    for role in ("target", "draft"):
+    for role in ("target", "draft", "head"):
+        if role == "head" and not (models / role).is_dir():
+            continue  # a pair without a feature head
         for f in sorted((models / role).iterdir()):
             if f.is_file():
                 h.update(f"{role}/{f.name}".encode())
@@ -134,7 +136,9 @@ def bundle_for(models: Path, report: Callable[[str], None] | None = None) -> tup
     if (out / "manifest.json").is_file():
         return out, False
     export_bundle, ExportConfig, Progress = _exporter()
+    head = models / "head"  # the shipped feature drafter (specdec train-drafter --save), when there is one
     export_bundle(
-        ExportConfig(str(models / "target"), str(models / "draft"), out, gamma=DEMO_GAMMA), Progress(report)
-    )
+        ExportConfig(str(models / "target"), str(models / "draft"), out, gamma=DEMO_GAMMA,
+                     feature_drafter=str(head) if (head / "head_config.json").is_file() else None), Progress(report)
+    )  # fmt: skip
     return out, True
