@@ -56,6 +56,23 @@ def _read(folder: Path, info: dict[str, str], handles: dict[str, object]) -> byt
     return data
 
 
+def _append(out, data: bytes) -> int:
+    """Write ``data`` at the next aligned offset of ``out``; returns that offset."""
+    align = BIG if len(data) >= BIG else SMALL_ALIGN
+    pos = -(-out.tell() // align) * align
+    out.write(b"\0" * (pos - out.tell()))
+    out.write(data)
+    return pos
+
+
+def _point(t: onnx.TensorProto, location: str, offset: int, length: int) -> None:
+    """Make initializer ``t`` read ``length`` bytes at ``offset`` of ``location``."""
+    del t.external_data[:]
+    for k, v in (("location", location), ("offset", str(offset)), ("length", str(length))):
+        entry = t.external_data.add()
+        entry.key, entry.value = k, v
+
+
 def share_weights(folder: Path, model: str, graph_files: list[str]) -> SharedWeights:
     """Rewrite ``graph_files`` (in ``folder``) to read one ``<model>.weights``; returns its figures."""
     target = f"{model}.weights"
@@ -76,15 +93,8 @@ def share_weights(folder: Path, model: str, graph_files: list[str]) -> SharedWei
                     old_files.add(info["location"])
                     key = (t.data_type, tuple(t.dims), hashlib.sha256(data).hexdigest())
                     if key not in offsets:
-                        align = BIG if len(data) >= BIG else SMALL_ALIGN
-                        pos = -(-out.tell() // align) * align
-                        out.write(b"\0" * (pos - out.tell()))
-                        out.write(data)
-                        offsets[key] = pos
-                    del t.external_data[:]
-                    for k, v in (("location", target), ("offset", str(offsets[key])), ("length", str(len(data)))):
-                        entry = t.external_data.add()
-                        entry.key, entry.value = k, v
+                        offsets[key] = _append(out, data)
+                    _point(t, target, offsets[key], len(data))
                     referenced += 1
                 protos[file] = proto
         finally:
@@ -114,7 +124,7 @@ def share_with(folder: Path, model: str, graph_file: str, base: list[str]) -> di
     shapes = {(t.data_type, tuple(t.dims)) for t in mine}
     found: dict[tuple, dict[str, str]] = {}  # (dtype, dims, sha256) -> the base tensor's external info
     target = f"{model}.weights"
-    shared = referenced = written = 0
+    shared = referenced = 0
     try:
         for file in base:
             for t in onnx.load(str(folder / file), load_external_data=False).graph.initializer:
@@ -129,21 +139,12 @@ def share_with(folder: Path, model: str, graph_file: str, base: list[str]) -> di
                 data = _read(folder, info, handles)
                 key = (t.data_type, tuple(t.dims), hashlib.sha256(data).hexdigest())
                 if key in found:
-                    entries = [(k, found[key][k]) for k in ("location", "offset", "length") if k in found[key]]
+                    _point(t, found[key]["location"], int(found[key].get("offset", 0)), len(data))
                     referenced, shared = referenced + 1, shared + len(data)
                 else:
                     if key not in offsets:
-                        align = BIG if len(data) >= BIG else SMALL_ALIGN
-                        pos = -(-out.tell() // align) * align
-                        out.write(b"\0" * (pos - out.tell()))
-                        out.write(data)
-                        offsets[key] = pos
-                    entries = [("location", target), ("offset", str(offsets[key])), ("length", str(len(data)))]
-                    written += len(data)
-                del t.external_data[:]
-                for k, v in entries:
-                    entry = t.external_data.add()
-                    entry.key, entry.value = k, v
+                        offsets[key] = _append(out, data)
+                    _point(t, target, offsets[key], len(data))
             size = out.tell()
     finally:
         for f in handles.values():
