@@ -42,8 +42,10 @@ def _external_array(folder: Path, t: onnx.TensorProto) -> np.ndarray:
     return data.reshape(tuple(t.dims))
 
 
-def tables(bundle: Path, manifest: Manifest) -> tuple[np.ndarray, np.ndarray]:
-    """The target's embedding [V, d] and LM head [d, V] as float32 arrays, from its dynamic graph."""
+def tables(bundle: Path, manifest: Manifest) -> tuple[np.ndarray, np.ndarray, bool]:
+    """The target's embedding [V, d] and LM head [d, V] as float32 arrays, from its dynamic graph,
+    and whether the graph embeds by gathering columns of the LM head itself (a tied head stored
+    once, export/optimize.py): the head graph then does the same, so its file shares that tensor."""
     name, g = manifest.graph("target", "dynamic")
     proto = onnx.load(str(inside(bundle, g.file)), load_external_data=False)
     inits = {t.name: t for t in proto.graph.initializer}
@@ -53,14 +55,17 @@ def tables(bundle: Path, manifest: Manifest) -> tuple[np.ndarray, np.ndarray]:
         raise ExportError(f"graph {name}: a feature drafter needs the target's float embedding and LM head "
                           f"(found {head.op_type}); train it on the float32 bundle")  # fmt: skip
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in head.attribute}
+    axis = next((onnx.helper.get_attribute_value(a) for a in gather.attribute if a.name == "axis"), 0)
     embed = _external_array(bundle, inits[gather.input[0]]).astype(np.float32)
+    embed = embed.T if axis == 1 else embed  # [V, d]
     w = _external_array(bundle, inits[head.input[1]]).astype(np.float32)
     w = w.T if attrs.get("transB", 0) else w
     if head.op_type == "FusedMatMul" and attrs.get("alpha", 1.0) != 1.0:
         w = w * attrs["alpha"]
     if w.shape != (embed.shape[1], manifest.vocab_size):
         raise ExportError(f"graph {name}: LM head weight {list(w.shape)}, expected [{embed.shape[1]}, {manifest.vocab_size}]")
-    return embed, w
+    tied = axis == 1 and gather.input[0] == head.input[1] and not attrs.get("transB", 0)
+    return embed, w, tied
 
 
 @contextlib.contextmanager
@@ -124,7 +129,7 @@ def add_head(stage: Path, manifest: Manifest, head, record: dict, seed: int = 0)
                    for e in t.external_data if e.key == "location"})  # fmt: skip
     graph = GraphSpec(file, sha256_of(stage / file), "head", "dynamic", None, inputs, outputs, io, tuple(data))
     cfg = head.cfg
-    params = sum(p.numel() for k, p in head.trained_state().items())
+    params = sum(p.numel() for p in head.trained_state().values() if p.is_floating_point())
     spec = ModelSpec("specdec train-drafter", None, "feature-head", 1, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.width,
                      cfg.max_positions, int(params))  # fmt: skip
     graphs = {n: g for n, g in manifest.graphs.items() if g.model != "head"}

@@ -46,6 +46,7 @@ class HeadConfig:
     max_positions: int
     rope_theta: float = 10000.0
     eps: float = 1e-6
+    draft_vocab: int | None = None  # None: draft over the whole vocabulary; N: over N tokens only (EAGLE-3's reduced draft vocabulary)
 
     def llama(self):
         from transformers import LlamaConfig
@@ -58,10 +59,18 @@ class HeadConfig:
         )  # fmt: skip
 
 
-class FeatureHead(nn.Module):
-    """The head over the target's frozen tables ``embed`` [V, d] and ``head_t`` [d, V]."""
+NEVER = -1e30  # the head's logit for a token outside its draft vocabulary: probability 0, at any temperature
 
-    def __init__(self, cfg: HeadConfig, embed: torch.Tensor, head_t: torch.Tensor):
+
+class FeatureHead(nn.Module):
+    """The head over the target's frozen tables ``embed`` [V, d] and ``head_t`` [d, V].
+
+    With ``cfg.draft_vocab`` = N the head drafts only the N tokens ``vocab_ids`` (a buffer saved
+    with the head; the most frequent training tokens): its LM head is the target's columns for
+    them [d, N], N/V of the cost, and every other token gets logit ``NEVER`` (q = 0, which
+    speculative sampling handles exactly: such tokens come only from the residual)."""
+
+    def __init__(self, cfg: HeadConfig, embed: torch.Tensor, head_t: torch.Tensor, vocab_ids: torch.Tensor | None = None, tied: bool = False):
         super().__init__()
         from transformers import LlamaModel
 
@@ -69,15 +78,33 @@ class FeatureHead(nn.Module):
         self.fc = nn.Linear(2 * cfg.width, cfg.width, bias=False)
         self.model = LlamaModel(cfg.llama())
         self.model.embed_tokens.requires_grad_(False)  # unused: the head embeds with the target's table
-        self.register_buffer("embed", embed.float(), persistent=False)  # [V, d]
-        self.register_buffer("head_t", head_t.float(), persistent=False)  # [d, V]
+        self.tied = tied  # embed by gathering columns of ``full_head_t``, as the target graph does (one tensor to share)
+        self.register_buffer("embed", None if tied else embed.float(), persistent=False)  # [V, d]
+        self.register_buffer("full_head_t", head_t.float(), persistent=False)  # [d, V]: the target's distributions in training
+        ids = torch.arange(cfg.vocab) if vocab_ids is None else vocab_ids.long()
+        if cfg.draft_vocab is not None and len(ids) != cfg.draft_vocab:
+            raise ValueError(f"draft_vocab={cfg.draft_vocab} but {len(ids)} vocab_ids")
+        self.register_buffer("vocab_ids", ids, persistent=cfg.draft_vocab is not None)  # [N]
+        self.register_buffer("head_t", head_t.float()[:, ids].contiguous() if cfg.draft_vocab else head_t.float(), persistent=False)  # [d, N]
         self.config = self.model.config  # what export reads (attention implementation, layers)
+
+    def draft_logits(self, input_ids, position_ids, context, past_key_values=None, use_cache=False):
+        """ids [B, S], positions [B, S], context [B, S, d] -> (logits [B, S, N] over the draft vocabulary, features [B, S, d])."""
+        if self.tied:  # Gather(axis=1) of the [d, V] head, as the target graph embeds
+            e = torch.index_select(self.full_head_t, 1, input_ids.reshape(-1)).T.reshape(*input_ids.shape, -1)
+        else:
+            e = nn.functional.embedding(input_ids, self.embed)
+        x = self.fc(torch.cat([e, context], dim=-1))
+        h = self.model(inputs_embeds=x, position_ids=position_ids, past_key_values=past_key_values, use_cache=use_cache).last_hidden_state
+        return h @ self.head_t, h
 
     def forward(self, input_ids, position_ids, context, past_key_values=None, use_cache=False):
         """ids [B, S], positions [B, S], context [B, S, d] -> (logits [B, S, V], features [B, S, d])."""
-        x = self.fc(torch.cat([nn.functional.embedding(input_ids, self.embed), context], dim=-1))
-        h = self.model(inputs_embeds=x, position_ids=position_ids, past_key_values=past_key_values, use_cache=use_cache).last_hidden_state
-        return h @ self.head_t, h
+        small, h = self.draft_logits(input_ids, position_ids, context, past_key_values, use_cache)
+        if self.cfg.draft_vocab is None:
+            return small, h
+        full = small.new_full((*small.shape[:-1], self.cfg.vocab), NEVER)
+        return full.scatter(-1, self.vocab_ids.expand(*small.shape[:-1], -1), small), h
 
     def trained_state(self) -> dict[str, torch.Tensor]:
         """The head's own weights (fc and the layer; not the target's tables)."""
@@ -93,7 +120,7 @@ def save_head(head: FeatureHead, folder: Path, record: dict) -> None:
     save_file({k: v.contiguous() for k, v in head.trained_state().items()}, str(folder / WEIGHTS_NAME))
 
 
-def load_head(folder: Path, embed: torch.Tensor, head_t: torch.Tensor) -> tuple[FeatureHead, dict]:
+def load_head(folder: Path, embed: torch.Tensor, head_t: torch.Tensor, tied: bool = False) -> tuple[FeatureHead, dict]:
     """A saved head over the target's tables; returns it and its training record."""
     from safetensors.torch import load_file
 
@@ -104,8 +131,9 @@ def load_head(folder: Path, embed: torch.Tensor, head_t: torch.Tensor) -> tuple[
     if (cfg.vocab, cfg.width) != tuple(embed.shape):
         raise ExportError(f"feature head {folder} was trained for a [{cfg.vocab}, {cfg.width}] embedding, this target's is "
                           f"{list(embed.shape)}; train one for it with specdec train-drafter")  # fmt: skip
-    head = FeatureHead(cfg, embed, head_t)
-    missing, unexpected = head.load_state_dict(load_file(str(folder / WEIGHTS_NAME)), strict=False)
+    state = load_file(str(folder / WEIGHTS_NAME))
+    head = FeatureHead(cfg, embed, head_t, state.get("vocab_ids"), tied)
+    missing, unexpected = head.load_state_dict(state, strict=False)
     if unexpected or [k for k in missing if not k.startswith("model.embed_tokens")]:
         raise ExportError(f"feature head {folder}: weights do not match its config (missing {missing}, unexpected {unexpected})")
     return head.eval(), meta.get("training", {})

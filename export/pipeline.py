@@ -315,8 +315,8 @@ def _feature_drafter(tmp: Path, manifest: Manifest, head_dir: Path) -> Manifest:
     from specdec.export.head import load_head
 
     manifest = expose_features(tmp, manifest)
-    embed, head_t = tables(tmp, manifest)
-    head, record = load_head(head_dir, torch.from_numpy(embed), torch.from_numpy(head_t))
+    embed, head_t, tied = tables(tmp, manifest)
+    head, record = load_head(head_dir, torch.from_numpy(embed), torch.from_numpy(head_t), tied)
     return add_head(tmp, manifest, head, {**record, "loaded_from": str(head_dir)})
 
 

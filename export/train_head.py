@@ -42,6 +42,7 @@ class Recipe:
     kl_weight: float = 1.0  # weight of the distribution loss against the feature loss (1)
     unroll: int = 1
     intermediate: int | None = None  # the head's MLP width [default: 8/3 d, rounded to 64]
+    draft_vocab: int | None = None  # draft over the N most frequent training tokens only (None: the whole vocabulary)
     seed: int = 0
 
 
@@ -101,14 +102,14 @@ def losses(head, ids: torch.Tensor, f: torch.Tensor, recipe: Recipe, noise: bool
     """The training loss over a batch (ids [B, T], target features f [B, T, d] float32) and its parts."""
     pos = torch.arange(ids.shape[1])[None].expand_as(ids)
     with torch.no_grad():
-        p = torch.softmax(f @ head.head_t, dim=-1)  # [B, T, V]: the target's distributions
+        p = torch.softmax(f @ head.full_head_t, dim=-1)[..., head.vocab_ids]  # [B, T, N]: the target's mass on the draft vocabulary
     ctx = contexts(f)
     if noise and recipe.noise:
         scale = recipe.noise * f.pow(2).mean().sqrt()
         ctx = ctx + (torch.rand_like(ctx) * 2 - 1) * scale
     total, parts = 0.0, {}
     for k in range(recipe.unroll):
-        logits, h = head(ids, pos, ctx)
+        logits, h = head.draft_logits(ids, pos, ctx)
         reg = torch.nn.functional.smooth_l1_loss(h, f)
         ce = -(p * torch.log_softmax(logits, dim=-1)).sum(-1).mean()
         total = total + reg + recipe.kl_weight * ce
@@ -122,7 +123,7 @@ def evaluate(head, ids: np.ndarray, f: np.ndarray) -> dict[str, float]:
     with torch.no_grad():
         t, ft = torch.from_numpy(ids), torch.from_numpy(f.astype(np.float32))
         logits, _ = head(t, torch.arange(t.shape[1])[None].expand_as(t), contexts(ft))
-        p = torch.softmax(ft @ head.head_t, -1)
+        p = torch.softmax(ft @ head.full_head_t, -1)
         q = torch.softmax(logits, -1)
         alpha = torch.minimum(p, q).sum(-1).mean()
         agree = (p.argmax(-1) == q.argmax(-1)).float().mean()
@@ -152,7 +153,7 @@ def train(bundle: Path, corpus: str, recipe: Recipe, save: Path | None = None, r
     t_start = time.perf_counter()
     with restaged(bundle) as stage:
         staged = expose_features(stage, manifest)
-        embed, head_t = tables(stage, staged)
+        embed, head_t, tied = tables(stage, staged)
         d = embed.shape[1]
         ids = windows_of(train_files, lambda s: codec.encode(s, special=False), window, recipe.windows, rng, sep)
         held = windows_of(held_files, lambda s: codec.encode(s, special=False), window, 32, np.random.default_rng(recipe.seed + 1), sep)
@@ -161,8 +162,14 @@ def train(bundle: Path, corpus: str, recipe: Recipe, save: Path | None = None, r
         t_data = time.perf_counter() - t_start
         t = staged.target
         inter = recipe.intermediate or int(round(8 * d / 3 / 64)) * 64
-        cfg = HeadConfig(d, inter, t.num_heads, t.num_kv_heads, t.head_dim, staged.vocab_size, staged.max_seq_len)
-        head = FeatureHead(cfg, torch.from_numpy(embed), torch.from_numpy(head_t))
+        vocab_ids = None
+        if recipe.draft_vocab is not None:
+            if not 1 <= recipe.draft_vocab <= staged.vocab_size:
+                raise ConfigError(f"--draft-vocab {recipe.draft_vocab}: expected 1..{staged.vocab_size} (the target's vocabulary)")
+            counts = np.bincount(ids.ravel(), minlength=staged.vocab_size)
+            vocab_ids = torch.from_numpy(np.sort(np.argsort(-counts, kind="stable")[: recipe.draft_vocab]))
+        cfg = HeadConfig(d, inter, t.num_heads, t.num_kv_heads, t.head_dim, staged.vocab_size, staged.max_seq_len, draft_vocab=recipe.draft_vocab)
+        head = FeatureHead(cfg, torch.from_numpy(embed), torch.from_numpy(head_t), vocab_ids, tied)
         params = [p for p in head.parameters() if p.requires_grad]
         opt = torch.optim.AdamW(params, lr=recipe.lr, weight_decay=0.0, betas=(0.9, 0.95))
         before = evaluate(head.eval(), held, held_feats)

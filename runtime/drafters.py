@@ -325,6 +325,7 @@ register("model", needs_draft_model=True, batched=True)(_draft_model(fused=True)
 register("model-steps", needs_draft_model=True, batched=True)(_draft_model(fused=False))  # one call per draft token
 register("hierarchical", needs_draft_model=True)(lambda ctx: HierarchicalDrafter(ctx.draft, inner=LookupDrafter()))
 register("feature", batched=True, needs_head=True)(lambda ctx: _feature(ctx))
+register("feature-tree", batched=True, tree=True, needs_head=True)(lambda ctx: _feature(ctx, tree=True))
 register("lookup")(lambda ctx: LookupDrafter())
 register("lookup-tree", batched=True, tree=True)(lambda ctx: _lookup_tree(ctx))
 register("ngram")(lambda ctx: NgramDrafter(ctx.manifest.vocab_size, bundle_table(ctx), order=2))
@@ -349,9 +350,11 @@ def _lookup_tree(ctx: DrafterContext):
     return LookupTree(ctx.manifest.graph("target", "tree")[1].tokens - 1)  # the root takes one node
 
 
-def _feature(ctx: DrafterContext):
-    from specdec.runtime.proposers import FeatureHead
+def _feature(ctx: DrafterContext, tree: bool = False):
+    from specdec.runtime.proposers import FeatureHead, FeatureTree
 
+    if tree:
+        return FeatureTree(ctx.head, ctx.target, ctx.manifest.graph("target", "tree")[1].tokens - 1)  # the root takes one node
     return FeatureHead(ctx.head, ctx.target)
 
 

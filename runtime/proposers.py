@@ -188,23 +188,62 @@ class FeatureHead:
         self.head.reset(row.slot)
 
     def propose(self, rows: Sequence[Row], gammas: Sequence[int]) -> list[int]:
-        head, store = self.head, self.target.store
         for r, g in zip(rows, gammas):
-            if not g:
-                continue
-            s, L, done = r.slot, r.length, head.length(r.slot)
-            logits = head.forward([s], [r.seq[done:L]], store[s, done:L])[0, L - done - 1]  # [V]: token L
-            head.commit(s, L - done)
-            for j in range(g):
-                r.seq[L + j] = draw(logits, r.req.sampling, r.rng, r.q[j])
-                if j + 1 < g:
-                    logits = head.forward([s], [r.seq[L + j : L + j + 1]], head.features[-1:])[0, 0]  # context: the head's last h
-                    head.commit(s, 1)
+            if g:
+                self.chain(r, g, lambda j, logits: draw(logits, r.req.sampling, r.rng, r.q[j]))
         return list(gammas)
+
+    def chain(self, r: Row, depth: int, choose) -> None:
+        """Draft ``depth`` tokens at seq[L:L+depth] of row ``r``: ``choose(j, logits [V])`` picks
+        token L + j from the head's logits, and the head is fed it for the next."""
+        head, store = self.head, self.target.store
+        s, L, done = r.slot, r.length, head.length(r.slot)
+        logits = head.forward([s], [r.seq[done:L]], store[s, done:L])[0, L - done - 1]  # [V]: token L
+        head.commit(s, L - done)
+        for j in range(depth):
+            r.seq[L + j] = choose(j, logits)
+            if j + 1 < depth:
+                logits = head.forward([s], [r.seq[L + j : L + j + 1]], head.features[-1:])[0, 0]  # context: the head's last h
+                head.commit(s, 1)
 
     def commit(self, rows: Sequence[Row], accepted: Sequence[int], logits: np.ndarray | None) -> None:
         for r in rows:
             self.head.rewind_to(r.slot, min(self.head.length(r.slot), r.length))
+
+
+class FeatureTree(FeatureHead):
+    """The feature head as a tree drafter: along the head's most likely chain (γ levels), each
+    level also offers the head's next most likely tokens as leaves, ``width`` per level with
+    width = nodes // γ (a chain when that is 1), the tree within the target's tree graph.
+    Every node is a fixed candidate (chosen, not sampled), so recursive rejection over siblings
+    keeps the target's law at any temperature (runtime/tree.py); the head costs what the chain
+    costs: the siblings come from distributions it computed anyway."""
+
+    name = "feature-tree"
+    tree = True
+
+    def __init__(self, head: Executor, target: Executor, nodes: int):
+        super().__init__(head, target)
+        self.nodes = nodes
+
+    def propose_trees(self, rows: Sequence[Row], gammas: Sequence[int]) -> list[tuple[list[int], list[int]]]:
+        return [self.tree_for(r, min(g, self.nodes)) if g else ([], []) for r, g in zip(rows, gammas)]
+
+    def tree_for(self, r: Row, depth: int) -> tuple[list[int], list[int]]:
+        width = max(1, self.nodes // depth)
+        tokens: list[int] = []
+        parents: list[int] = []
+
+        def choose(j: int, logits: np.ndarray) -> int:
+            top = np.argpartition(-logits, width - 1)[:width] if width > 1 else np.array([int(logits.argmax())])
+            top = top[np.argsort(-logits[top], kind="stable")]  # the chain's token first
+            parent = len(tokens) - width if j else -1  # the previous level's chain node
+            tokens.extend(int(t) for t in top)
+            parents.extend([parent] * len(top))
+            return int(top[0])
+
+        self.chain(r, depth, choose)
+        return tokens, parents
 
 
 class SlotModel(NamedTuple):

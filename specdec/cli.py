@@ -147,10 +147,12 @@ cli.add_command(export_cmd)
 @click.option("--lr", default=2e-3, show_default=True, type=click.FloatRange(0, min_open=True), help="Peak learning rate (cosine schedule).")
 @click.option("--noise", default=0.1, show_default=True, type=click.FloatRange(0), help="Uniform noise on the input features, relative to their RMS.")
 @click.option("--unroll", default=1, show_default=True, type=click.IntRange(1, 4), help="Passes over the head's own features per step (EAGLE-3's training-time test).")
+@click.option("--draft-vocab", default=None, type=click.IntRange(1), help="Draft over the N most frequent training tokens only: an N/V-sized LM head "
+              "(EAGLE-3's reduced vocabulary); other tokens still come from the target [default: the whole vocabulary].")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--save", default=None, type=click.Path(file_okay=False, path_type=Path), help="Also save the head as a checkpoint folder (specdec-export --feature-drafter reads it).")
 def train_drafter_cmd(bundle: Path, corpus: str, steps: int, batch: int, window: int, windows: int, lr: float, noise: float, unroll: int,
-                      seed: int, save: Path | None) -> None:  # fmt: skip
+                      draft_vocab: int | None, seed: int, save: Path | None) -> None:  # fmt: skip
     """Train a feature drafter (EAGLE-style head) for BUNDLE's target and write it into BUNDLE.
 
     Adds the features output to the target's graphs and a head graph; the bundle is re-hashed
@@ -162,7 +164,7 @@ def train_drafter_cmd(bundle: Path, corpus: str, steps: int, batch: int, window:
         from specdec.export.train_head import Recipe, train
     except ImportError as e:
         raise ConfigError(f"train-drafter needs the export extra ({e.name} is missing): pip install torch==2.13.0 -e '.[export]'") from None
-    recipe = Recipe(steps=steps, batch=batch, window=window, windows=windows, lr=lr, noise=noise, unroll=unroll, seed=seed)
+    recipe = Recipe(steps=steps, batch=batch, window=window, windows=windows, lr=lr, noise=noise, unroll=unroll, draft_vocab=draft_vocab, seed=seed)
     record = train(bundle, corpus, recipe, save, report=lambda line: click.echo(line, err=True))
     after = record["held_out"]["after"]
     click.echo(f"feature drafter written into {bundle}: held-out α(T=1) {after['alpha_t1']}, argmax agreement {after['argmax_t0']} "

@@ -266,3 +266,15 @@ def seq2seq_greedy(model, source: list[int], n: int) -> list[int]:
             past, tok = o.past_key_values, int(o.logits[0, -1].argmax())
             out.append(tok)
     return out
+
+
+def train_tiny_head(bundle: Path, root: Path, save: Path | None = None) -> dict:
+    """Train a feature head (``specdec train-drafter``) into ``bundle`` on a few copies of CORPUS:
+    400 short steps, enough for a tiny random target's head to be accepted often on corpus text."""
+    from specdec.export.train_head import Recipe, train
+
+    corpus = root / "corpus"
+    corpus.mkdir(exist_ok=True)
+    for i in range(4):
+        (corpus / f"part{i}.py").write_text(CORPUS[i * 50 :] + CORPUS[: i * 50])
+    return train(bundle, str(corpus), Recipe(steps=400, batch=8, window=48, windows=96, lr=3e-3, noise=0.0), save=save, report=lambda s: None)

@@ -42,7 +42,9 @@ COLUMNS = {
     "GGUF in": [("export/test_gguf.py::test_gguf_bundle_decodes_as_pytorch", "llama"),
                 ("export/test_gguf.py::test_new_family_gguf_decodes_as_pytorch", None)],
     "TensorRT-ready graphs": [("export/test_export.py::test_portable_flavour_is_standard_ops_and_exact", None)],
-    "feature drafter": [],  # issue 28: no family yet
+    "feature drafter": [("runtime/test_feature_drafter.py::test_feature_drafter_greedy_is_the_target_token_for_token", None),
+                        ("runtime/test_feature_drafter.py::test_feature_drafter_first_two_tokens_follow_the_target", None),
+                        ("runtime/test_feature_drafter.py::test_feature_drafter_in_a_batch_keeps_each_row_exact", None)],
 }
 
 

@@ -43,19 +43,13 @@ def digests(folder) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def feature_bundle(family_bundle, tmp_path_factory):
     """A copy of the llama bundle with a feature head trained for a few steps on a small corpus."""
-    from models import CORPUS
-
-    from specdec.export.train_head import Recipe, train
+    from models import train_tiny_head
 
     family, target, draft, out, manifest = family_bundle
     root = tmp_path_factory.mktemp("feature")
-    corpus = root / "corpus"
-    corpus.mkdir()
-    for i in range(4):
-        (corpus / f"part{i}.py").write_text(CORPUS[i * 50 :] + CORPUS[: i * 50])
     bundle = root / "bundle"
     shutil.copytree(out, bundle)
-    record = train(bundle, str(corpus), Recipe(steps=400, batch=8, window=48, windows=96, lr=3e-3, noise=0.0), save=root / "head", report=lambda s: None)
+    record = train_tiny_head(bundle, root, save=root / "head")
     return target, bundle, record, root
 
 
@@ -85,7 +79,7 @@ def test_train_drafter_adds_features_and_a_head_sharing_the_target_weights(featu
     t = m.target
     runner = runner_for(bundle, name, g, KVCache(t.num_layers, t.num_kv_heads, m.max_seq_len, t.head_dim, m.dtype))
     logits = runner.run(np.array(PROMPTS[2])).copy()
-    _, head_t = tables(bundle, m)
+    _, head_t, _ = tables(bundle, m)
     np.testing.assert_allclose(runner.features[0, : len(PROMPTS[2])] @ head_t, logits, rtol=0, atol=1e-4)
 
 

@@ -1,5 +1,6 @@
-"""Decoding with a tree drafter (``drafter="lookup-tree"``): prompt lookup's candidates as a
-trie, verified in one call of the target's tree graph. Greedy output is the target's argmax
+"""Decoding with a tree drafter (``drafter="lookup-tree"``: prompt lookup's candidates as a
+trie; ``"feature-tree"``: the feature head's chain with its next most likely tokens as
+leaves), verified in one call of the target's tree graph. Greedy output is the target's argmax
 loop token for token, in the decoder and in the batched engine (rows with trees of different
 shapes, and rows without a tree, in one step); sampled output follows the target's law
 (first-two-token chi-square, both acceptance and rejection exercised)."""
@@ -123,3 +124,87 @@ def test_fork_opens_the_tree_graph_on_first_use(tree_bundle):
     assert "target_tree" in dec.sessions and tree.engine.target.tree_runner is not None
     ref = torch_greedy(load_model(target), REPEATS[0], 24)
     assert tree.generate(REPEATS[0], max_new_tokens=24, gamma=4, ignore_eos=True).tokens == ref
+
+
+@pytest.fixture(scope="module")
+def feature_tree_bundle(tree_bundle, tmp_path_factory):
+    """The tree bundle with a feature head (its tree graph then returns features too)."""
+    import shutil
+
+    from models import train_tiny_head
+
+    target, out, _ = tree_bundle
+    root = tmp_path_factory.mktemp("feature-tree")
+    bundle = root / "bundle"
+    shutil.copytree(out, bundle)
+    train_tiny_head(bundle, root)
+    return target, bundle
+
+
+def corpus_prompts(dec) -> list[list[int]]:
+    from models import CORPUS
+
+    return [dec.codec.encode(CORPUS[a : a + 60], special=False) for a in (0, 130, 260)]
+
+
+@pytest.mark.parametrize("gamma", [2, 3])  # 7 nodes: 3 and 2 tokens per level
+def test_feature_tree_greedy_is_the_target(feature_tree_bundle, gamma):
+    target, out = feature_tree_bundle
+    model, dec = load_model(target), SpeculativeDecoder.load(out, drafter="feature-tree")
+    accepted = 0
+    for prompt in [*REPEATS[:2], *corpus_prompts(dec)]:
+        ref = torch_greedy(model, prompt, 48)
+        res = dec.generate(prompt, max_new_tokens=48, gamma=gamma, ignore_eos=True)
+        assert res.tokens == ref, f"gamma={gamma} prompt={prompt}: first difference at {first_diff(res.tokens, ref)}"
+        accepted += res.stats.accepted
+    assert accepted > 20
+
+
+def test_feature_tree_shape(feature_tree_bundle):
+    """γ levels of width nodes // γ: the chain node first, its siblings after, the next level under the chain node."""
+    from types import SimpleNamespace
+
+    _, out = feature_tree_bundle
+    dec = SpeculativeDecoder.load(out, drafter="feature-tree")
+    proposer, prompt = dec.engine.proposer, corpus_prompts(dec)[0]
+    dec.engine.target.forward([0], [np.array(prompt[:-1])])  # the target's features of the prompt, as a prefill writes them
+    row = SimpleNamespace(slot=0, length=len(prompt), seq=np.array(prompt + [0] * 8, dtype=np.int64))
+    for depth, width in ((2, 3), (3, 2), (4, 1)):
+        proposer.start(row)
+        tokens, parents = proposer.tree_for(row, depth)
+        assert len(tokens) == depth * width and parents == [(-1 if j == 0 else (j - 1) * width) for j in range(depth) for _ in range(width)]
+        for j in range(depth):
+            level = tokens[j * width : (j + 1) * width]
+            assert len(set(level)) == width and row.seq[row.length + j] == level[0]  # the chain went on from the level's first node
+
+
+def test_feature_tree_rows_of_a_batch_stay_exact(feature_tree_bundle):
+    target, out = feature_tree_bundle
+    model = load_model(target)
+    prompts = [REPEATS[0], *corpus_prompts(SpeculativeDecoder.load(out, drafter="lookup"))]
+    with BatchEngine(out, drafter="feature-tree") as engine:
+        handles = [engine.submit(p, max_new_tokens=40, gamma=g, ignore_eos=True) for p, g in zip(prompts, (3, 2, 0, 3))]
+        results = [h.result(timeout=120) for h in handles]
+    for prompt, res in zip(prompts, results):
+        assert res.tokens == torch_greedy(model, prompt, 40), f"prompt {prompt}"
+
+
+def test_feature_tree_sampled_follows_the_target(feature_tree_bundle):
+    target, out = feature_tree_bundle
+    model = load_model(target)
+    dec = SpeculativeDecoder.load(out, drafter="feature-tree")
+    prompt = corpus_prompts(dec)[1]
+    p1, p2 = exact_first_two(model, prompt, SamplingConfig(1.0))
+    counts = np.zeros((2, len(p1)), dtype=np.int64)
+    accepted = drafted = 0
+    for seed in range(3000):
+        res = dec.generate(prompt, max_new_tokens=4, seed=seed, ignore_eos=True, gamma=3, temperature=1.0)
+        counts[0, res.tokens[0]] += 1
+        counts[1, res.tokens[1]] += 1
+        accepted += res.stats.accepted_at[0]
+        drafted += res.stats.drafted_at[0]
+    assert 0.05 < accepted / drafted < 0.95, f"acceptance {accepted}/{drafted} does not exercise both paths"
+    for i, p in enumerate((p1, p2)):
+        assert counts[i][p == 0].sum() == 0
+        assert chi_square_p(counts[i], p) > 1e-4, f"token {i + 1} differs from the target"
+        assert chi_square_p(counts[i], np.full(len(p), 1 / len(p))) < 1e-6, "no power"
