@@ -342,11 +342,11 @@ def test_generate_cli_drafters_and_lenience(llama_bundle):
         for gamma in ("4", "auto"):
             res = run("generate", out, "--prompt-ids", "5,6,7,5,6", "--max-new-tokens", "24", "--drafter", drafter, "--gamma", gamma,
                       "--ignore-eos", "--json", "--lookup-ngram", "2")
-            if DRAFTERS[drafter].tree:  # this bundle has no tree graph: refused in one line (tests/runtime/test_tree_decoding.py decodes)
-                assert res.returncode == 2 and "--tree-nodes" in res.stderr and "Traceback" not in res.stderr, res.stderr
-                continue
-            if DRAFTERS[drafter].needs_head:  # nor a feature head (tests/runtime/test_feature_drafter.py decodes)
+            if DRAFTERS[drafter].needs_head:  # this bundle has no feature head (tests/runtime/test_feature_drafter.py decodes)
                 assert res.returncode == 2 and "train-drafter" in res.stderr and "Traceback" not in res.stderr, res.stderr
+                continue
+            if DRAFTERS[drafter].tree:  # nor a tree graph: refused in one line (tests/runtime/test_tree_decoding.py decodes)
+                assert res.returncode == 2 and "--tree-nodes" in res.stderr and "Traceback" not in res.stderr, res.stderr
                 continue
             assert res.returncode == 0, res.stderr
             got = json.loads(res.stdout)
