@@ -142,6 +142,9 @@ def train(bundle: Path, corpus: str, recipe: Recipe, save: Path | None = None, r
     manifest = load_manifest(bundle)
     if manifest.seq2seq:
         raise ConfigError(f"{bundle} is an encoder-decoder bundle; the feature drafter is for decoder-only targets")
+    if manifest.dtype != "float32" or manifest.target.quantization:
+        raise ConfigError(f"{bundle} is a {manifest.target.quantization or manifest.dtype} bundle; the feature head reads the target's float32 "
+                          "embedding and LM head: train it on a float32 export without --quantize")  # fmt: skip
     codec = TextCodec.from_bundle(bundle, manifest)
     if codec is None:
         raise ConfigError(f"{bundle} has no tokenizer; the training corpus is text: re-export the bundle with its tokenizer")
