@@ -223,3 +223,23 @@ def gqa_attention(module, query, key, value, attention_mask, scaling=None, dropo
 
 
 AttentionInterface.register(ATTN_NAME, gqa_attention)
+
+
+def export_traced(module: torch.nn.Module, args: tuple, path, inputs, outputs, *, config=None, attn: str | None = None,
+                  dynamic=None, translation: dict | None = None) -> None:  # fmt: skip
+    """Trace ``module`` to ``path`` (+ its external data), the inputs and outputs named by the
+    TensorSpecs; ``config``'s attention implementation is ``attn`` for the trace only. The one
+    ``torch.onnx.export`` call of every graph kind."""
+    previous = config._attn_implementation if config is not None else None
+    if config is not None:
+        config._attn_implementation = attn
+    try:
+        with torch.no_grad():
+            program = torch.onnx.export(
+                module.eval(), args, dynamo=True, input_names=[t.name for t in inputs], output_names=[t.name for t in outputs],
+                dynamic_shapes=dynamic, custom_translation_table=translation or CUSTOM_TRANSLATION, optimize=True, verbose=False,
+            )  # fmt: skip
+    finally:
+        if config is not None:
+            config._attn_implementation = previous
+    program.save(str(path), external_data=True)

@@ -122,16 +122,5 @@ def export_batched(model: torch.nn.Module, path: Path, rows: int, max_seq: int, 
     )
     dim = torch.export.Dim("S", min=1, max=max_seq)
     dynamic = ({1: dim}, {1: dim}, None, [None] * (2 * layers * rows))
-    previous = cfg._attn_implementation
-    cfg._attn_implementation = ATTN_NAME
-    try:
-        with torch.no_grad():
-            program = torch.onnx.export(
-                _RowsWrapper(model, rows).eval(), args, dynamo=True,
-                input_names=[t.name for t in inputs], output_names=[t.name for t in outputs],
-                dynamic_shapes=dynamic, custom_translation_table=attention.CUSTOM_TRANSLATION, optimize=True, verbose=False,
-            )  # fmt: skip
-    finally:
-        cfg._attn_implementation = previous
-    program.save(str(path), external_data=True)
+    attention.export_traced(_RowsWrapper(model, rows), args, path, inputs, outputs, config=cfg, attn=ATTN_NAME, dynamic=dynamic)
     return inputs, outputs, io

@@ -172,16 +172,5 @@ def export_fused(model: torch.nn.Module, path: Path, rows: int, gamma: int, max_
     past = [torch.zeros(1, kv_heads, max_seq, head_dim, dtype=TORCH_DTYPES[dtype]) for _ in range(2 * layers * rows)]
     args = (torch.zeros(rows, 1, dtype=torch.long), starts[:, None].clone(), starts.to(torch.int32), *(() if greedy else sampling), past)
     wrapper = (_GreedyWrapper if greedy else _FusedWrapper)(model, rows, gamma).eval()
-    previous = cfg._attn_implementation
-    cfg._attn_implementation = ATTN_NAME
-    try:
-        with torch.no_grad():
-            program = torch.onnx.export(
-                wrapper, args, dynamo=True,
-                input_names=[t.name for t in inputs], output_names=[t.name for t in outputs],
-                custom_translation_table=attention.CUSTOM_TRANSLATION, optimize=True, verbose=False,
-            )  # fmt: skip
-    finally:
-        cfg._attn_implementation = previous
-    program.save(str(path), external_data=True)
+    attention.export_traced(wrapper, args, path, inputs, outputs, config=cfg, attn=ATTN_NAME)
     return inputs, outputs, io

@@ -130,24 +130,7 @@ def export_decoder(
     if tokens is None:
         s = torch.export.Dim("S", min=1, max=max_seq)
         dynamic = ({1: s}, {1: s}, [None] * len(fl.scalars), [None] * (2 * layers))
-    previous = cfg._attn_implementation
-    cfg._attn_implementation = fl.attn
-    try:
-        with torch.no_grad():
-            program = torch.onnx.export(
-                _Wrapper(model, fl).eval(),
-                args,
-                dynamo=True,
-                input_names=[t.name for t in inputs],
-                output_names=[t.name for t in outputs],
-                dynamic_shapes=dynamic,
-                custom_translation_table=attention.CUSTOM_TRANSLATION,
-                optimize=True,
-                verbose=False,
-            )
-    finally:
-        cfg._attn_implementation = previous
-    program.save(str(path), external_data=True)
+    attention.export_traced(_Wrapper(model, fl), args, path, inputs, outputs, config=cfg, attn=fl.attn, dynamic=dynamic)
     return inputs, outputs, io
 
 

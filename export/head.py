@@ -184,18 +184,7 @@ def export_head(head: FeatureHead, path: Path, max_seq: int, dtype: str = "float
     )
     dim = torch.export.Dim("S", min=1, max=max_seq)
     dynamic = ({1: dim}, {1: dim}, {1: dim}, [None] * len(fl.scalars), [None, None])
-    llama = head.model.config
-    previous = llama._attn_implementation
-    llama._attn_implementation = fl.attn
-    try:
-        with torch.no_grad():
-            program = torch.onnx.export(
-                _Wrapper(head).eval(), args, dynamo=True, input_names=[t.name for t in inputs], output_names=[t.name for t in outputs],
-                dynamic_shapes=dynamic, custom_translation_table=attention.CUSTOM_TRANSLATION, optimize=True, verbose=False,
-            )  # fmt: skip
-    finally:
-        llama._attn_implementation = previous
-    program.save(str(path), external_data=True)
+    attention.export_traced(_Wrapper(head), args, path, inputs, outputs, config=head.model.config, attn=fl.attn, dynamic=dynamic)
     return inputs, outputs, io
 
 

@@ -200,12 +200,7 @@ def cross_names(layers: int) -> tuple[tuple[str, str], ...]:
 
 
 def _export(module, args, path: Path, inputs, outputs, dynamic) -> None:
-    with torch.no_grad():
-        program = torch.onnx.export(
-            module.eval(), args, dynamo=True, input_names=[t.name for t in inputs], output_names=[t.name for t in outputs],
-            dynamic_shapes=dynamic, custom_translation_table=TRANSLATION, optimize=True, verbose=False,
-        )  # fmt: skip
-    program.save(str(path), external_data=True)
+    attention.export_traced(module, args, path, inputs, outputs, dynamic=dynamic, translation=TRANSLATION)
 
 
 def export_encoder(model, path: Path, family: str, layers: int, heads: int, head_dim: int, max_source: int, dtype: str):

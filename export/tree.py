@@ -170,16 +170,5 @@ def export_tree_verify(model: torch.nn.Module, path: Path, nodes: int, max_seq: 
         torch.zeros(1, 1, nodes, nodes),
         [torch.zeros(1, kv_heads, max_seq, head_dim, dtype=TORCH_DTYPES[dtype]) for _ in range(2 * layers)],
     )
-    previous = cfg._attn_implementation
-    cfg._attn_implementation = ATTN_NAME
-    try:
-        with torch.no_grad():
-            program = torch.onnx.export(
-                _TreeWrapper(model).eval(), args, dynamo=True,
-                input_names=[t.name for t in inputs], output_names=[t.name for t in outputs],
-                custom_translation_table=TRANSLATION, optimize=True, verbose=False,
-            )  # fmt: skip
-    finally:
-        cfg._attn_implementation = previous
-    program.save(str(path), external_data=True)
+    attention.export_traced(_TreeWrapper(model), args, path, inputs, outputs, config=cfg, attn=ATTN_NAME, translation=TRANSLATION)
     return inputs, outputs, io

@@ -59,6 +59,20 @@ def test_batched_rows_with_different_trees(tree_bundle):
         assert res.tokens == ref, f"prompt {prompt}: first difference at {first_diff(res.tokens, ref)}"
 
 
+def first_two_counts(dec, prompt: list[int], vocab: int, gamma: int, runs: int = 3000) -> tuple[np.ndarray, int, int]:
+    """Counts [2, V] of the first two tokens over ``runs`` seeded T=1 generations, and the
+    first position's accepted and drafted totals."""
+    counts = np.zeros((2, vocab), dtype=np.int64)
+    accepted = drafted = 0
+    for seed in range(runs):
+        res = dec.generate(prompt, max_new_tokens=4, seed=seed, ignore_eos=True, gamma=gamma, temperature=1.0)
+        counts[0, res.tokens[0]] += 1
+        counts[1, res.tokens[1]] += 1
+        accepted += res.stats.accepted_at[0]
+        drafted += res.stats.drafted_at[0]
+    return counts, accepted, drafted
+
+
 def test_sampled_tree_decoding_follows_the_target(tree_bundle):
     """The prompt holds the target's own greedy continuation of its last tokens, and another
     continuation, so the first call verifies a two-branch tree that is often right."""
@@ -69,14 +83,7 @@ def test_sampled_tree_decoding_follows_the_target(tree_bundle):
     cfg = SamplingConfig(1.0)
     p1, p2 = exact_first_two(model, prompt, cfg)
     dec = SpeculativeDecoder.load(out, drafter="lookup-tree")
-    counts = np.zeros((2, manifest.vocab_size), dtype=np.int64)
-    accepted = drafted = 0
-    for seed in range(3000):
-        res = dec.generate(prompt, max_new_tokens=4, seed=seed, ignore_eos=True, gamma=4, temperature=1.0)
-        counts[0, res.tokens[0]] += 1
-        counts[1, res.tokens[1]] += 1
-        accepted += res.stats.accepted_at[0]
-        drafted += res.stats.drafted_at[0]
+    counts, accepted, drafted = first_two_counts(dec, prompt, manifest.vocab_size, gamma=4)
     assert 0.1 < accepted / drafted < 0.9, f"acceptance {accepted}/{drafted} does not exercise both paths"
     for i, p in enumerate((p1, p2)):
         assert counts[i][p == 0].sum() == 0
@@ -195,14 +202,7 @@ def test_feature_tree_sampled_follows_the_target(feature_tree_bundle):
     dec = SpeculativeDecoder.load(out, drafter="feature-tree")
     prompt = corpus_prompts(dec)[1]
     p1, p2 = exact_first_two(model, prompt, SamplingConfig(1.0))
-    counts = np.zeros((2, len(p1)), dtype=np.int64)
-    accepted = drafted = 0
-    for seed in range(3000):
-        res = dec.generate(prompt, max_new_tokens=4, seed=seed, ignore_eos=True, gamma=3, temperature=1.0)
-        counts[0, res.tokens[0]] += 1
-        counts[1, res.tokens[1]] += 1
-        accepted += res.stats.accepted_at[0]
-        drafted += res.stats.drafted_at[0]
+    counts, accepted, drafted = first_two_counts(dec, prompt, len(p1), gamma=3)
     assert 0.05 < accepted / drafted < 0.95, f"acceptance {accepted}/{drafted} does not exercise both paths"
     for i, p in enumerate((p1, p2)):
         assert counts[i][p == 0].sum() == 0
