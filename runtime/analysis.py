@@ -125,3 +125,88 @@ def plan(
         speedup=walltime_improvement(alpha, g, cost, verify_cost if g else 1.0),
         operations=operations_factor(alpha, g, cost_ops),
     )
+
+
+# Trees (issue 28). A tree drafter offers, at each drafted position, up to ``width`` candidates
+# ranked by the drafter (rank 0 its most likely). ``rank_acceptance[k]`` is the measured share
+# of reached positions where the target kept the rank-k candidate (runtime/stats.py); they sum to
+# at most 1. Modelled as independent across positions (the paper's α assumption, per rank).
+
+
+def _check_ranks(rank_acceptance) -> tuple[float, ...]:
+    r = tuple(float(x) for x in rank_acceptance)
+    if not r or any(not (np.isfinite(x) and 0 <= x < 1) for x in r) or sum(r) > 1 + 1e-9:
+        raise ConfigError(f"rank_acceptance={list(rank_acceptance)!r}: expected shares in [0, 1) per sibling rank, "
+                          "summing to at most 1 (measure them with `specdec bench --drafters feature-tree`)")
+    return r
+
+
+def chain_tree_tokens(rank_acceptance, depth: int, width: int) -> float:
+    """Expected tokens per call of the feature-tree shape: a chain of ``depth`` rank-0 nodes, each
+    level also offering ranks 1..width-1 as leaves. Position d is reached when ranks 0 were kept
+    at 1..d-1, and kept with the summed share of the offered ranks:
+    1 + Σ_{d=1..depth} r0^(d-1) · Σ_{k<width} r_k (1 for the target's own token)."""
+    r = _check_ranks(rank_acceptance)
+    depth, width = _check_gamma(depth), _check_gamma(width, 1)
+    offered = sum(r[:width])
+    return 1.0 + sum(r[0] ** (d - 1) * offered for d in range(1, depth + 1))
+
+
+def best_tree_tokens(rank_acceptance, nodes: int) -> float:
+    """Expected tokens per call of the best static tree of ``nodes`` nodes under the rank model
+    (Sequoia's objective): a node's value is the product of its path's rank shares, which never
+    grows down a path, so the best tree is the ``nodes`` most valuable nodes of the infinite
+    tree, taken greedily from a heap. What a dynamic (EAGLE-2) tree could reach at that size."""
+    import heapq
+
+    r, nodes = _check_ranks(rank_acceptance), _check_gamma(nodes)
+    heap, total = [-x for x in r if x > 0], 1.0  # negated values of the frontier: the root's children
+    heapq.heapify(heap)
+    for _ in range(min(nodes, 4096)):
+        if not heap:
+            break
+        value = -heapq.heappop(heap)
+        total += value
+        for x in r:
+            if x > 0:
+                heapq.heappush(heap, -value * x)
+    return total
+
+
+def verify_cost_at(curve: dict[int, float], nodes: int) -> float:
+    """v(N): a tree call of ``nodes`` nodes against a 1-token call, linear between the measured
+    node counts of ``curve`` (tools/bench_tree_cost.py); beyond its largest point, refused."""
+    points = sorted((int(n), float(v)) for n, v in curve.items())
+    if not points or nodes > points[-1][0]:
+        raise ConfigError(f"nodes={nodes}: the tree cost curve measures up to {points[-1][0] if points else 0} nodes; "
+                          "measure larger trees with tools/bench_tree_cost.py")
+    lo = (0, 1.0)  # a 0-node tree is the plain 1-token call
+    for n, v in points:
+        if nodes <= n:
+            return lo[1] + (v - lo[1]) * (nodes - lo[0]) / (n - lo[0]) if n > lo[0] else v
+        lo = (n, v)
+    return points[-1][1]
+
+
+class TreePlan(NamedTuple):
+    depth: int  # γ: drafted positions, one head call each
+    width: int  # candidates per position; nodes = depth * width
+    nodes: int
+    expected_tokens: float
+    verify_cost: float  # v(nodes)
+    speedup: float  # expected_tokens / (depth c + v)
+
+
+def plan_trees(rank_acceptance, cost: float, curve: dict[int, float], max_depth: int = 8) -> list[TreePlan]:
+    """Every feature-tree shape (depth, width) the cost curve covers, best speedup first
+    (Theorem 3.8 with E[tokens] from ``chain_tree_tokens`` and v from the measured curve)."""
+    r, cost, max_depth = _check_ranks(rank_acceptance), _check_cost("cost", cost), _check_gamma(max_depth, 1)
+    largest = max(int(n) for n in curve) if curve else 0
+    rows = []
+    for depth in range(1, max_depth + 1):
+        for width in range(1, len(r) + 1):
+            if depth * width > largest:
+                break
+            e, v = chain_tree_tokens(r, depth, width), verify_cost_at(curve, depth * width)
+            rows.append(TreePlan(depth, width, depth * width, e, v, e / (depth * cost + v)))
+    return sorted(rows, key=lambda p: (-p.speedup, p.nodes))

@@ -102,7 +102,7 @@ class BatchEngine:
         ``SpeculativeDecoder.request`` (an encoder-decoder bundle's first argument is the source)."""
         if self._stop.is_set():
             raise QueueFullError("the batch engine is closed; create a new one")
-        params = params if params is not None else SamplingParams(**fields)
+        params = params if params is not None else SamplingParams.of(**fields)
         m = self.manifest
         req = make_request(prompt, params, self.limits, self.codec, source, m.decoder_start_token_id if m.seq2seq else None)
         self.engine.check(req)

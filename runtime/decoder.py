@@ -115,7 +115,7 @@ class SpeculativeDecoder:
         ``lenience=``, ``stop_token_ids=``). Text is encoded with the bundle's tokenizer.
         Encoder-decoder bundles (``manifest.seq2seq``): the first argument is the source, or pass
         ``source=`` and then ``prompt`` is a decoder prefix after the decoder start token."""
-        params = params if params is not None else SamplingParams(**fields)
+        params = params if params is not None else SamplingParams.of(**fields)
         start = self.manifest.decoder_start_token_id if self.manifest.seq2seq else None
         req = make_request(prompt, params, self.limits, self.codec, source, start)
         self.engine.check(req)

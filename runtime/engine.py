@@ -71,6 +71,7 @@ class Engine:
         self.acceptances: dict[tuple, Acceptance] = {}  # (sampling, lenience) -> α, shared across graph sizes
         self.occupancy: Counter = Counter()  # decoding rows per step -> steps
         self.observer: Callable[[list[Iteration]], None] | None = None
+        self.synthetic: float | None = None  # benchmarks only (specdec.bench.synthetic): outputs are then NOT the target's
 
     def free_slot(self) -> int | None:
         return next((s for s in range(self.slots) if s not in self.rows), None)
@@ -92,6 +93,7 @@ class Engine:
         seq = self.seqs[slot]
         seq[:L] = req.prompt
         sink.start_time = t0
+        sink.stats.synthetic = self.synthetic
         row = self.rows[slot] = Row(req, sink, slot, seq, self.qs[slot], np.random.default_rng(req.seed), L, req.max_new_tokens)
         sink.stats.prefill_seconds += clock() - t0
         return row
@@ -111,8 +113,10 @@ class Engine:
         if not rows:
             return
         gammas = [g for _, g in plan.decode]
-        step = tree_step if getattr(self.proposer, "tree", False) else speculative_step
-        its = step(rows, gammas, self.proposer, self.target)
+        if getattr(self.proposer, "tree", False):
+            its = tree_step(rows, gammas, self.proposer, self.target)
+        else:
+            its = speculative_step(rows, gammas, self.proposer, self.target, self.synthetic)
         policy = self._policy(len(rows), rows) if any(r.req.adaptive for r in rows) else None
         if policy:  # a batch's acceptance step is part of what verifying k costs
             it = its[0]

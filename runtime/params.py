@@ -55,6 +55,17 @@ class SamplingParams:
             raise InputError(f"stop_token_ids={extra!r}: expected a list of token ids >= 0")
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in extra))
 
+    @classmethod
+    def of(cls, **given) -> SamplingParams:
+        """From keyword fields, as ``generate(**fields)`` passes them: an unknown name is an
+        ``InputError`` naming it (a sampling field is never ignored, nor a TypeError)."""
+        known = [f.name for f in fields(cls)]
+        for name, value in given.items():
+            if name not in known:
+                hint = "; it is benchmark-only: specdec bench --synthetic-acceptance" if name == "synthetic_acceptance" else ""
+                raise InputError(f"{name}={value!r}: not a request field{hint}; expected one of {', '.join(known)}")
+        return cls(**given)
+
     @property
     def sampling(self) -> SamplingConfig:
         return SamplingConfig(self.temperature, self.top_k, self.top_p)

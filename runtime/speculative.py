@@ -136,3 +136,20 @@ def accept(draft: np.ndarray, q: np.ndarray, logits: np.ndarray, cfg: SamplingCo
     if cfg.greedy:
         return verify_greedy(draft, logits, lenience)
     return verify(draft, q, standardize(logits, cfg), rng, lenience)
+
+
+def synthetic_accept(draft: np.ndarray, q: np.ndarray, logits: np.ndarray, cfg: SamplingConfig, rng: np.random.Generator,
+                     rate: float) -> Verdict:  # fmt: skip
+    """BENCHMARK ONLY (``specdec bench --synthetic-acceptance``): the real verification runs
+    (its NumPy cost is part of what is measured), then each draft token is kept with probability
+    ``rate``, independently, up to the first failure, as the paper's i.i.d. model of α; the token
+    after them is the target's own at that position. The output is NOT the target's: this
+    measures cost on models whose acceptance means nothing (random weights at deployment size)."""
+    real = accept(draft, q, logits, cfg, rng)
+    n = 0
+    while n < len(draft) and rng.random() < rate:
+        n += 1
+    if n == real.accepted:
+        return real
+    row = logits[n : n + 1]
+    return Verdict(n, int(row.argmax()) if cfg.greedy else int(sample(standardize(row, cfg)[0], rng)))

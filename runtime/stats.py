@@ -9,7 +9,7 @@ from typing import NamedTuple
 # The counters a request adds up, and a benchmark sums over requests (``bench.Tally``).
 COUNTERS = (
     "target_calls", "draft_calls", "verify_calls", "drafted", "accepted", "rejected",
-    "target_seconds", "draft_seconds", "accept_seconds",
+    "target_seconds", "draft_seconds", "accept_seconds", "positions_tested",
 )
 
 
@@ -22,6 +22,8 @@ class Iteration(NamedTuple):
     draft_seconds: float
     target_seconds: float
     accept_seconds: float
+    ranks: tuple[int, ...] | None = None  # a tree's kept nodes' sibling ranks (None: a chain, all 0)
+    tested: int | None = None  # positions where candidates were tested (None: a chain's min(n + 1, k))
 
 
 @dataclass
@@ -29,7 +31,9 @@ class Stats:
     """What one request did and where its time went.
 
     ``target_calls`` and ``draft_calls`` count decode calls (prefill is counted apart);
-    ``drafted_at[i]`` / ``accepted_at[i]`` count draft tokens at position i+1 of a verify call.
+    ``drafted_at[i]`` / ``accepted_at[i]`` count draft tokens at position i+1 of a verify call;
+    ``kept_rank[k]`` counts kept draft tokens that were their position's rank-k candidate (a
+    tree's siblings; a chain keeps rank 0 only) out of ``positions_tested``.
     """
 
     gamma: int  # the most draft tokens per call (the ceiling when adaptive)
@@ -37,6 +41,7 @@ class Stats:
     drafter: str = "model"
     adaptive: bool = False
     lenience: float = 1.0  # below 1 the output distribution is NOT the target's (App. A.5)
+    synthetic: float | None = None  # benchmarks only: drafts kept with this probability, output NOT the target's
     threads: str = ""  # the ONNX Runtime thread policy (engines.threads.ThreadPolicy.label)
     new_tokens: int = 0
     target_calls: int = 0
@@ -53,6 +58,8 @@ class Stats:
     finish_reason: str | None = None  # "eos" or "length"
     drafted_at: list[int] = field(default_factory=list)
     accepted_at: list[int] = field(default_factory=list)
+    kept_rank: list[int] = field(default_factory=list)
+    positions_tested: int = 0
 
     def __post_init__(self) -> None:
         self.drafted_at = [0] * self.gamma
@@ -74,6 +81,10 @@ class Stats:
             for i in range(k):
                 self.drafted_at[i] += 1
                 self.accepted_at[i] += i < n
+            self.positions_tested += min(n + 1, k) if it.tested is None else it.tested
+            for rank in (0,) * n if it.ranks is None else it.ranks:
+                self.kept_rank.extend([0] * (rank + 1 - len(self.kept_rank)))
+                self.kept_rank[rank] += 1
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -92,6 +103,12 @@ class Stats:
         return [a / d if d else None for a, d in zip(self.accepted_at, self.drafted_at)]
 
     @property
+    def rank_acceptance(self) -> list[float]:
+        """Per sibling rank k: of the positions where candidates were tested, the share that kept
+        the rank-k candidate (``specdec plan --rank-acceptance``; a chain's [0] is its α)."""
+        return [n / self.positions_tested for n in self.kept_rank] if self.positions_tested else []
+
+    @property
     def cost_coefficient(self) -> float | None:
         """Measured c: mean draft call time / mean target call time."""
         if not (self.draft_calls and self.target_calls and self.target_seconds > 0):
@@ -106,9 +123,9 @@ class Stats:
 
     def as_dict(self) -> dict:
         d = {k: getattr(self, k) for k in self.__dataclass_fields__}
-        for k in ("acceptance_rate", "mean_accepted", "per_position_acceptance", "cost_coefficient", "tokens_per_second"):
+        for k in ("acceptance_rate", "mean_accepted", "per_position_acceptance", "rank_acceptance", "cost_coefficient", "tokens_per_second"):
             d[k] = getattr(self, k)
-        d["exact"] = self.lenience >= 1.0
+        d["exact"] = self.lenience >= 1.0 and self.synthetic is None
         return d
 
     def line(self) -> str:
@@ -129,6 +146,8 @@ class Stats:
     @property
     def lenience_warning(self) -> str:
         """Empty when exact; else says the distribution changed and what still holds."""
+        if self.synthetic is not None:
+            return f"; SYNTHETIC acceptance {self.synthetic:g} (benchmark only): output is NOT the target's"
         if self.lenience >= 1.0:
             return ""
         return (

@@ -22,8 +22,8 @@ import numpy as np
 
 from specdec.runtime.request import Request
 from specdec.runtime.sampling import standardize
-from specdec.runtime.speculative import accept
-from specdec.runtime.tree import depths, verify_tree, verify_tree_greedy
+from specdec.runtime.speculative import accept, synthetic_accept
+from specdec.runtime.tree import children_of, depths, sibling_ranks, verify_tree, verify_tree_greedy
 from specdec.runtime.stats import Iteration, Stats
 
 if TYPE_CHECKING:
@@ -79,9 +79,12 @@ def schedule(rows: Sequence[Row], fed: Callable[[int], int], chunk: int | None, 
     return Plan(prefill, [(r.slot, min(w if r.req.adaptive else r.req.gamma, r.left - 1)) for r in decoding])
 
 
-def speculative_step(rows: Sequence[Row], gammas: Sequence[int], proposer: Proposer, target: Executor) -> list[Iteration]:
+def speculative_step(rows: Sequence[Row], gammas: Sequence[int], proposer: Proposer, target: Executor,
+                     synthetic: float | None = None) -> list[Iteration]:  # fmt: skip
     """Propose, verify in one target call, accept and commit, for every row; returns what each
-    row's iteration did. ``row.length`` is left to the caller (it emits what was kept)."""
+    row's iteration did. ``row.length`` is left to the caller (it emits what was kept).
+    ``synthetic``: benchmarks only, keep each draft token with that probability instead
+    (``speculative.synthetic_accept``; the output is then not the target's)."""
     t0, calls = clock(), proposer.calls
     ks = proposer.propose(rows, gammas)  # x_1..x_k at seq[L:L+k]
     t1 = clock()
@@ -89,7 +92,10 @@ def speculative_step(rows: Sequence[Row], gammas: Sequence[int], proposer: Propo
     t2 = clock()
     kept = []
     for i, (r, k) in enumerate(zip(rows, ks)):
-        n, token = accept(r.seq[r.length : r.length + k], r.q[:k], logits[i, : k + 1], r.req.sampling, r.rng, r.req.lenience)
+        if synthetic is None:
+            n, token = accept(r.seq[r.length : r.length + k], r.q[:k], logits[i, : k + 1], r.req.sampling, r.rng, r.req.lenience)
+        else:
+            n, token = synthetic_accept(r.seq[r.length : r.length + k], r.q[:k], logits[i, : k + 1], r.req.sampling, r.rng, synthetic)
         target.commit(r.slot, n + 1)  # rows for seq[L-1] and x_1..x_n
         r.seq[r.length + n] = token
         kept.append(n)
@@ -112,7 +118,7 @@ def tree_step(rows: Sequence[Row], gammas: Sequence[int], proposer, target: Exec
     trees = [t if r.length <= room else ([], []) for r, t in zip(rows, proposer.propose_trees(rows, gammas))]
     t1 = clock()
     target_s = accept_s = 0.0
-    kept, sizes = [], []
+    kept, sizes, ranks, tested = [], [], [], []
     for r, (tokens, parents) in zip(rows, trees):
         L, cfg = r.length, r.req.sampling
         ta = clock()
@@ -134,8 +140,12 @@ def tree_step(rows: Sequence[Row], gammas: Sequence[int], proposer, target: Exec
         r.seq[L + len(v.path)] = v.token
         kept.append(len(v.path))
         sizes.append(max(depths(parents), default=0))  # the positions it drafted
+        rank = sibling_ranks(parents)
+        ranks.append(tuple(rank[i] for i in v.path))
+        last = v.path[-1] + 1 if v.path else 0  # children_of's index: 0 the root
+        tested.append(len(v.path) + bool(children_of(tree_parents)[last]) if tokens else 0)
         target_s += tb - ta
         accept_s += clock() - tb
     proposer.commit(rows, kept, None)
     draft_calls = proposer.calls - calls
-    return [Iteration(k, n, draft_calls, t1 - t0, target_s, accept_s) for k, n in zip(sizes, kept)]
+    return [Iteration(k, n, draft_calls, t1 - t0, target_s, accept_s, rk, t) for k, n, rk, t in zip(sizes, kept, ranks, tested)]

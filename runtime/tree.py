@@ -64,6 +64,17 @@ def depths(parents: Sequence[int]) -> list[int]:
     return out
 
 
+def sibling_ranks(parents: Sequence[int]) -> list[int]:
+    """Each node's rank among its siblings, in tree order (0: its parent's first child, which a
+    drafter places as its most likely candidate)."""
+    seen: dict[int, int] = {}
+    out: list[int] = []
+    for p in parents:
+        out.append(seen.get(p, 0))
+        seen[p] = out[-1] + 1
+    return out
+
+
 def verify_tree_greedy(tokens: np.ndarray, parents: np.ndarray, logits: np.ndarray) -> TreeVerdict:
     """Argmax verification of a tree: tokens/parents [N], logits [N + 1, V] (row 0: the root)."""
     kids = children_of(parents)

@@ -25,32 +25,71 @@ def cli() -> None:
 
 
 @cli.command("plan")
-@click.option("--alpha", type=float, required=True, help="Acceptance rate α in (0, 1).")
+@click.option("--alpha", type=float, default=None, help="Acceptance rate α in (0, 1) (a chain drafter).")
 @click.option("--cost", type=float, required=True, help="c: draft call time / target call time (>= 0).")
 @click.option("--cost-ops", type=float, default=None, help="ĉ: draft / target arithmetic per token [default: --cost].")
 @click.option("--gamma", type=int, default=None, help="Draft tokens per target call (>= 1) [default: the optimal γ].")
 @click.option("--max-gamma", type=int, default=32, show_default=True, help="Largest γ the search considers.")
+@click.option("--verify-cost", type=float, default=1.0, show_default=True, help="v: a (γ+1)-token verify call / a 1-token call (`specdec bench` measures it).")
+@click.option("--rank-acceptance", default=None, help="A tree drafter's kept share per sibling rank, comma-separated "
+              "(`specdec bench --drafters feature-tree` reports them): plan tree shapes instead of γ.")
+@click.option("--tree-cost", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="With --rank-acceptance: a tree call's cost against a 1-token call per node count (tools/bench_tree_cost.py's JSON).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def plan_cmd(alpha: float, cost: float, cost_ops: float | None, gamma: int | None, max_gamma: int, as_json: bool) -> None:
-    """Expected tokens, speedup and operations for γ (paper §3), choosing γ when not given."""
+def plan_cmd(alpha, cost, cost_ops, gamma, max_gamma, verify_cost, rank_acceptance, tree_cost, as_json) -> None:
+    """Expected tokens, speedup and operations for γ (paper §3), choosing γ when not given; with
+    --rank-acceptance and --tree-cost, the best tree shape (depth x width) for a measured cost curve."""
     from specdec.runtime.analysis import plan
 
-    chosen = plan(alpha, cost, cost_ops, gamma, max_gamma)
+    if rank_acceptance is not None:
+        return _plan_trees(rank_acceptance, cost, tree_cost, max_gamma, as_json)
+    if alpha is None:
+        raise ConfigError("--alpha is missing: expected the acceptance rate in (0, 1), or --rank-acceptance for a tree drafter")
+    chosen = plan(alpha, cost, cost_ops, gamma, max_gamma, verify_cost)
     if as_json:
         click.echo(json.dumps(chosen._asdict()))
         return
     c_hat = cost if cost_ops is None else cost_ops
-    click.echo(f"alpha={alpha:g}  c={cost:g}  c_hat={c_hat:g}")
+    click.echo(f"alpha={alpha:g}  c={cost:g}  c_hat={c_hat:g}  v={verify_cost:g}")
     click.echo(f"{'gamma':>5}  {'E[tokens]':>9}  {'speedup':>7}  {'operations':>10}")
     shown = sorted({1, 2, 3, 4, 5, 6, 7, 8, max(chosen.gamma, 1)})
     for g in shown:
-        row = plan(alpha, cost, cost_ops, g)
+        row = plan(alpha, cost, cost_ops, g, verify_cost=verify_cost)
         mark = "  <- chosen" if g == chosen.gamma else ""
         click.echo(f"{g:>5}  {row.expected_tokens:>9.3f}  {row.speedup:>6.3f}x  {row.operations:>9.3f}x{mark}")
     if chosen.gamma == 0:
         click.echo(f"no gamma pays: alpha={alpha:g} <= c={cost:g} (Corollary 3.9); decode without a draft")
     elif gamma is None and chosen.gamma == max_gamma:
         click.echo(f"gamma is capped at --max-gamma={max_gamma}; larger gamma would still gain a little")
+
+
+def _plan_trees(rank_acceptance: str, cost: float, tree_cost: Path | None, max_depth: int, as_json: bool) -> None:
+    from specdec.runtime.analysis import best_tree_tokens, plan_trees
+
+    try:
+        ranks = [float(x) for x in rank_acceptance.split(",")]
+    except ValueError:
+        raise ConfigError(f"--rank-acceptance={rank_acceptance!r}: expected comma-separated shares such as 0.6,0.1,0.05") from None
+    if tree_cost is None:
+        raise ConfigError("--tree-cost is missing: expected tools/bench_tree_cost.py's JSON (a tree call's cost per node count)")
+    try:
+        curve = {int(r["nodes"]): float(r["vs_one_token"]) for r in json.loads(tree_cost.read_text())["rows"] if r["graph"].startswith("tree")}
+    except (ValueError, KeyError, TypeError):
+        raise ConfigError(f"--tree-cost={tree_cost}: expected tools/bench_tree_cost.py's JSON with rows of nodes and vs_one_token") from None
+    rows = plan_trees(ranks, cost, curve, min(max_depth, 16))
+    if as_json:
+        click.echo(json.dumps([r._asdict() for r in rows]))
+        return
+    best = rows[0]
+    click.echo(f"kept by rank={','.join(f'{x:g}' for x in ranks)}  c={cost:g}  tree cost curve: {tree_cost}")
+    click.echo(f"{'depth':>5}  {'width':>5}  {'nodes':>5}  {'E[tokens]':>9}  {'v':>5}  {'speedup':>7}")
+    for r in rows[:8]:
+        mark = "  <- chosen" if r is best else ""
+        click.echo(f"{r.depth:>5}  {r.width:>5}  {r.nodes:>5}  {r.expected_tokens:>9.3f}  {r.verify_cost:>5.2f}  {r.speedup:>6.3f}x{mark}")
+    click.echo(f"export --tree-nodes {best.nodes} and decode with --drafter feature-tree --gamma {best.depth}"
+               if best.width > 1 else f"a chain pays most: --drafter feature --gamma {best.depth}")
+    click.echo(f"the best static tree of {best.nodes} nodes under the same model: {best_tree_tokens(ranks, best.nodes):.3f} tokens per call "
+               "(what a dynamic tree could reach; the feature tree offers siblings along its chain only)")
 
 
 @click.command("export")
@@ -265,8 +304,10 @@ def generate_cmd(bundle: Path, prompt: str | None, prompt_ids: str | None, sourc
 @click.option("--rounds", default=2, show_default=True, type=int)
 @click.option("--threads", default=None, type=int, help="ONNX Runtime intra-op threads per model session [default: one per core].")
 @click.option("--out", default=None, type=click.Path(file_okay=False, path_type=Path), help="Write results.md, results.json and bench.png here.")
+@click.option("--synthetic-acceptance", default=None, type=float, help="COST ONLY: keep each draft token with this probability "
+              "instead of verifying it (models whose acceptance means nothing, e.g. tools/make_sized_pair.py's); outputs are NOT the target's.")
 def bench_cmd(bundle: Path, gammas: str | None, drafters: str, adaptive: bool, temperatures: str, n_prompts: int, corpus: str,
-              prompt_tokens: int, tokens: int, rounds: int, threads: int | None, out: Path | None) -> None:
+              prompt_tokens: int, tokens: int, rounds: int, threads: int | None, out: Path | None, synthetic_acceptance: float | None) -> None:
     """Drafters and γ against γ = 0, side by side and interleaved, with Theorem 3.8's prediction."""
     from specdec import bench
     from specdec.bench.corpus import CODE_PACKAGES, SOURCE_CORPORA
@@ -285,6 +326,11 @@ def bench_cmd(bundle: Path, gammas: str | None, drafters: str, adaptive: bool, t
     if dec.codec is None:
         raise InputError(f"bundle {bundle} has no tokenizer; specdec bench draws its prompts from text")
     decoders = {names[0]: dec, **{d: dec.fork(drafter=d) for d in names[1:]}}
+    if synthetic_acceptance is not None:
+        from specdec.bench.synthetic import enable
+
+        for d in decoders.values():
+            enable(d, synthetic_acceptance)
     gs = list(range(dec.manifest.gamma + 1)) if gammas is None else sorted({0, *_numbers("--gammas", gammas, int)})
     temps = _numbers("--temperatures", temperatures, float)
     seq2seq = dec.manifest.seq2seq
@@ -301,7 +347,7 @@ def bench_cmd(bundle: Path, gammas: str | None, drafters: str, adaptive: bool, t
     results, text = {}, []
     for t in temps:
         rows = bench.summarize(bench.run(decoders, cfgs, prompts, tokens, rounds, t, ignore_eos=not seq2seq), floor)
-        title = f"T={t:g}"
+        title = f"T={t:g}" + (f", SYNTHETIC acceptance {synthetic_acceptance:g}" if synthetic_acceptance is not None else "")
         results[title] = rows
         plan = bench.planned_gamma(rows, dec.manifest.gamma, names[0])
         text.append(bench.markdown(title, rows) + (f"\nplanner's γ for {names[0]} from the measured α, c, v: {plan}\n" if plan is not None else ""))
@@ -315,12 +361,16 @@ def bench_cmd(bundle: Path, gammas: str | None, drafters: str, adaptive: bool, t
         + (f"{floor.line()}; × bandwidth floor = decode time / the floor of the calls it made (specdec/bench/floor.py)\n" if floor else
            "sources encoded once per request by both encoders (prefill); requests end at EOS or --tokens\n")
     )
+    if synthetic_acceptance is not None:
+        header = (f"SYNTHETIC: each draft token kept with probability {synthetic_acceptance:g} whatever the target says (cost only; "
+                  "outputs are NOT the target's; α below is that coin's estimate)\n" + header)
     md = header + "\n" + "\n".join(text)
     click.echo(md)
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         (out / "results.md").write_text(md)
-        (out / "results.json").write_text(json.dumps({k: bench.as_dict(v) for k, v in results.items()}, indent=1))
+        (out / "results.json").write_text(json.dumps({**({"synthetic_acceptance": synthetic_acceptance} if synthetic_acceptance is not None else {}),
+                                                      **{k: bench.as_dict(v) for k, v in results.items()}}, indent=1))
         try:
             bench.plot(results, out / "bench.png")
         except ImportError:
@@ -337,8 +387,10 @@ def bench_cmd(bundle: Path, gammas: str | None, drafters: str, adaptive: bool, t
 @click.option("--threads", default=None, type=int, help="ONNX Runtime intra-op threads per model session [default: one per core].")
 @click.option("--timeout", default=300.0, show_default=True, type=float, help="Seconds a configuration may run before its clients stop.")
 @click.option("--out", default=None, type=click.Path(file_okay=False, path_type=Path), help="Write results.md, results.json and load.png here.")
+@click.option("--synthetic-acceptance", default=None, type=float, help="COST ONLY: keep each draft token with this probability "
+              "instead of verifying it; outputs are NOT the target's (see specdec bench).")
 def bench_batch_cmd(bundle: Path, concurrency: str, temperatures: str, requests: int, prompt_tokens: int, tokens: int,
-                    threads: int | None, timeout: float, out: Path | None) -> None:  # fmt: skip
+                    threads: int | None, timeout: float, out: Path | None, synthetic_acceptance: float | None) -> None:  # fmt: skip
     """The batched engine under N concurrent clients: adaptive, fixed and no speculation, and fork per thread."""
     from specdec.bench import held_out_prompts
     from specdec.bench.load import markdown, plot, sweep
@@ -355,10 +407,18 @@ def bench_batch_cmd(bundle: Path, concurrency: str, temperatures: str, requests:
     if codec is None:
         raise InputError(f"bundle {bundle} has no tokenizer; specdec bench-batch draws its prompts from text")
     prompts = held_out_prompts(codec.encode, 8, prompt_tokens)
+    if synthetic_acceptance is not None:
+        from specdec.bench.synthetic import check_rate
+
+        check_rate(synthetic_acceptance)
     rows = sweep(bundle, counts, _numbers("--temperatures", temperatures, float), prompts, tokens, requests, _threads(threads), timeout,
-                 report=lambda r: click.echo(f"{r['mode']:>18} clients={r['concurrency']:<3} T={r['temperature']:g}: {r['tok_s']:.0f} tok/s", err=True))  # fmt: skip
+                 report=lambda r: click.echo(f"{r['mode']:>18} clients={r['concurrency']:<3} T={r['temperature']:g}: {r['tok_s']:.0f} tok/s", err=True),
+                 synthetic=synthetic_acceptance)  # fmt: skip
     header = (f"bundle {bundle}: max-batch {m.max_batch}, γ {m.gamma}; {requests} requests per client of {prompt_tokens} prompt + {tokens} new "
               "tokens (held-out stdlib prompts), EOS ignored; modes interleaved at each concurrency")
+    if synthetic_acceptance is not None:
+        header = (f"SYNTHETIC: each draft token kept with probability {synthetic_acceptance:g} whatever the target says (cost only; "
+                  "outputs are NOT the target's)\n" + header)
     md = markdown(rows, header)
     click.echo(md)
     if out is not None:

@@ -61,6 +61,26 @@ def test_plan_bad_values_exit_2_with_one_line(args, word):
     assert "Traceback" not in out.stderr
 
 
+def test_plan_trees_from_a_measured_cost_curve(tmp_path):
+    from specdec.runtime.analysis import plan_trees
+
+    curve = tmp_path / "cost.json"
+    rows = [{"graph": "plain, 1 token", "nodes": 1, "vs_one_token": 1.0}] + [
+        {"graph": f"tree, {n} nodes", "nodes": n, "vs_one_token": v} for n, v in ((1, 1.0), (4, 1.05), (8, 1.1), (16, 1.2))]
+    curve.write_text(json.dumps({"rows": rows}))
+    out = run("plan", "--cost", "0.05", "--rank-acceptance", "0.7,0.15,0.05", "--tree-cost", str(curve), "--json")
+    assert out.returncode == 0, out.stderr
+    want = plan_trees([0.7, 0.15, 0.05], 0.05, {1: 1.0, 4: 1.05, 8: 1.1, 16: 1.2}, 16)
+    assert json.loads(out.stdout)[0] == want[0]._asdict()
+    table = run("plan", "--cost", "0.05", "--rank-acceptance", "0.7,0.15,0.05", "--tree-cost", str(curve))
+    assert f"--tree-nodes {want[0].nodes}" in table.stdout and f"--gamma {want[0].depth}" in table.stdout
+    for args, word in ((["--rank-acceptance", "0.7,x", "--tree-cost", str(curve)], "--rank-acceptance"),
+                       (["--rank-acceptance", "0.7,0.5", "--tree-cost", str(curve)], "rank_acceptance"),
+                       (["--rank-acceptance", "0.7"], "--tree-cost")):
+        bad = run("plan", "--cost", "0.05", *args)
+        assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and word in bad.stderr, bad.stderr
+
+
 def test_runtime_imports_without_torch():
     """Production services import the runtime with NumPy and ONNX Runtime only."""
     code = "import sys, specdec.runtime, specdec.engines; bad = {'torch', 'transformers', 'onnx', 'optimum'} & set(sys.modules); print(sorted(bad))"

@@ -93,8 +93,10 @@ def run_load(stream_for, mode: str, concurrency: int, temperature: float, prompt
 
 
 def sweep(bundle: Path, concurrency: list[int], temperatures: list[float], prompts: list[list[int]], tokens: int, requests: int,
-          threads: int | None, timeout: float, report=print) -> list[dict]:  # fmt: skip
-    """Every mode at every concurrency and temperature, interleaved; returns the rows."""
+          threads: int | None, timeout: float, report=print, synthetic: float | None = None) -> list[dict]:  # fmt: skip
+    """Every mode at every concurrency and temperature, interleaved; returns the rows.
+    ``synthetic``: cost only, draft tokens kept with that probability (specdec.bench.synthetic)."""
+    from specdec.bench.synthetic import enable
     from specdec.runtime.batch import BatchEngine
     from specdec.runtime.decoder import SpeculativeDecoder
 
@@ -104,6 +106,9 @@ def sweep(bundle: Path, concurrency: list[int], temperatures: list[float], promp
     for n in concurrency:
         forks = [single.fork() for _ in range(n)]
         with BatchEngine(bundle, max_batch=min(n, single.manifest.max_batch), threads=threads, max_queue=n * requests) as engine:
+            if synthetic is not None:
+                for owner in (engine, *forks):
+                    enable(owner, synthetic)
             for t in temperatures:
                 work = [prompts[i % len(prompts)] for i in range(n * requests)]
                 kw = dict(max_new_tokens=tokens, temperature=t, ignore_eos=True)
@@ -115,7 +120,7 @@ def sweep(bundle: Path, concurrency: list[int], temperatures: list[float], promp
                 }
                 for mode, stream_for in modes.items():
                     run_load(stream_for, mode, n, t, work[:n], timeout)  # warm-up: one request per client
-                    rows.append(run_load(stream_for, mode, n, t, work, timeout).row())
+                    rows.append({**run_load(stream_for, mode, n, t, work, timeout).row(), "synthetic_acceptance": synthetic})
                     report(rows[-1])
     return rows
 

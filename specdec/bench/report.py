@@ -10,16 +10,17 @@ from specdec.bench.sweep import Row
 
 def markdown(title: str, rows: list[Row]) -> str:
     lines = [f"**{title}**", "",
-             "| drafter | γ | tok/s | speedup vs γ=0 | predicted E[tokens]/(γc+v) | measured / predicted | α | c | v | drafted/call | time in engines | × bandwidth floor |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| drafter | γ | tok/s | speedup vs γ=0 | predicted E[tokens]/(γc+v) | measured / predicted | α | c | v | drafted/call | tokens/call | kept by sibling rank | time in engines | × bandwidth floor |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
     for r in rows:
         floor = f"{r.floor_ratio:.2f}" if r.floor_ratio else "–"
         if r.gamma == 0:
-            lines.append(f"| – (autoregressive) | 0 | {r.tokens_per_s:.0f} | 1.00 | – | – | – | – | – | – | {r.engine_share:.0%} | {floor} |")
+            lines.append(f"| – (autoregressive) | 0 | {r.tokens_per_s:.0f} | 1.00 | – | – | – | – | – | – | 1.00 | – | {r.engine_share:.0%} | {floor} |")
             continue
         pred = f"{r.predicted:.2f} | {r.speedup / r.predicted:.2f}" if r.predicted else "– | –"
         lines.append(f"| {r.drafter} | {r.gamma} | {r.tokens_per_s:.0f} | {r.speedup:.2f} | {pred} | "
-                     f"{r.alpha:.3f} | {r.c:.3f} | {r.v:.2f} | {r.mean_proposed:.2f} | {r.engine_share:.0%} | {floor} |")
+                     f"{r.alpha:.3f} | {r.c:.3f} | {r.v:.2f} | {r.mean_proposed:.2f} | {r.tokens_per_call or 0:.2f} | "
+                     f"{' '.join(f'{x:.3f}' for x in r.rank_acceptance[:4]) or '–'} | {r.engine_share:.0%} | {floor} |")
     return "\n".join(lines) + "\n"
 
 

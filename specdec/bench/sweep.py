@@ -11,9 +11,11 @@ paper's Table 4.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import zip_longest
 from typing import NamedTuple
 
 from specdec.runtime.analysis import expected_tokens, optimal_gamma
+from specdec.runtime.drafters import needs_tree
 from specdec.runtime.stats import COUNTERS
 
 
@@ -26,6 +28,7 @@ class Tally:
     tokens: int = 0
     accepted_at: list[int] = field(default_factory=list)
     drafted_at: list[int] = field(default_factory=list)
+    kept_rank: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         for k in COUNTERS:
@@ -40,6 +43,7 @@ class Tally:
             self.accepted_at, self.drafted_at = [0] * s.gamma, [0] * s.gamma
         self.accepted_at = [a + b for a, b in zip(self.accepted_at, s.accepted_at)]
         self.drafted_at = [a + b for a, b in zip(self.drafted_at, s.drafted_at)]
+        self.kept_rank = [a + b for a, b in zip_longest(self.kept_rank, s.kept_rank, fillvalue=0)]
 
 
 class Config(NamedTuple):
@@ -103,6 +107,8 @@ class Row:
     mean_proposed: float | None = None  # drafted tokens per verify call
     ms_per_token: float | None = None
     floor_ratio: float | None = None  # decode time / the bandwidth floor of the calls it made (floor.py)
+    tokens_per_call: float | None = None  # new tokens per decoding target call (accepted + the target's own)
+    rank_acceptance: tuple[float, ...] = ()  # per sibling rank: kept share of tested positions (stats.Stats)
 
 
 def summarize(tallies: dict[Config, Tally], floor=None) -> list[Row]:
@@ -123,10 +129,12 @@ def summarize(tallies: dict[Config, Tally], floor=None) -> list[Row]:
         c = (t.draft_seconds / t.drafted) / step if t.drafted else 0.0
         v = (t.target_seconds / t.target_calls) / step
         per = tuple(a / d if d else 0.0 for a, d in zip(t.accepted_at, t.drafted_at))
-        fixed = isinstance(cfg.gamma, int) and cfg.drafter != "lookup"
+        ranks = tuple(n / t.positions_tested for n in t.kept_rank) if t.positions_tested else ()
+        fixed = isinstance(cfg.gamma, int) and cfg.drafter != "lookup" and not needs_tree(cfg.drafter)  # trees: plan_trees
         predicted = expected_tokens(alpha, cfg.gamma) / (cfg.gamma * c + v) if fixed else None
         mean = t.drafted / t.verify_calls if t.verify_calls else 0.0
-        rows.append(Row(cfg.drafter, cfg.gamma, tps, tps / base_tps, share, alpha, c, v, predicted, per, mean, **timing))
+        rows.append(Row(cfg.drafter, cfg.gamma, tps, tps / base_tps, share, alpha, c, v, predicted, per, mean, **timing,
+                        tokens_per_call=t.tokens / t.target_calls if t.target_calls else None, rank_acceptance=ranks))
     return rows
 
 

@@ -112,3 +112,66 @@ def test_bench_cli_bad_input(llama_bundle, args, msg):
 
     res = run("bench", str(llama_bundle[2]), *args)
     assert res.returncode == 2 and msg in res.stderr and res.stderr.count("\n") == 1
+
+
+def test_synthetic_acceptance_keeps_drafts_at_the_asked_rate(llama_bundle):
+    """Benchmark-only: the real graphs run, then each draft is kept with probability A; A = 1 and
+    0 are exact bounds, A = 0.6 is recovered by the MLE within 5 binomial standard deviations."""
+    from specdec.bench.synthetic import enable
+    from specdec.errors import ConfigError, InputError
+    from specdec.runtime.batch import BatchEngine
+    from specdec.runtime.decoder import SpeculativeDecoder
+
+    out = llama_bundle[2]
+    dec = SpeculativeDecoder.load(out)
+    with pytest.raises(InputError, match="synthetic_acceptance=0.5: not a request field; it is benchmark-only"):
+        dec.generate([1, 2, 3], max_new_tokens=4, synthetic_acceptance=0.5)
+    real = dec.generate([1, 2, 3], max_new_tokens=24, gamma=4, ignore_eos=True)
+    assert real.stats.synthetic is None and real.stats.as_dict()["exact"]
+    for rate in (1.0, 0.0):
+        enable(dec, rate)
+        s = dec.generate([1, 2, 3], max_new_tokens=25, gamma=4, ignore_eos=True).stats
+        assert s.synthetic == rate and not s.as_dict()["exact"] and "SYNTHETIC" in s.line()
+        assert s.accepted == (s.drafted if rate else 0) and s.drafted > 3.5 * s.verify_calls  # the draft ran at full width (γ shrinks at the budget)
+    enable(dec, 0.6)
+    acc = rej = 0
+    for seed in range(12):
+        s = dec.generate([5, 6, 7], max_new_tokens=60, gamma=4, ignore_eos=True, temperature=1.0, seed=seed).stats
+        acc, rej = acc + s.accepted, rej + s.rejected
+    est, trials = bench.alpha_mle(acc, rej), acc + rej
+    assert abs(est - 0.6) < 5 * (0.6 * 0.4 / trials) ** 0.5, f"{acc} kept of {trials} trials"
+    with BatchEngine(out) as engine:
+        enable(engine, 1.0)
+        hs = [engine.submit([1, 2, 3], max_new_tokens=21, gamma=4, ignore_eos=True) for _ in range(2)]
+        assert all(h.result(timeout=60).stats.accepted == 16 for h in hs)  # 4 calls of 4 kept + 1
+    with pytest.raises(ConfigError, match="--synthetic-acceptance 1.5"):
+        enable(dec, 1.5)
+
+
+def test_bench_cli_synthetic_tables_are_labelled(llama_bundle, tmp_path):
+    from test_cli import run
+
+    out = tmp_path / "s"
+    res = run("bench", str(llama_bundle[2]), "--gammas", "2", "--temperatures", "0", "--prompts", "1", "--prompt-tokens", "12",
+              "--tokens", "16", "--rounds", "1", "--synthetic-acceptance", "1", "--out", str(out))
+    assert res.returncode == 0, res.stderr
+    data = json.loads((out / "results.json").read_text())
+    assert data["synthetic_acceptance"] == 1.0 and res.stdout.startswith("SYNTHETIC")
+    (row,) = [r for r in data["T=0, SYNTHETIC acceptance 1"] if r["gamma"] == 2]
+    assert row["alpha"] == 1.0 and row["tokens_per_call"] > 2.5  # 3 per verify call; the prefill's step is plain
+
+
+@pytest.mark.parametrize("family_bundle", ["llama"], indirect=True)
+def test_bench_batch_cli_every_mode_and_synthetic_label(family_bundle, tmp_path):
+    from test_cli import run
+
+    out = tmp_path / "bb"
+    res = run("bench-batch", str(family_bundle[3]), "--concurrency", "1,2", "--temperatures", "0", "--requests", "1", "--prompt-tokens", "12",
+              "--tokens", "9", "--synthetic-acceptance", "1", "--timeout", "60", "--out", str(out))
+    assert res.returncode == 0, res.stderr
+    rows = json.loads((out / "results.json").read_text())
+    assert {(r["concurrency"], r["mode"]) for r in rows} == {(n, m) for n in (1, 2) for m in ("batched adaptive", "batched γ=4", "batched plain", "fork per thread")}
+    assert all(r["synthetic_acceptance"] == 1.0 and r["tok_s"] > 0 and r.get("errors", 0) == 0 for r in rows)
+    assert res.stdout.startswith("SYNTHETIC") and (out / "results.md").read_text().startswith("SYNTHETIC")
+    bad = run("bench-batch", str(family_bundle[3]), "--synthetic-acceptance", "2")
+    assert bad.returncode == 2 and "--synthetic-acceptance 2" in bad.stderr and bad.stderr.count("\n") == 1

@@ -9,6 +9,10 @@ from specdec.errors import ConfigError
 from specdec.runtime.analysis import (
     acceptance,
     alpha,
+    best_tree_tokens,
+    chain_tree_tokens,
+    plan_trees,
+    verify_cost_at,
     dlk,
     expected_tokens,
     operations_factor,
@@ -153,3 +157,49 @@ def test_plan():
 def test_plan_refuses_bad_values(kwargs, word):
     with pytest.raises(ConfigError, match=word):
         plan(**kwargs)
+
+
+# Trees: the rank model (kept share per sibling rank, independent across positions).
+
+
+def test_a_one_wide_tree_is_the_chain():
+    for a in (0.3, 0.75, 0.9):
+        for g in (1, 4, 7):
+            assert chain_tree_tokens([a, 0.1], g, 1) == pytest.approx(expected_tokens(a, g))
+            assert best_tree_tokens([a], g) == pytest.approx(expected_tokens(a, g))  # one rank: the best tree is a chain
+
+
+def test_tree_tokens_by_hand():
+    r = [0.5, 0.3, 0.1]
+    # depth 2, width 2: position 1 kept with 0.8; position 2 reached when rank 0 was kept (0.5), then 0.8
+    assert chain_tree_tokens(r, 2, 2) == pytest.approx(1 + 0.8 + 0.5 * 0.8)
+    # 2 nodes: {rank 0, rank 1} (0.5 + 0.3) beats {rank 0, its rank-0 child} (0.5 + 0.25)
+    assert best_tree_tokens(r, 2) == pytest.approx(1.8)
+    # 3 nodes: add the rank-0 child of rank 0 (0.25) before rank 2 (0.1) or rank 1's child (0.15)
+    assert best_tree_tokens(r, 3) == pytest.approx(2.05)
+    for nodes in (4, 8, 16):  # the best static tree is at least every feature-tree shape of its size
+        for depth in range(1, nodes + 1):
+            if nodes % depth == 0 and nodes // depth <= len(r):
+                assert best_tree_tokens(r, nodes) >= chain_tree_tokens(r, depth, nodes // depth) - 1e-12
+
+
+def test_verify_cost_is_interpolated_on_the_measured_curve():
+    curve = {1: 1.0, 4: 1.6, 16: 3.0}
+    assert verify_cost_at(curve, 4) == pytest.approx(1.6)
+    assert verify_cost_at(curve, 10) == pytest.approx(2.3)
+    assert verify_cost_at(curve, 2) == pytest.approx(1.2)
+    with pytest.raises(ConfigError, match="nodes=17: the tree cost curve measures up to 16"):
+        verify_cost_at(curve, 17)
+
+
+def test_plan_trees_picks_the_best_measured_shape():
+    r, c, curve = [0.7, 0.15, 0.05], 0.05, {1: 1.0, 4: 1.05, 8: 1.1, 16: 1.2, 32: 1.6}  # a memory-bound curve
+    rows = plan_trees(r, c, curve, max_depth=8)
+    brute = max(((d, w) for d in range(1, 9) for w in range(1, 4) if d * w <= 32),
+                key=lambda s: chain_tree_tokens(r, *s) / (s[0] * c + verify_cost_at(curve, s[0] * s[1])))
+    assert (rows[0].depth, rows[0].width) == brute and rows[0].width > 1  # wide trees pay where verify is cheap
+    assert rows == sorted(rows, key=lambda p: -p.speedup)
+    steep = plan_trees(r, c, {1: 1.0, 4: 1.6, 8: 2.2, 16: 3.0, 32: 4.6})  # the demo's compute-bound curve
+    assert steep[0].width == 1  # there a chain pays most
+    with pytest.raises(ConfigError, match="rank_acceptance"):
+        plan_trees([0.7, 0.5], c, curve)

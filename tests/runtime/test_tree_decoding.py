@@ -158,13 +158,17 @@ def corpus_prompts(dec) -> list[list[int]]:
 def test_feature_tree_greedy_is_the_target(feature_tree_bundle, gamma):
     target, out = feature_tree_bundle
     model, dec = load_model(target), SpeculativeDecoder.load(out, drafter="feature-tree")
-    accepted = 0
+    accepted, kept_rank, tested = 0, [0, 0, 0], 0
     for prompt in [*REPEATS[:2], *corpus_prompts(dec)]:
         ref = torch_greedy(model, prompt, 48)
         res = dec.generate(prompt, max_new_tokens=48, gamma=gamma, ignore_eos=True)
         assert res.tokens == ref, f"gamma={gamma} prompt={prompt}: first difference at {first_diff(res.tokens, ref)}"
-        accepted += res.stats.accepted
-    assert accepted > 20
+        s = res.stats
+        assert sum(s.kept_rank) == s.accepted and len(s.kept_rank) <= 7 // gamma  # each kept node counted once, at a rank the tree has
+        assert s.accepted <= s.positions_tested <= s.accepted + s.verify_calls  # a call tests the kept positions and at most one more
+        kept_rank = [a + b for a, b in zip(kept_rank, s.kept_rank + [0] * 3)]
+        accepted, tested = accepted + s.accepted, tested + s.positions_tested
+    assert accepted > 20 and kept_rank[1] > 0, f"kept by rank {kept_rank}: no sibling was ever the target's token"
 
 
 def test_feature_tree_shape(feature_tree_bundle):

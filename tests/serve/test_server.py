@@ -226,6 +226,7 @@ BAD = [  # (body or raw text, status, the field the message must name)
     ({"model": "tiny", "prompt": "x", "echo": True}, 400, "echo"),
     ({"model": "tiny", "prompt": "x", "presence_penalty": 0.5}, 400, "presence_penalty"),
     ({"model": "tiny", "prompt": "x", "frobnicate": 1}, 400, "frobnicate"),
+    ({"model": "tiny", "prompt": "x", "synthetic_acceptance": 0.9}, 400, "synthetic_acceptance"),  # benchmarks only
     ({"model": "tiny", "prompt": "x", "stop_token_ids": [-1]}, 400, "stop_token_ids"),
     ({"model": "tiny", "prompt": "x", "stream": "yes"}, 400, "stream"),
 ]
