@@ -354,7 +354,7 @@ def _feature(ctx: DrafterContext, tree: bool = False):
     from specdec.runtime.proposers import FeatureHead, FeatureTree
 
     if tree:
-        return FeatureTree(ctx.head, ctx.target, ctx.manifest.graph("target", "tree")[1].tokens - 1)  # the root takes one node
+        return FeatureTree(ctx.head, ctx.target, ctx.manifest.graph("target", "tree")[1].tokens - 1, ctx.manifest.vocab_size)  # the root takes one node
     return FeatureHead(ctx.head, ctx.target)
 
 

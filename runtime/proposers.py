@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol, Sequence
 
 import numpy as np
 
-from specdec.runtime.sampling import draw
+from specdec.runtime.sampling import draw, sample
+from specdec.runtime.tree import EMPTY_TREE, DraftTree, lookup_tree
 
 if TYPE_CHECKING:
     from specdec.engines.executor import Executor
@@ -148,11 +149,9 @@ class LookupTree:
     def start(self, row: Row) -> None:
         pass
 
-    def propose_trees(self, rows: Sequence[Row], gammas: Sequence[int]) -> list[tuple[list[int], list[int]]]:
-        from specdec.runtime.tree import lookup_tree
-
+    def propose_trees(self, rows: Sequence[Row], gammas: Sequence[int]) -> list[DraftTree]:
         self.calls += 1
-        return [lookup_tree(r.seq, r.length, self.nodes, g) if g else ([], []) for r, g in zip(rows, gammas)]
+        return [lookup_tree(r.seq, r.length, self.nodes, g) if g else EMPTY_TREE for r, g in zip(rows, gammas)]
 
     def commit(self, rows: Sequence[Row], accepted: Sequence[int], logits: np.ndarray | None) -> None:
         pass
@@ -212,38 +211,62 @@ class FeatureHead:
 
 
 class FeatureTree(FeatureHead):
-    """The feature head as a tree drafter: along the head's most likely chain (γ levels), each
-    level also offers the head's next most likely tokens as leaves, ``width`` per level with
-    width = nodes // γ (a chain when that is 1), the tree within the target's tree graph.
-    Every node is a fixed candidate (chosen, not sampled), so recursive rejection over siblings
-    keeps the target's law at any temperature (runtime/tree.py); the head costs what the chain
-    costs: the siblings come from distributions it computed anyway."""
+    """The feature head as a tree drafter: along the head's chain (γ levels), each level also
+    offers further tokens of the head's distribution as siblings, ``width`` per level with
+    width = nodes // γ (a chain when that is 1), the tree within the target's tree graph. The
+    head costs what the chain costs: the siblings come from distributions it computed anyway.
+
+    Greedy rows take the head's top-``width`` tokens, fixed candidates. Sampled rows draw the
+    level's tokens from the head's distribution q (standardized with the row's settings)
+    *without replacement*: sibling i is drawn from q with siblings 0..i-1 removed (q_i), and
+    q_i is what verification tests it against (``runtime/tree.py``: each proposal depends on
+    the draft alone, so recursive rejection keeps the target's law). Fixed top-k candidates
+    would be kept only with probability p(x) at T > 0; drawn ones keep Algorithm 1's
+    acceptance. The chain goes on from sibling 0, a plain draw from q."""
 
     name = "feature-tree"
     tree = True
 
-    def __init__(self, head: Executor, target: Executor, nodes: int):
+    def __init__(self, head: Executor, target: Executor, nodes: int, vocab: int):
         super().__init__(head, target)
         self.nodes = nodes
+        self.q = np.zeros((target.slots, nodes, vocab), dtype=np.float64)  # [slots, N, V]: each node's proposal
 
-    def propose_trees(self, rows: Sequence[Row], gammas: Sequence[int]) -> list[tuple[list[int], list[int]]]:
-        return [self.tree_for(r, min(g, self.nodes)) if g else ([], []) for r, g in zip(rows, gammas)]
+    def propose_trees(self, rows: Sequence[Row], gammas: Sequence[int]) -> list[DraftTree]:
+        return [self.tree_for(r, min(g, self.nodes)) if g else EMPTY_TREE for r, g in zip(rows, gammas)]
 
-    def tree_for(self, r: Row, depth: int) -> tuple[list[int], list[int]]:
+    def tree_for(self, r: Row, depth: int) -> DraftTree:
         width = max(1, self.nodes // depth)
+        cfg, q = r.req.sampling, self.q[r.slot]
         tokens: list[int] = []
         parents: list[int] = []
+        level = [0]  # the index of the current level's first node
 
         def choose(j: int, logits: np.ndarray) -> int:
-            top = np.argpartition(-logits, width - 1)[:width] if width > 1 else np.array([int(logits.argmax())])
-            top = top[np.argsort(-logits[top], kind="stable")]  # the chain's token first
-            parent = len(tokens) - width if j else -1  # the previous level's chain node
-            tokens.extend(int(t) for t in top)
-            parents.extend([parent] * len(top))
-            return int(top[0])
+            parent, level[0] = (level[0] if j else -1), len(tokens)
+            if cfg.greedy:
+                top = np.argpartition(-logits, width - 1)[:width] if width > 1 else np.array([int(logits.argmax())])
+                picks = top[np.argsort(-logits[top], kind="stable")].tolist()  # the chain's token first
+            else:
+                picks = []
+                for i in range(width):  # without replacement: q_i = q minus the earlier picks, renormalized
+                    n = len(tokens) + i
+                    if i == 0:
+                        picks.append(draw(logits, cfg, r.rng, q[n]))
+                        continue
+                    np.copyto(q[n], q[n - 1])
+                    q[n, picks[-1]] = 0.0
+                    total = q[n].sum()
+                    if total <= 0:  # fewer tokens with mass than width
+                        break
+                    q[n] /= total
+                    picks.append(int(sample(q[n], r.rng)))
+            tokens.extend(picks)
+            parents.extend([parent] * len(picks))
+            return picks[0]
 
         self.chain(r, depth, choose)
-        return tokens, parents
+        return DraftTree(tokens, parents, None if cfg.greedy else q[: len(tokens)])
 
 
 class SlotModel(NamedTuple):

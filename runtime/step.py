@@ -23,7 +23,7 @@ import numpy as np
 from specdec.runtime.request import Request
 from specdec.runtime.sampling import standardize
 from specdec.runtime.speculative import accept, synthetic_accept
-from specdec.runtime.tree import children_of, depths, sibling_ranks, verify_tree, verify_tree_greedy
+from specdec.runtime.tree import EMPTY_TREE, children_of, depths, sibling_ranks, verify_tree, verify_tree_greedy
 from specdec.runtime.stats import Iteration, Stats
 
 if TYPE_CHECKING:
@@ -115,11 +115,11 @@ def tree_step(rows: Sequence[Row], gammas: Sequence[int], proposer, target: Exec
     drafted, as a chain's γ), so per-position acceptance means per depth."""
     t0, calls = clock(), proposer.calls
     room = target.cache.max_seq - target.tree_runner.capacity + 1  # a tree call writes `capacity` rows from L - 1
-    trees = [t if r.length <= room else ([], []) for r, t in zip(rows, proposer.propose_trees(rows, gammas))]
+    trees = [t if r.length <= room else EMPTY_TREE for r, t in zip(rows, proposer.propose_trees(rows, gammas))]
     t1 = clock()
     target_s = accept_s = 0.0
     kept, sizes, ranks, tested = [], [], [], []
-    for r, (tokens, parents) in zip(rows, trees):
+    for r, (tokens, parents, q) in zip(rows, trees):
         L, cfg = r.length, r.req.sampling
         ta = clock()
         if tokens:
@@ -131,7 +131,7 @@ def tree_step(rows: Sequence[Row], gammas: Sequence[int], proposer, target: Exec
         if cfg.greedy:
             v = verify_tree_greedy(nodes, tree_parents, logits)
         else:
-            v = verify_tree(nodes, tree_parents, None, standardize(logits, cfg), r.rng)
+            v = verify_tree(nodes, tree_parents, q, standardize(logits, cfg), r.rng)
         if tokens:
             target.keep(r.slot, [L - 1, *(L + i for i in v.path)])  # the root's row and the path's
         else:

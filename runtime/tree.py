@@ -28,12 +28,24 @@ whose token is the target's argmax.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 
 from specdec.runtime.sampling import sample
 from specdec.runtime.speculative import _residual
+
+
+class DraftTree(NamedTuple):
+    """A drafter's proposal for one row: N nodes in topological order; ``q`` [N, V] the proposal
+    each node was drawn from (None: every node a fixed candidate, a point mass)."""
+
+    tokens: list[int]
+    parents: list[int]
+    q: np.ndarray | None = None
+
+
+EMPTY_TREE = DraftTree([], [])
 
 
 @dataclass(frozen=True)
@@ -121,7 +133,7 @@ def verify_tree(tokens: np.ndarray, parents: np.ndarray, q: np.ndarray | None, p
         row = accepted + 1
 
 
-def lookup_tree(seq: np.ndarray, length: int, nodes: int, depth: int, max_ngram: int = 3, min_ngram: int = 1) -> tuple[list[int], list[int]]:
+def lookup_tree(seq: np.ndarray, length: int, nodes: int, depth: int, max_ngram: int = 3, min_ngram: int = 1) -> DraftTree:
     """A prompt-lookup draft tree: the continuations of earlier occurrences of the context's
     last tokens, longest match first and then the most recent, merged into a trie of at most
     ``nodes`` nodes and ``depth`` levels. Returns (tokens, parents) in topological order; every
@@ -152,4 +164,4 @@ def lookup_tree(seq: np.ndarray, length: int, nodes: int, depth: int, max_ngram:
                 parent = node
             if len(tokens) >= nodes:
                 break
-    return tokens, parents
+    return DraftTree(tokens, parents)

@@ -46,7 +46,7 @@ def replay_tree(full: np.ndarray, start: int, nodes: int, depth: int) -> list[in
 
     out, L = [], start
     while L < len(full):
-        tokens, parents = lookup_tree(full, L, nodes, depth)
+        tokens, parents, _ = lookup_tree(full, L, nodes, depth)
         level = depths(parents)
         rows = len(tokens) + 1
         logits = np.zeros((rows, int(full.max()) + 1))  # the greedy target as one-hot logits: row 0 the root

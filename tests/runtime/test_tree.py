@@ -139,10 +139,11 @@ def test_lookup_tree_merges_earlier_continuations_into_a_trie():
 
     #          0  1  2  3  4  5  6  7  8  9 10 11 12
     seq = np.array([7, 1, 2, 3, 9, 1, 2, 4, 5, 1, 2, 3, 1, 2])
-    tokens, parents = lookup_tree(seq, len(seq), nodes=8, depth=3)
+    tokens, parents, q = lookup_tree(seq, len(seq), nodes=8, depth=3)
+    assert q is None  # fixed candidates
     # the context ends "1 2": its 2-gram occurs with continuations [3 1 2] (end 11, latest), [4 5 1] (end 7),
     # [3 9 1] (end 3); "3" is shared, so the trie has 3 -> {1 -> 2, 9 -> 1} and 4 -> 5 -> 1
     assert tokens == [3, 1, 2, 4, 5, 1, 9, 1] and parents == [-1, 0, 1, -1, 3, 4, 0, 6]
     children_of(np.array(parents))  # topological
-    assert lookup_tree(seq, len(seq), nodes=2, depth=3) == ([3, 1], [-1, 0])
-    assert lookup_tree(np.array([5, 6]), 2, nodes=8, depth=3) == ([], [])  # no earlier occurrence
+    assert lookup_tree(seq, len(seq), nodes=2, depth=3)[:2] == ([3, 1], [-1, 0])
+    assert lookup_tree(np.array([5, 6]), 2, nodes=8, depth=3)[:2] == ([], [])  # no earlier occurrence

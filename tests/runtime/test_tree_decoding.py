@@ -179,14 +179,43 @@ def test_feature_tree_shape(feature_tree_bundle):
     dec = SpeculativeDecoder.load(out, drafter="feature-tree")
     proposer, prompt = dec.engine.proposer, corpus_prompts(dec)[0]
     dec.engine.target.forward([0], [np.array(prompt[:-1])])  # the target's features of the prompt, as a prefill writes them
-    row = SimpleNamespace(slot=0, length=len(prompt), seq=np.array(prompt + [0] * 8, dtype=np.int64))
+    row = SimpleNamespace(slot=0, length=len(prompt), seq=np.array(prompt + [0] * 8, dtype=np.int64), req=SimpleNamespace(sampling=SamplingConfig(0.0)))
     for depth, width in ((2, 3), (3, 2), (4, 1)):
         proposer.start(row)
-        tokens, parents = proposer.tree_for(row, depth)
+        tokens, parents, q = proposer.tree_for(row, depth)
+        assert q is None  # greedy: fixed candidates
         assert len(tokens) == depth * width and parents == [(-1 if j == 0 else (j - 1) * width) for j in range(depth) for _ in range(width)]
         for j in range(depth):
             level = tokens[j * width : (j + 1) * width]
             assert len(set(level)) == width and row.seq[row.length + j] == level[0]  # the chain went on from the level's first node
+
+
+def test_sampled_feature_tree_draws_siblings_without_replacement(feature_tree_bundle):
+    """At T > 0 each level's siblings are distinct draws; sibling i's proposal is q with the
+    earlier siblings removed, renormalized (what verification tests it against)."""
+    from types import SimpleNamespace
+
+    _, out = feature_tree_bundle
+    dec = SpeculativeDecoder.load(out, drafter="feature-tree")
+    proposer, prompt = dec.engine.proposer, corpus_prompts(dec)[0]
+    dec.engine.target.forward([0], [np.array(prompt[:-1])])
+    cfg = SamplingConfig(1.5)  # flat enough that siblings differ from the top tokens
+    row = SimpleNamespace(slot=0, length=len(prompt), seq=np.array(prompt + [0] * 8, dtype=np.int64), req=SimpleNamespace(sampling=cfg),
+                          rng=np.random.default_rng(0))
+    not_top = 0
+    for _ in range(20):
+        proposer.start(row)
+        tokens, parents, q = proposer.tree_for(row, 2)  # 7 nodes: 3 per level
+        assert len(tokens) == 6 and q.shape == (6, len(q[0])) and np.allclose(q.sum(axis=1), 1.0)
+        for lv in (0, 3):
+            level = tokens[lv : lv + 3]
+            assert len(set(level)) == 3 and all(q[lv + i, level[i]] > 0 for i in range(3))
+            for i in (1, 2):
+                rest = q[lv].copy()
+                rest[level[:i]] = 0.0
+                assert np.allclose(q[lv + i], rest / rest.sum())
+            not_top += level != sorted(level, key=lambda t: -q[lv, t])
+    assert not_top > 0, "the siblings were always the top tokens: not drawn"
 
 
 def test_feature_tree_rows_of_a_batch_stay_exact(feature_tree_bundle):
