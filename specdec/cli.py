@@ -110,7 +110,7 @@ def _plan_trees(rank_acceptance: str, cost: float, tree_cost: Path | None, max_d
 @click.option("--fused-draft", is_flag=True, help="Also write fused draft graphs: gamma draft steps and their token choice in one call "
               "(for batch 1 and each batched size). Opt-in: its measured gain is in docs/performance.md (Fused drafting).")
 @click.option("--tree-nodes", default=None, type=int, help="Also write a tree verify graph of the target for draft trees of up to N "
-              "nodes (ancestors-only attention; validated per root-to-node path). The tree drafter that uses it is not built yet.")
+              "nodes (ancestors-only attention; validated per root-to-node path), for --drafter lookup-tree or feature-tree.")
 @click.option("--feature-drafter", default=None, help="A saved feature head (specdec train-drafter --save DIR) to add: the target's graphs then return their features (--drafter feature).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing bundle at --out.")
 @click.option("--target-revision", default=None, help="Hub revision of the target.")

@@ -26,8 +26,8 @@ safetensors and tokenizer files) this measures end-to-end decoding speed of:
                converted to GGUF by llama.cpp's ``convert_hf_to_gguf.py`` into
                ``.bench/peers/llamacpp/``): the target alone and with the binding's prompt
                lookup (``LlamaPromptLookupDecoding(num_pred_tokens=K)`` as ``draft_model=``), at
-               F32 (unsuffixed modes) and Q8_0 (modes ending ``-q8_0``, whose speedup is over
-               the Q8_0 autoregressive run); ``n_threads`` = ``--threads``. The binding has no
+               F32 (unsuffixed modes), Q8_0 and Q4_0 (modes ending ``-q8_0``/``-q4_0``, whose
+               speedup is over that width's autoregressive run); ``n_threads`` = ``--threads``. The binding has no
                draft-model drafter, so that mode is listed as unavailable.
 
 genai, openvino and llamacpp each live in a private venv (``.bench/genai-venv``,

@@ -2,7 +2,11 @@
 """A Hugging Face checkpoint to GGUF with llama.cpp's own ``convert_hf_to_gguf.py``, for the
 ``llamacpp`` peer of ``tools/bench_peers.py``; runs under the llama.cpp venv's python::
 
-    llamacpp_convert.py LLAMA_CPP_DIR MODEL_DIR OUTFILE {f32,q8_0}
+    llamacpp_convert.py LLAMA_CPP_DIR MODEL_DIR OUTFILE {f32,q8_0,q4_0}
+
+q4_0 is not an outtype of the converter: the checkpoint is converted at f32 into a temporary
+file and quantized with the library's own ``llama_model_quantize`` (what ``llama-quantize``
+runs), so every width comes from the same llama.cpp.
 
 ``LLAMA_CPP_DIR`` is the llama.cpp source tree (``vendor/llama.cpp`` of the llama-cpp-python
 sdist, the version the binding was built from). The converter is run unchanged, with one
@@ -28,8 +32,10 @@ def is_gpt2_byte_level(model_dir: Path) -> bool:
         return False
     tok = json.loads(path.read_text(encoding="utf-8"))
     pre = tok.get("pre_tokenizer") or {}
+    norm = tok.get("normalizer") or {}
+    no_normalizer = not norm or (norm.get("type") == "Sequence" and not norm.get("normalizers"))  # an empty Sequence does nothing
     return (tok.get("model", {}).get("type") == "BPE" and pre.get("type") == "ByteLevel"
-            and pre.get("use_regex", True) and not tok.get("normalizer"))
+            and pre.get("use_regex", True) and no_normalizer)
 
 
 def with_gpt2_fallback(original, model_dir: Path):
@@ -49,10 +55,29 @@ def with_gpt2_fallback(original, model_dir: Path):
     return get_vocab_base_pre
 
 
+def quantize(src: Path, dst: Path, ftype_name: str) -> None:
+    """``src`` (a GGUF file) quantized to ``dst`` by libllama's ``llama_model_quantize``."""
+    import ctypes
+
+    import llama_cpp
+
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = getattr(llama_cpp, ftype_name)
+    params.nthread = 2
+    if llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params)) != 0:
+        sys.exit(f"llama_model_quantize {src} -> {dst} ({ftype_name}) failed")
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) != 4 or argv[3] not in ("f32", "q8_0"):
+    if len(argv) != 4 or argv[3] not in ("f32", "q8_0", "q4_0"):
         sys.exit(__doc__)
     llama_cpp, model_dir, outfile, outtype = Path(argv[0]), Path(argv[1]), Path(argv[2]), argv[3]
+    if outtype == "q4_0":
+        f32 = outfile.with_name(outfile.name + ".f32.tmp")
+        code = main([str(llama_cpp), str(model_dir), str(f32), "f32"])
+        quantize(f32, outfile, "LLAMA_FTYPE_MOSTLY_Q4_0")
+        f32.unlink()
+        return code
     script = llama_cpp / "convert_hf_to_gguf.py"
     if not script.is_file():
         sys.exit(f"{llama_cpp} has no convert_hf_to_gguf.py: expected llama.cpp's source tree")

@@ -35,7 +35,7 @@ PRESETS = {
     "llama-3.2-1b": dict(  # meta-llama/Llama-3.2-1B-Instruct's body (RoPE without llama3 scaling)
         model_type="llama", hidden_size=2048, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
         intermediate_size=8192, rope_theta=500_000.0, tie_word_embeddings=True, rms_norm_eps=1e-5,
-        draft=dict(hidden_size=384, num_hidden_layers=4, num_attention_heads=6, num_key_value_heads=2, intermediate_size=1536)),
+        draft=dict(hidden_size=512, num_hidden_layers=6, num_attention_heads=8, num_key_value_heads=2, intermediate_size=2048)),
 }
 MAX_POSITIONS = 4096
 
@@ -52,9 +52,8 @@ def config_for(preset: str, vocab_size: int, bos: int, eos: int, draft: bool = F
 
 
 def weight_bytes(model) -> int:
-    """Bytes of distinct weights one decoding step reads (a tied table once)."""
-    seen = {p.data_ptr(): p.numel() * p.element_size() for p in model.parameters()}
-    return sum(seen.values())
+    """Bytes of distinct weights one decoding step reads (``parameters()`` yields a tied table once)."""
+    return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
 def write(preset: str, out: Path, seed: int) -> dict:

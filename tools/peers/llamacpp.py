@@ -1,6 +1,7 @@
 """llama.cpp through llama-cpp-python, driven through ``tools/llamacpp_worker.py`` running in its
 private venv (``.bench/llamacpp-venv``, the binding built from source for this CPU); the target
-converted to GGUF (F32 and Q8_0) by llama.cpp's ``convert_hf_to_gguf.py``."""
+converted to GGUF (F32 and Q8_0) by llama.cpp's ``convert_hf_to_gguf.py``, and Q4_0 from the F32
+file by the library's ``llama_model_quantize``."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ VENV = VenvSpec(
                "CMAKE_BUILD_PARALLEL_LEVEL": "2"},
     note="builds llama.cpp from source: ~12 min on 2 cores",
 )
-PRECISIONS = ("f32", "q8_0")
+PRECISIONS = ("f32", "q8_0", "q4_0")
 DEFAULT_K = 10  # LlamaPromptLookupDecoding's own default num_pred_tokens
 
 
@@ -79,7 +80,7 @@ class LlamaCppPeer(WorkerPeer):
 
     name = "llamacpp"
     modes = ("autoregressive", "speculative-lookup", "speculative-draft",
-             "autoregressive-q8_0", "speculative-lookup-q8_0")
+             "autoregressive-q8_0", "speculative-lookup-q8_0", "autoregressive-q4_0", "speculative-lookup-q4_0")
 
     def __init__(self, target: Path, threads: int, draft_tokens: int | None, ngram_size: int, n_ctx: int,
                  setup: bool = True) -> None:
@@ -105,4 +106,4 @@ class LlamaCppPeer(WorkerPeer):
         """The autoregressive mode of the same precision."""
         if mode.startswith("autoregressive"):
             return None
-        return "autoregressive" + ("-q8_0" if mode.endswith("-q8_0") else "")
+        return "autoregressive" + next((f"-{p}" for p in PRECISIONS[1:] if mode.endswith(f"-{p}")), "")
