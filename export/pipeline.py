@@ -400,7 +400,7 @@ def _share_weights(graphs: dict[str, GraphSpec], tmp: Path) -> dict[str, GraphSp
 def _validate(ctx: ExportContext, plans: dict[str, GraphPlan], progress: Progress) -> tuple[dict, dict]:
     """Figures per checked graph (each kind's own check against PyTorch) and the tolerance each
     must meet: the model's precision's, or the float one for a kind that stays float."""
-    from specdec.export.validate import TOLERANCES
+    from specdec.export.validate import tolerance
 
     figures, tols = {}, {}
     for name, g in ctx.graphs.items():
@@ -410,11 +410,7 @@ def _validate(ctx: ExportContext, plans: dict[str, GraphPlan], progress: Progres
         if found is None:
             continue
         key, figures[key] = found
-        tols[key] = TOLERANCES[(ctx.cfg.dtype, None if kind.float_only else ctx.cfg.quantization(g.model))]
-        if g.model == "draft":  # a lossy draft costs acceptance, never exactness: its text figures are recorded only
-            tols[key] = dataclasses.replace(tols[key], max_text_kl=float("inf"))
-        elif ctx.cfg.max_kl is not None and tols[key].rel == float("inf"):  # a changed target: the user's bound
-            tols[key] = dataclasses.replace(tols[key], max_text_kl=ctx.cfg.max_kl)
+        tols[key] = tolerance(ctx.cfg.dtype, None if kind.float_only else ctx.cfg.quantization(g.model), g.model, ctx.cfg.max_kl)
     return figures, tols
 
 

@@ -119,7 +119,8 @@ def _plan_trees(rank_acceptance: str, cost: float, tree_cost: Path | None, max_d
 @click.option("--ngram-corpus", default=None, type=click.Path(path_type=Path), help="Text file or folder: count a bigram table into the bundle for --drafter ngram.")
 @click.option("--max-source-len", default=None, type=int, help="Encoder-decoder models: source tokens per request [default: the encoders' positions, at most 512].")
 @click.option("--max-kl", default=None, type=float, help="Refuse a float16 or quantized target whose mean KL from the float32 model on the "
-              "validation text exceeds this many nats [default: 0.05; inf records it without refusing].")
+              "validation text exceeds this many nats [default: 0.05; inf records it without refusing]. Given, it is the bound that "
+              "decides: top-1 agreement on random tokens then refuses only a broken graph (< 0.05).")
 def export_cmd(**options) -> None:
     """Export a target and draft to a validated ONNX bundle for the specdec runtime."""
     from specdec.export.pipeline import ExportConfig, Progress, bundle_size, export_bundle, planned_graphs

@@ -110,3 +110,22 @@ def test_logits_bound_follows_the_scale():
     small.logits(ref / 30 + 2e-3 * np.array([[0, 1, 0, 0]], dtype=np.float32), ref / 30)
     with pytest.raises(ValidationError, match=r"target logits: max\|Δ\| 0\.002 > 0\.0001"):
         check({"target": {**small.figures(), "present_key": None, "present_value": None}}, FP32)
+
+
+def test_max_kl_decides_for_a_changed_target_and_top1_then_only_catches_broken_graphs():
+    from specdec.export.validate import BROKEN_TOP1, tolerance
+
+    default = tolerance("float32", "int4", "target")
+    assert (default.min_top1, default.max_text_kl) == (0.5, 0.05)
+    given = tolerance("float32", "int4", "target", max_kl=float("inf"))
+    assert (given.min_top1, given.max_text_kl) == (BROKEN_TOP1, float("inf"))
+    weak = {"target": {"logits": 3.0, "logits_scale": 9.0, "top1_agreement": 0.19, "positions": 47, "near_ties": 0,
+                       "text_kl": 0.056, "text_top1": 0.5, "text_positions": 111, "present_key": None, "present_value": None}}
+    with pytest.raises(ValidationError, match="top-1: agreement 0.190 < 0.5"):
+        check(weak, {"target": default})
+    check(weak, {"target": given})  # random weights at size: near-uniform logits flip, the KL is the user's call
+    broken = {"target": {**weak["target"], "top1_agreement": 0.001}}
+    with pytest.raises(ValidationError, match="top-1: agreement 0.001 < 0.05"):
+        check(broken, {"target": given})
+    assert tolerance("float32", None, "target", max_kl=0.01) == TOLERANCES[("float32", None)]  # float32 is held exactly
+    assert tolerance("float32", "int4", "draft").max_text_kl == float("inf")
