@@ -19,6 +19,9 @@ Python call syntax with literal arguments only (parsed with ``ast``, never evalu
     {{ bench_include("threads.md") }}
         a benchmark's own Markdown report, inlined as written
 
+    {{ bench_ratio("peers/results.json", "rows[peer=specdec].tok_s", "rows[peer=llamacpp].tok_s", ".2f") }}
+        the first value over the second, both PATHs into the same file (a ratio measured in one run)
+
 PATH: segments split on dots; a segment is a key, a list index, or a selector ``[k=v,k2=v2]``
 taking the one record of a list whose fields match (numbers compare as numbers, so ``T=0``
 matches 0.0). A trailing ``|min``, ``|max``, ``|median`` or ``|mean`` reduces a list of
@@ -142,6 +145,13 @@ class Bench:
     def bench(self, name: str, path: str, spec: str = "") -> str:
         return fmt(resolve(self.load(name), path, f"{self.page}: docs/bench/{name} {path}"), spec)
 
+    def bench_ratio(self, name: str, path: str, over: str, spec: str = "") -> str:
+        where = f"{self.page}: docs/bench/{name}"
+        a, b = resolve(self.load(name), path, where), resolve(self.load(name), over, where)
+        if not (isinstance(a, (int, float)) and isinstance(b, (int, float)) and b):
+            raise BenchError(f"{where}: bench_ratio needs two numbers, the second non-zero; got {a!r} / {b!r}")
+        return fmt(a / b, spec)
+
     def bench_include(self, name: str) -> str:
         if not name.endswith(".md"):
             raise BenchError(f"{self.page}: bench_include takes a Markdown report, not {name}")
@@ -180,7 +190,7 @@ class Bench:
         """Evaluate one placeholder's call expression, literal arguments only."""
         tree = ast.parse(source.strip(), mode="eval").body
         if not (isinstance(tree, ast.Call) and isinstance(tree.func, ast.Name)
-                and tree.func.id in ("bench", "bench_table", "bench_include")):
+                and tree.func.id in ("bench", "bench_table", "bench_include", "bench_ratio")):
             raise BenchError(f"{self.page}: not a bench placeholder: {source.strip()[:80]}")
         try:
             args = [ast.literal_eval(a) for a in tree.args]

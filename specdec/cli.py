@@ -348,8 +348,8 @@ def bench_cmd(bundle: Path, gammas: str | None, drafters: str, adaptive: bool, t
     results, text = {}, []
     for t in temps:
         rows = bench.summarize(bench.run(decoders, cfgs, prompts, tokens, rounds, t, ignore_eos=not seq2seq), floor)
+        results[f"T={t:g}"] = rows
         title = f"T={t:g}" + (f", SYNTHETIC acceptance {synthetic_acceptance:g}" if synthetic_acceptance is not None else "")
-        results[title] = rows
         plan = bench.planned_gamma(rows, dec.manifest.gamma, names[0])
         text.append(bench.markdown(title, rows) + (f"\nplanner's γ for {names[0]} from the measured α, c, v: {plan}\n" if plan is not None else ""))
     m = dec.manifest

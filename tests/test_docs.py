@@ -81,6 +81,8 @@ def test_hook_renders_values_and_tables(bench_dir):
     assert "| plain | 500.2 | – |" in page  # None renders as a dash
     assert "| spec | 812.5 | 0.75 |" in page
     assert "640.0" not in page  # filtered out by where
+    ratio = hook.expand('{{ bench_ratio("run/results.json", "rows[mode=spec,T=0].tok_s", "rows[mode=plain].tok_s", ".3f") }}', bench_dir)
+    assert ratio == f"{812.5 / 500.25:.3f}"
 
 
 @pytest.mark.parametrize("placeholder, complaint", [
@@ -92,6 +94,7 @@ def test_hook_renders_values_and_tables(bench_dir):
     ('{{ bench_table("run/results.json", rows="rows", columns={"x": "{nope}"}) }}', "no key"),
     ('{{ bench_table("run/results.json", rows="rows", where={"T": 5}, columns={"x": "{mode}"}) }}', "no record"),
     ('{{ bench("run/results.json", __import__("os").getcwd()) }}', "literals"),
+    ('{{ bench_ratio("run/results.json", "rows[mode=plain].tok_s", "rows[mode=plain].alpha") }}', "two numbers"),
 ])
 def test_hook_fails_the_build_on_a_missing_file_or_key(bench_dir, placeholder, complaint):
     hook = load_hook()
