@@ -162,17 +162,18 @@ def test_bench_cli_synthetic_tables_are_labelled(llama_bundle, tmp_path):
     assert row["alpha"] == 1.0 and row["tokens_per_call"] > 2.5  # 3 per verify call; the prefill's step is plain
 
 
-@pytest.mark.parametrize("family_bundle", ["llama"], indirect=True)
-def test_bench_batch_cli_every_mode_and_synthetic_label(family_bundle, tmp_path):
+def test_bench_batch_cli_every_mode_and_synthetic_label(llama_bundle, tmp_path):
+    """Every mode at every concurrency, labelled; the batch-1 bundle queues the second client
+    (batching itself is tests/runtime/test_batch.py's)."""
     from test_cli import run
 
     out = tmp_path / "bb"
-    res = run("bench-batch", str(family_bundle[3]), "--concurrency", "1,2", "--temperatures", "0", "--requests", "1", "--prompt-tokens", "12",
+    res = run("bench-batch", str(llama_bundle[2]), "--concurrency", "1,2", "--temperatures", "0", "--requests", "1", "--prompt-tokens", "12",
               "--tokens", "9", "--synthetic-acceptance", "1", "--timeout", "60", "--out", str(out))
     assert res.returncode == 0, res.stderr
     rows = json.loads((out / "results.json").read_text())
     assert {(r["concurrency"], r["mode"]) for r in rows} == {(n, m) for n in (1, 2) for m in ("batched adaptive", "batched γ=4", "batched plain", "fork per thread")}
     assert all(r["synthetic_acceptance"] == 1.0 and r["tok_s"] > 0 and r.get("errors", 0) == 0 for r in rows)
     assert res.stdout.startswith("SYNTHETIC") and (out / "results.md").read_text().startswith("SYNTHETIC")
-    bad = run("bench-batch", str(family_bundle[3]), "--synthetic-acceptance", "2")
+    bad = run("bench-batch", str(llama_bundle[2]), "--synthetic-acceptance", "2")
     assert bad.returncode == 2 and "--synthetic-acceptance 2" in bad.stderr and bad.stderr.count("\n") == 1
