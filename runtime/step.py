@@ -23,7 +23,7 @@ import numpy as np
 from specdec.runtime.request import Request
 from specdec.runtime.sampling import standardize
 from specdec.runtime.speculative import accept, synthetic_accept
-from specdec.runtime.tree import EMPTY_TREE, children_of, depths, sibling_ranks, verify_tree, verify_tree_greedy
+from specdec.runtime.tree import EMPTY_TREE, depths, sibling_ranks, verify_tree, verify_tree_greedy
 from specdec.runtime.stats import Iteration, Stats
 
 if TYPE_CHECKING:
@@ -142,8 +142,8 @@ def tree_step(rows: Sequence[Row], gammas: Sequence[int], proposer, target: Exec
         sizes.append(max(depths(parents), default=0))  # the positions it drafted
         rank = sibling_ranks(parents)
         ranks.append(tuple(rank[i] for i in v.path))
-        last = v.path[-1] + 1 if v.path else 0  # children_of's index: 0 the root
-        tested.append(len(v.path) + bool(children_of(tree_parents)[last]) if tokens else 0)
+        last = v.path[-1] if v.path else -1  # the path's end (-1: the root); its children, if any, were tested too
+        tested.append(len(v.path) + (last in parents) if tokens else 0)
         target_s += tb - ta
         accept_s += clock() - tb
     proposer.commit(rows, kept, None)
