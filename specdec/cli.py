@@ -290,6 +290,12 @@ def generate_cmd(bundle: Path, prompt: str | None, prompt_ids: str | None, sourc
         click.echo(res.stats.line(), err=True)
 
 
+SYNTHETIC_OPTION = click.option(
+    "--synthetic-acceptance", default=None, type=float,
+    help="COST ONLY: keep each draft token with this probability instead of verifying it (models whose acceptance means "
+         "nothing, e.g. tools/make_sized_pair.py's); outputs are NOT the target's.")
+
+
 @cli.command("bench")
 @click.argument("bundle", type=click.Path(path_type=Path))
 @click.option("--gammas", default=None, help="Comma-separated γ to run [default: 0..the bundle's γ]; 0 is always added.")
@@ -305,8 +311,7 @@ def generate_cmd(bundle: Path, prompt: str | None, prompt_ids: str | None, sourc
 @click.option("--rounds", default=2, show_default=True, type=int)
 @click.option("--threads", default=None, type=int, help="ONNX Runtime intra-op threads per model session [default: one per core].")
 @click.option("--out", default=None, type=click.Path(file_okay=False, path_type=Path), help="Write results.md, results.json and bench.png here.")
-@click.option("--synthetic-acceptance", default=None, type=float, help="COST ONLY: keep each draft token with this probability "
-              "instead of verifying it (models whose acceptance means nothing, e.g. tools/make_sized_pair.py's); outputs are NOT the target's.")
+@SYNTHETIC_OPTION
 def bench_cmd(bundle: Path, gammas: str | None, drafters: str, adaptive: bool, temperatures: str, n_prompts: int, corpus: str,
               prompt_tokens: int, tokens: int, rounds: int, threads: int | None, out: Path | None, synthetic_acceptance: float | None) -> None:
     """Drafters and γ against γ = 0, side by side and interleaved, with Theorem 3.8's prediction."""
@@ -363,8 +368,9 @@ def bench_cmd(bundle: Path, gammas: str | None, drafters: str, adaptive: bool, t
            "sources encoded once per request by both encoders (prefill); requests end at EOS or --tokens\n")
     )
     if synthetic_acceptance is not None:
-        header = (f"SYNTHETIC: each draft token kept with probability {synthetic_acceptance:g} whatever the target says (cost only; "
-                  "outputs are NOT the target's; α below is that coin's estimate)\n" + header)
+        from specdec.bench.synthetic import banner
+
+        header = banner(synthetic_acceptance) + header
     md = header + "\n" + "\n".join(text)
     click.echo(md)
     if out is not None:
@@ -388,8 +394,7 @@ def bench_cmd(bundle: Path, gammas: str | None, drafters: str, adaptive: bool, t
 @click.option("--threads", default=None, type=int, help="ONNX Runtime intra-op threads per model session [default: one per core].")
 @click.option("--timeout", default=300.0, show_default=True, type=float, help="Seconds a configuration may run before its clients stop.")
 @click.option("--out", default=None, type=click.Path(file_okay=False, path_type=Path), help="Write results.md, results.json and load.png here.")
-@click.option("--synthetic-acceptance", default=None, type=float, help="COST ONLY: keep each draft token with this probability "
-              "instead of verifying it; outputs are NOT the target's (see specdec bench).")
+@SYNTHETIC_OPTION
 def bench_batch_cmd(bundle: Path, concurrency: str, temperatures: str, requests: int, prompt_tokens: int, tokens: int,
                     threads: int | None, timeout: float, out: Path | None, synthetic_acceptance: float | None) -> None:  # fmt: skip
     """The batched engine under N concurrent clients: adaptive, fixed and no speculation, and fork per thread."""
@@ -418,8 +423,9 @@ def bench_batch_cmd(bundle: Path, concurrency: str, temperatures: str, requests:
     header = (f"bundle {bundle}: max-batch {m.max_batch}, γ {m.gamma}; {requests} requests per client of {prompt_tokens} prompt + {tokens} new "
               "tokens (held-out stdlib prompts), EOS ignored; modes interleaved at each concurrency")
     if synthetic_acceptance is not None:
-        header = (f"SYNTHETIC: each draft token kept with probability {synthetic_acceptance:g} whatever the target says (cost only; "
-                  "outputs are NOT the target's)\n" + header)
+        from specdec.bench.synthetic import banner
+
+        header = banner(synthetic_acceptance) + header
     md = markdown(rows, header)
     click.echo(md)
     if out is not None:

@@ -30,3 +30,9 @@ def enable(owner, rate: float) -> None:
         raise ConfigError(f"--synthetic-acceptance with drafter {engine.proposer.name!r}: synthetic acceptance is "
                           "defined for chains (i.i.d. per draft token); use a chain drafter")
     engine.synthetic = rate
+
+
+def banner(rate: float) -> str:
+    """The first line of every report made with synthetic acceptance."""
+    return (f"SYNTHETIC: each draft token kept with probability {rate:g} whatever the target says (cost only; "
+            "outputs are NOT the target's; α is that coin's estimate)\n")
