@@ -5,14 +5,17 @@ and a value buffer [slots + 1, kvH, MAX, D], allocated once. Slot s is a ``KVCac
 its block, with its own committed length, so the batch-1 runners (prompts, one request alone)
 run over a slot unchanged after ``GraphRunner.bind_cache``.
 
-``BatchRunner`` runs one batched graph (B rows, dynamic S; ``export/batched.py``): row r of a
-call feeds its tokens at its slot's committed length and writes their KV rows there in place;
-rows a call does not use point at the scratch slot. Row buffers are rebound only when the slot
-a row serves changes, token-sized buffers only when S changes.
+``BatchRunner`` runs one batched graph over the slot cache: a rows graph (``export/rows.py``:
+every row count B of its bodies in one session, so the weights are packed once) or an older
+bundle's graph of one fixed B. Row r of a call feeds its tokens at its slot's committed length
+and writes their KV rows there in place; rows a call does not use point at the scratch slot.
+A call of n rows runs the smallest body B >= n. Row buffers are rebound only when the slot a
+row serves changes, token-sized buffers only when B or S changes.
 """
 
 from __future__ import annotations
 
+import bisect
 from typing import Sequence
 
 import numpy as np
@@ -20,7 +23,7 @@ import onnxruntime as ort
 
 from specdec.engines.kv import NP_DTYPES, KVCache
 from specdec.errors import InputError, SignatureError
-from specdec.manifest import GraphSpec
+from specdec.manifest import GraphSpec, body_output
 
 
 class SlotCache:
@@ -70,56 +73,75 @@ class BatchRunner:
     length and returns logits [len(slots), S, V] (S = the longest feed; a shorter feed is padded
     with its last token, and rows and logits past its length are never kept). The returned array
     is a view of a buffer the next call overwrites. Committing is left to the caller.
+    ``max_tokens``: the most tokens a row feeds in a call of several rows; ``single``: in a call
+    of one row (a prompt chunk), when the graph has a 1-row body.
     """
 
-    def __init__(self, session: ort.InferenceSession, name: str, spec: GraphSpec, cache: SlotCache, max_tokens: int):
+    def __init__(self, session: ort.InferenceSession, name: str, spec: GraphSpec, cache: SlotCache, max_tokens: int, single: int = 0):
         self.name, self.spec, self.cache, self.session, self.io = name, spec, cache, session, spec.io
-        self.rows, self.max_tokens = spec.batch, max_tokens  # B, and the most tokens a row feeds per call
+        self.rows, self.max_tokens = spec.batch, max_tokens  # rows bound (the largest B), and the most tokens a row feeds per call
+        self.sizes = spec.rows or (spec.batch,)  # the B a call may run, ascending
+        # a rows graph's body of B rows returns its own outputs (export/rows.py); an older graph has one B
+        self.out = (lambda name, b: body_output(name, b, spec.batch)) if spec.rows else (lambda name, b: name)
         specs = {t.name: t for t in (*spec.inputs, *spec.outputs)}
         layers = len(cache.keys)
         if len(spec.io.past) != self.rows * layers or tuple(specs[spec.io.past[0][0]].shape) != cache.views[0].shape:
             raise SignatureError(f"graph {name} takes {len(spec.io.past)} KV pairs of {list(specs[spec.io.past[0][0]].shape)}, "
                                  f"the slot cache holds {layers} layers of {list(cache.views[0].shape)}; rebuild it from the manifest")  # fmt: skip
         vocab = specs[spec.io.logits].shape[-1]
-        cap = self.rows * max_tokens
+        self.single = max(single, max_tokens) if self.sizes[0] == 1 else 0
+        cap = max(self.rows * max_tokens, self.single)  # tokens per call, over every row
         self._ids = np.zeros((cap,), dtype=np.int64)  # [B * S] viewed as [B, S] per call
         self._pos = np.zeros((cap,), dtype=np.int64)
         self._logits = np.zeros((cap * vocab,), dtype=np.float32)  # [B * S * V]
         self.width = specs[spec.io.features].shape[-1] if spec.io.features else 0
         self._features = np.zeros((cap * self.width,), dtype=np.float32) if spec.io.features else None  # [B * S * d]
+        self.features: np.ndarray | None = None  # [B, S, d]: the last call's (a view), when the graph has them
         self.seqlens = np.zeros((self.rows,), dtype=np.int32)  # [B]: rows visible after the call - 1
-        self._arange = np.arange(max_tokens, dtype=np.int64)  # [S_max] position offsets
+        self._arange = np.arange(max(max_tokens, self.single), dtype=np.int64)  # [S_max] position offsets
         self.vocab, self.layers = vocab, layers
         self.binding = session.io_binding()
-        self.binding.bind_input(self.io.seqlens, "cpu", 0, np.int32, [self.rows], self.seqlens.ctypes.data)
         self.bound_slots = [-1] * self.rows
-        self.bound_tokens = 0
+        self.bound_shape = (0, 0)  # (B, S) the token-sized buffers are bound at
         for r in range(self.rows):
             self._bind_row(r, cache.scratch)
 
     def _bind_row(self, r: int, slot: int) -> None:
+        """Row r reads and writes ``slot``'s KV: in every body that runs row r."""
         view = self.cache.slot(slot)
         for i, ptrs in enumerate(view.pointers()):
             (k_in, v_in), (k_out, v_out) = self.io.past[r * self.layers + i], self.io.present[r * self.layers + i]
             for tin, tout, ptr in ((k_in, k_out, ptrs[0]), (v_in, v_out, ptrs[1])):
                 self.binding.bind_input(tin, view.device, 0, view.dtype, list(view.shape), ptr)
-                self.binding.bind_output(tout, view.device, 0, view.dtype, list(view.shape), ptr)
+                for b in self.sizes[bisect.bisect_right(self.sizes, r) :]:
+                    self.binding.bind_output(self.out(tout, b), view.device, 0, view.dtype, list(view.shape), ptr)
         self.bound_slots[r] = slot
 
-    def _bind_tokens(self, s: int) -> None:
+    def _bind_tokens(self, rows: int, s: int) -> None:
+        """Token-sized buffers at [rows, S]; the body that ran before returns empty logits now."""
         b = self.binding
-        b.bind_input(self.io.ids, "cpu", 0, np.int64, [self.rows, s], self._ids.ctypes.data)
-        b.bind_input(self.io.positions, "cpu", 0, np.int64, [self.rows, s], self._pos.ctypes.data)
-        b.bind_output(self.io.logits, "cpu", 0, np.float32, [self.rows, s, self.vocab], self._logits.ctypes.data)
-        if self._features is not None:
-            b.bind_output(self.io.features, "cpu", 0, np.float32, [self.rows, s, self.width], self._features.ctypes.data)
-        self.bound_tokens = s
+        b.bind_input(self.io.ids, "cpu", 0, np.int64, [rows, s], self._ids.ctypes.data)
+        b.bind_input(self.io.positions, "cpu", 0, np.int64, [rows, s], self._pos.ctypes.data)
+        b.bind_input(self.io.seqlens, "cpu", 0, np.int32, [rows], self.seqlens.ctypes.data)
+        outs = [(self.io.logits, self.vocab, self._logits)] + ([(self.io.features, self.width, self._features)] if self._features is not None else [])
+        before = self.bound_shape[0]
+        for name, last, buf in outs:
+            if before and before != rows and self.spec.rows:
+                b.bind_output(self.out(name, before), "cpu", 0, np.float32, [0, 1, last], buf.ctypes.data)
+            b.bind_output(self.out(name, rows), "cpu", 0, np.float32, [rows, s, last], buf.ctypes.data)
+        self.bound_shape = (rows, s)
+
+    def size_for(self, n: int) -> int:
+        """The B a call of ``n`` rows runs: the smallest body that holds them."""
+        return next(b for b in self.sizes if b >= n)
 
     def run(self, slots: Sequence[int], feeds: Sequence[np.ndarray]) -> np.ndarray:
         n, s = len(slots), max(len(f) for f in feeds)
-        if not 0 < n <= self.rows or not 0 < s <= self.max_tokens:
-            raise InputError(f"{self.name}: {n} rows of up to {s} tokens; this runner takes 1..{self.rows} rows of 1..{self.max_tokens}")
-        ids, pos = self._ids[: self.rows * s].reshape(self.rows, s), self._pos[: self.rows * s].reshape(self.rows, s)
+        limit = self.single if n == 1 and self.single else self.max_tokens
+        if not 0 < n <= self.rows or not 0 < s <= limit:
+            raise InputError(f"{self.name}: {n} rows of up to {s} tokens; this runner takes 1..{self.rows} rows of 1..{limit}")
+        rows = self.size_for(n)
+        ids, pos = self._ids[: rows * s].reshape(rows, s), self._pos[: rows * s].reshape(rows, s)
         for r in range(self.rows):
             slot = slots[r] if r < n else self.cache.scratch
             start = self.cache.slot(slot).length
@@ -129,15 +151,16 @@ class BatchRunner:
                 k = len(feeds[r])
                 ids[r, :k] = feeds[r]
                 ids[r, k:] = ids[r, k - 1]  # padding: later rows, never kept
-            else:
+            elif r < rows:
                 ids[r] = 0
-            np.add(self._arange[:s], start, out=pos[r])
-            self.seqlens[r] = start + s - 1
+            if r < rows:
+                np.add(self._arange[:s], start, out=pos[r])
+                self.seqlens[r] = start + s - 1
             if self.bound_slots[r] != slot:
                 self._bind_row(r, slot)
-        if s != self.bound_tokens:
-            self._bind_tokens(s)
+        if (rows, s) != self.bound_shape:
+            self._bind_tokens(rows, s)
         self.session.run_with_iobinding(self.binding)
         if self._features is not None:
-            self.features = self._features[: self.rows * s * self.width].reshape(self.rows, s, self.width)  # [B, S, d] view
-        return self._logits[: self.rows * s * self.vocab].reshape(self.rows, s, self.vocab)[:n]
+            self.features = self._features[: rows * s * self.width].reshape(rows, s, self.width)  # [B, S, d] view
+        return self._logits[: rows * s * self.vocab].reshape(rows, s, self.vocab)[:n]

@@ -3,9 +3,11 @@
     Executor (target or draft)
       cache     SlotCache: per slot a KVCache view, plus a scratch slot; allocated at load
       forward(slots, feeds) -> logits [n, S, V]
-                  1 row:  the batch-1 graph over that slot's view (its fixed-length binding
-                          when the feed fills it: the target's K-token verify, a 1-token step)
-                  n rows: the smallest batched graph holding n rows (engines/batch.py)
+                  with a rows graph (export/rows.py; an engine of several slots): every call,
+                          1 row included, runs its smallest body of >= n rows, one session
+                  else 1 row:  the batch-1 graph over that slot's view (its fixed-length
+                          binding when the feed fills it: the target's K-token verify, a
+                          1-token step); n rows: the smallest batched graph holding n rows
       fused(rows, greedy)  the draft's γ-steps-in-one-call runner for a call of that many rows
       encode(slot, source) an encoder-decoder's encoder writes the slot's cross K/V
       KV manager: length / commit / rewind_to / reset per slot (the SlotCache, which also
@@ -49,16 +51,21 @@ def batched_sizes(manifest: Manifest, slots: int) -> tuple[int, ...]:
 
 
 def graph_names(manifest: Manifest, models: Sequence[str], slots: int, fused: bool, tree: bool = False) -> list[str]:
-    """Every graph an engine of ``slots`` rows opens a session for: each model's batch-1 dynamic
-    graph (which also runs its fixed-length calls: the weights are in memory once per graph
-    shape), its encoder, the batched graphs it needs, the draft's fused graphs, and with ``tree``
-    the target's tree verify graph (a session of its own: only for a tree drafter)."""
+    """Every graph an engine of ``slots`` rows opens a session for: per model, for several
+    slots its rows graph alone (one session for every row count, 1 included: the weights are
+    packed once), else its batch-1 dynamic graph (which also runs its fixed-length calls), its
+    encoder and an older bundle's batched graphs; the draft's fused graphs; and with ``tree`` the
+    target's tree verify graph (a session of its own: only for a tree drafter)."""
     if "head" in models and manifest.head is None:
         raise ConfigError("the feature drafter needs the bundle's feature head, which this bundle lacks; train one with specdec train-drafter BUNDLE --corpus DIR")
     if tree and not any(g.role == "tree" for g in manifest.graphs.values()):
         raise ConfigError("a tree drafter needs the target's tree verify graph, which this bundle lacks; re-export it with --tree-nodes N (e.g. 8)")
     names = [manifest.graph("target", "tree")[0]] if tree else []
     for model in models:
+        if slots > 1 and (rows := manifest.rows_graph(model)):
+            batched_sizes(manifest, slots)  # refuses an engine larger than the bundle's rows
+            names.append(rows[0])
+            continue
         names.append(manifest.graph(model, "dynamic")[0])
         if manifest.seq2seq:
             names.append(manifest.graph(model, "encoder")[0])
@@ -79,20 +86,29 @@ def open_sessions(bundle: Path, manifest: Manifest, names: Sequence[str], provid
 class Executor:
     """One model ("target" or "draft") of a bundle over ``slots`` cache slots."""
 
-    def __init__(self, bundle: Path, manifest: Manifest, model: str, sessions: dict, provider: str = "cpu", slots: int = 1):
+    def __init__(self, bundle: Path, manifest: Manifest, model: str, sessions: dict, provider: str = "cpu", slots: int = 1,
+                 single: int | None = None):  # fmt: skip
+        """``single``: the most tokens a lone row feeds in a call (a prompt chunk; None: any
+        length), for a rows graph's 1-row body."""
         m, spec = manifest, getattr(manifest, model)
         self.model, self.device, self.slots = model, DEVICE[provider], slots
         self.cache = SlotCache(spec.num_layers, spec.num_kv_heads, m.max_seq_len, spec.head_dim, m.dtype, slots, self.device)
-        name, g = m.graph(model, "dynamic")
         view = self.cache.slot(0)
-        self.dynamic: GraphRunner = runner_for(bundle, name, g, view, session=sessions[name])  # any length
-        self.static: GraphRunner = runner_for(bundle, name, g, view, session=sessions[name], tokens=fixed_tokens(m, model))
-        self.batched = {}
-        for b in batched_sizes(m, slots) if model != "head" else ():
-            name, g = m.graph(model, "dynamic", batch=b)
-            self.batched[b] = BatchRunner(sessions[name], name, g, self.cache, m.k)
+        merged = m.rows_graph(model) if slots > 1 and model != "head" else None  # the head runs one row per call: no batched head graph yet
+        self.batched: dict[int, BatchRunner] = {}  # B -> the runner whose graph runs calls of B rows
+        self.dynamic = self.static = None
+        if merged:
+            runner = BatchRunner(sessions[merged[0]], *merged, self.cache, m.k, single or m.max_seq_len)
+            self.batched = {b: runner for b in runner.sizes if b <= self.rows_cap(runner.sizes, slots)}
+        else:
+            name, g = m.graph(model, "dynamic")
+            self.dynamic: GraphRunner = runner_for(bundle, name, g, view, session=sessions[name])  # any length
+            self.static: GraphRunner = runner_for(bundle, name, g, view, session=sessions[name], tokens=fixed_tokens(m, model))
+            for b in batched_sizes(m, slots) if model != "head" else ():
+                name, g = m.graph(model, "dynamic", batch=b)
+                self.batched[b] = BatchRunner(sessions[name], name, g, self.cache, m.k)
         self.fused_runners: dict[tuple[int, bool], FusedRunner] = {}  # (graph rows, argmax only) -> runner
-        for rows in (1, *self.batched):
+        for rows in (1, *(b for b in self.batched if b > 1)):
             for role in FUSED_ROLES:
                 found = fused_graph(m, role, rows)
                 if model == "draft" and found and found[0] in sessions:
@@ -110,7 +126,7 @@ class Executor:
         # The target's features for a feature drafter (export/features.py): per slot, row t + 1
         # holds the feature of position t (row 0 stays zero: what the head reads at position 0).
         # Written by every call at the rows it feeds, like the KV rows; ``keep`` compacts them too.
-        dyn = m.graph(model, "dynamic")[1]
+        dyn = merged[1] if merged else m.graph(model, "dynamic")[1]
         width = next((t.shape[-1] for t in dyn.outputs if t.name == dyn.io.features), 0) if model == "target" else 0
         self.store = np.zeros((slots + 1, m.max_seq_len + 1, width), dtype=np.float32) if width else None  # [slots+1, MAX+1, d]
         self.features: np.ndarray | None = None  # [n, d]: the last batch-1 call's features (a view)
@@ -124,19 +140,26 @@ class Executor:
         overwrites. Committing is the caller's (``commit``). ``context`` [S, d]: a feature head's
         input rows (one slot)."""
         self.calls += 1
-        if len(slots) == 1:
+        if len(slots) == 1 and self.dynamic is not None:
             return self._one(slots[0], feeds[0], context)[None]
         runner = self.batched[self.rows_for(len(slots))]
         logits = runner.run(slots, feeds)
+        if runner.features is not None and len(slots) == 1:
+            self.features = runner.features[0, : len(feeds[0])]
         if self.store is not None:
             for i, (s, feed) in enumerate(zip(slots, feeds)):
                 start = self.cache.length(s)
                 self.store[s, start + 1 : start + 1 + len(feed)] = runner.features[i, : len(feed)]
         return logits
 
+    @staticmethod
+    def rows_cap(sizes: Sequence[int], slots: int) -> int:
+        """The largest B an engine of ``slots`` rows runs: the smallest size holding them all."""
+        return next(b for b in sizes if b >= slots)
+
     def rows_for(self, n: int) -> int:
         """The graph row count a call of ``n`` rows runs (1: the batch-1 graphs)."""
-        return 1 if n == 1 else min(b for b in self.batched if b >= n)
+        return 1 if n == 1 and self.dynamic is not None else min(b for b in self.batched if b >= n)
 
     def _one(self, slot: int, feed: np.ndarray, context: np.ndarray | None = None) -> np.ndarray:
         runner = self.static if len(feed) == self.static.capacity else self.dynamic

@@ -47,9 +47,25 @@ def expose(proto: onnx.ModelProto, logits: str, width: int) -> None:
     graph = proto.graph
     if any(o.name == FEATURES for o in graph.output):
         return
-    hidden, _ = head_input(graph, logits)
-    graph.node.append(helper.make_node("Identity", [hidden], [FEATURES], name="specdec_features"))
+    _produce(graph, logits, FEATURES)
     out = next(o for o in graph.output if o.name == logits)
     dims = list(out.type.tensor_type.shape.dim)[:-1]
     shape = [d.dim_param if d.dim_param else d.dim_value for d in dims] + [width]
     graph.output.append(helper.make_tensor_value_info(FEATURES, onnx.TensorProto.FLOAT, shape))
+
+
+def _produce(graph: onnx.GraphProto, logits: str, name: str) -> None:
+    """Make ``graph`` compute the features behind ``logits`` as ``name``. A rows graph's logits
+    come out of an If chain (export/rows.py): each branch then gets the output too."""
+    node = next((n for n in graph.node if logits in n.output), None)
+    if node is not None and node.op_type == "If":
+        at = list(node.output).index(logits)
+        for attr in node.attribute:
+            branch = attr.g
+            inner = f"{branch.name}/{FEATURES}"
+            _produce(branch, branch.output[at].name, inner)
+            branch.output.append(helper.make_tensor_value_info(inner, onnx.TensorProto.FLOAT, None))
+        node.output.append(name)
+        return
+    hidden, _ = head_input(graph, logits)
+    graph.node.append(helper.make_node("Identity", [hidden], [name], name=f"specdec_{name.replace('/', '_')}"))

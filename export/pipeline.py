@@ -222,9 +222,9 @@ def planned_graphs(cfg: ExportConfig, seq2seq: bool = False) -> tuple[GraphPlan,
         return SEQ2SEQ_GRAPHS
     fused = tuple(GraphPlan(f"draft_{role}", "draft", role, "gamma", kind="fused") for role in FUSED_ROLES) if cfg.fused_draft else ()
     batched = []
-    for b in batch_sizes(cfg.max_batch):
+    for b in (1, *batch_sizes(cfg.max_batch)) if cfg.max_batch > 1 else ():  # merged into one rows graph per model (rows_plans)
         batched += [GraphPlan(f"{m}_batch{b}", m, "dynamic", None, batch=b, kind="batched") for m in ("target", "draft")]
-        if cfg.fused_draft:
+        if cfg.fused_draft and b > 1:
             batched += [GraphPlan(f"draft_{role}_batch{b}", "draft", role, "gamma", batch=b, kind="fused") for role in FUSED_ROLES]
     tree = (GraphPlan("target_tree", "target", "tree", "tree", kind="tree"),) if cfg.tree_nodes else ()
     return GRAPHS + fused + (PORTABLE_GRAPHS if cfg.portable else ()) + tuple(batched) + tree
@@ -275,9 +275,13 @@ def export_bundle(cfg: ExportConfig, progress: Progress | None = None) -> Manife
                             {role: sources[role].gguf_types for role in sources})  # fmt: skip
         graphs = {p.name: _export_graph(p, ctx, exported[p.model], progress) for p in plans}
         progress("share weights")
-        ctx = ctx._replace(graphs=_share_weights(graphs, tmp))
-        graphs = ctx.graphs
-        figures, tols = _validate(ctx, {p.name: p for p in plans}, progress)
+        graphs = _share_weights(graphs, tmp)
+        plans = {p.name: p for p in plans}
+        if cfg.max_batch > 1:
+            progress("merge batched graphs")
+            graphs, plans = _merge_rows(graphs, plans, tmp)
+        ctx = ctx._replace(graphs=graphs)
+        figures, tols = _validate(ctx, plans, progress)
         check(figures, tols)  # batched graphs too; portable graphs stay float
         tol = tols["target"]
 
@@ -395,6 +399,24 @@ def _share_weights(graphs: dict[str, GraphSpec], tmp: Path) -> dict[str, GraphSp
         for n in names:
             out[n] = dataclasses.replace(graphs[n], sha256=sha256_of(tmp / graphs[n].file), data=(shared.file,) if shared.file else ())
     return out
+
+
+def _merge_rows(graphs: dict[str, GraphSpec], plans: dict[str, GraphPlan], tmp: Path) -> tuple[dict[str, GraphSpec], dict[str, GraphPlan]]:
+    """Each model's batched graphs (1, 2, 4, .. rows) merged into one rows graph, ``<model>_rows``
+    (export/rows.py): one session for every row count, so the weights are packed once."""
+    from specdec.export.rows import merge_rows
+
+    graphs, plans = dict(graphs), dict(plans)
+    for model in ("target", "draft"):
+        names = {plans[n].batch: n for n in graphs if plans[n].kind == "batched" and plans[n].model == model}
+        spec = merge_rows(tmp, {b: graphs[n] for b, n in names.items()}, f"{model}_rows.onnx")
+        for n in names.values():
+            (tmp / graphs.pop(n).file).unlink()
+            plans.pop(n)
+        name = f"{model}_rows"
+        graphs[name] = dataclasses.replace(spec, sha256=sha256_of(tmp / spec.file))
+        plans[name] = GraphPlan(name, model, "dynamic", None, batch=spec.batch, kind="batched")
+    return graphs, plans
 
 
 def _validate(ctx: ExportContext, plans: dict[str, GraphPlan], progress: Progress) -> tuple[dict, dict]:

@@ -378,32 +378,37 @@ def validate_batched(model: torch.nn.Module, bundle: Path, graph: tuple[str, Gra
 
     Every row gets its own random prompt (different lengths, fed through the batched graph in
     one padded call), then ``rounds`` calls of 1..``max_tokens`` random tokens per row with
-    partial acceptance; each row is compared with PyTorch on that row's own sequence.
+    partial acceptance; each row is compared with PyTorch on that row's own sequence. A rows
+    graph (export/rows.py) is checked so for each of its row counts, over the same session.
     """
     from specdec.engines.batch import BatchRunner, SlotCache
     from specdec.engines.ort import open_session
 
     name, spec = graph
     rng = np.random.default_rng(seed)
-    vocab, rows = model.config.vocab_size, spec.batch
+    vocab = model.config.vocab_size
     layers, heads, max_seq, dim, dtype = kv
-    cache = SlotCache(layers, heads, max_seq, dim, dtype, rows)
+    cache = SlotCache(layers, heads, max_seq, dim, dtype, spec.batch)
     prompt_max = max(2, min(20, max_seq // 4))
     runner = BatchRunner(open_session(bundle, name, spec), name, spec, cache, max(max_tokens, prompt_max))
-    seqs = [rng.integers(0, vocab, size=int(rng.integers(2, prompt_max + 1))).tolist() for _ in range(rows)]
-    feeds, seen = seqs, Agreement()
-    for r in range(rounds + 1):
-        out = runner.run(range(rows), [np.array(f) for f in feeds]).copy()
-        for b, f in enumerate(feeds):
-            with torch.no_grad():
-                ref = model(torch.tensor([seqs[b]])).logits[0, -len(f):].float().numpy()
-            seen.logits(out[b, : len(f)], ref)
-            keep = len(f) if r == 0 else int(rng.integers(1, len(f) + 1))  # partial acceptance after the prompt
-            cache.slot(b).append(keep)
-            del seqs[b][len(seqs[b]) - len(f) + keep :]
-        feeds = [rng.integers(0, vocab, size=int(rng.integers(1, max_tokens + 1))).tolist() for _ in range(rows)]
-        for b in range(rows):
-            seqs[b] += feeds[b]
+    seen = Agreement()
+    for rows in runner.sizes:
+        for b in range(spec.batch):
+            cache.rewind_to(b, 0)
+        seqs = [rng.integers(0, vocab, size=int(rng.integers(2, prompt_max + 1))).tolist() for _ in range(rows)]
+        feeds = seqs
+        for r in range(rounds + 1):
+            out = runner.run(range(rows), [np.array(f) for f in feeds]).copy()
+            for b, f in enumerate(feeds):
+                with torch.no_grad():
+                    ref = model(torch.tensor([seqs[b]])).logits[0, -len(f):].float().numpy()
+                seen.logits(out[b, : len(f)], ref)
+                keep = len(f) if r == 0 else int(rng.integers(1, len(f) + 1))  # partial acceptance after the prompt
+                cache.slot(b).append(keep)
+                del seqs[b][len(seqs[b]) - len(f) + keep :]
+            feeds = [rng.integers(0, vocab, size=int(rng.integers(1, max_tokens + 1))).tolist() for _ in range(rows)]
+            for b in range(rows):
+                seqs[b] += feeds[b]
     # The KV rows are checked through the logits of every later call, which read them.
     return {**seen.figures(), "present_key": None, "present_value": None}
 

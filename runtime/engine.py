@@ -57,8 +57,8 @@ class Engine:
     def __init__(self, bundle: Path, manifest: Manifest, sessions: dict, drafter, slots: int = 1, provider: str = "cpu",
                  prefill_chunk: int | None = None):  # fmt: skip
         self.manifest, self.slots, self.prefill_chunk = manifest, slots, prefill_chunk
-        self.target = Executor(bundle, manifest, "target", sessions, provider, slots)
-        self.draft = Executor(bundle, manifest, "draft", sessions, provider, slots) if needs_draft_model(drafter) else None
+        self.target = Executor(bundle, manifest, "target", sessions, provider, slots, prefill_chunk)
+        self.draft = Executor(bundle, manifest, "draft", sessions, provider, slots, prefill_chunk) if needs_draft_model(drafter) else None
         self.head = Executor(bundle, manifest, "head", sessions, provider, slots) if "head" in models_for(drafter) else None
         self.proposer = make_proposer(drafter, bundle, manifest, self.draft, slots, self.target, self.head)
         if getattr(self.proposer, "tree", False) and self.target.tree_runner is None:

@@ -151,7 +151,7 @@ def summary(out: Path, m, size: int) -> str:
         lines.append(f"  n-gram table {m.ngram['file']}: {m.ngram['tokens']} tokens from {m.ngram['files']} files of {m.ngram['corpus']}")
     for name, g in m.graphs.items():
         tokens = "dynamic" if g.tokens is None else g.tokens
-        rows = f" x{g.batch} rows" if g.batch > 1 else ""
+        rows = f" rows {','.join(map(str, g.rows))}" if g.rows else f" x{g.batch} rows" if g.batch > 1 else ""
         lines.append(f"  graph {name:22} {g.role:8} tokens/call {tokens!s:8}{rows} {(out / g.file).stat().st_size / 2**20:7.1f} MiB  {g.file}  weights {', '.join(g.data) or 'inline'}")
     for data in dict.fromkeys(f for g in m.graphs.values() for f in g.data):
         lines.append(f"  weights {data:20} {(out / data).stat().st_size / 2**20:7.1f} MiB, read by {sum(data in g.data for g in m.graphs.values())} graphs")

@@ -90,6 +90,12 @@ class GraphIO:
         return out - {None}
 
 
+def body_output(name: str, rows: int, largest: int) -> str:
+    """A rows graph's output ``name`` of its body of ``rows`` rows (export/rows.py): the
+    largest body's keep their names (the graph's ``io`` names them), the others get /rows<B>."""
+    return name if rows == largest else f"{name}/rows{rows}"
+
+
 @dataclass(frozen=True)
 class GraphSpec:
     """One ONNX graph in the bundle.
@@ -115,12 +121,14 @@ class GraphSpec:
     data: tuple[str, ...] = ()
     flavour: str = "ort"  # "ort": contrib ops allowed; "portable": standard ops, static shapes
     batch: int = 1  # rows per call; > 1: a batched graph (export/batched.py), one KV pair per row and layer
+    rows: tuple[int, ...] = ()  # a rows graph (export/rows.py): the row counts B it runs, one body each, B <= batch; () for a fixed B
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "inputs", tuple(t if isinstance(t, TensorSpec) else TensorSpec(**t) for t in self.inputs))
         object.__setattr__(self, "outputs", tuple(t if isinstance(t, TensorSpec) else TensorSpec(**t) for t in self.outputs))
         object.__setattr__(self, "io", self.io if isinstance(self.io, GraphIO) else GraphIO(**self.io))
         object.__setattr__(self, "data", tuple(self.data))
+        object.__setattr__(self, "rows", tuple(self.rows))
         if (self.model, self.role, self.flavour) not in {(m, r, f) for m in MODELS for r in ROLES for f in FLAVOURS}:
             raise BundleError(f"graph {self.file}: model/role/flavour {self.model}/{self.role}/{self.flavour} is not one this specdec reads; re-export the bundle")
         unknown = self.io.names() - {t.name for t in (*self.inputs, *self.outputs)}
@@ -204,8 +212,14 @@ class Manifest:
         )
 
     def batch_sizes(self) -> tuple[int, ...]:
-        """Row counts of the batched graphs (the same for both models), ascending."""
-        return tuple(sorted({g.batch for g in self.graphs.values() if g.batch > 1}))
+        """Row counts of the batched calls (the same for both models), ascending: a rows graph's
+        bodies above 1 (export/rows.py), or an older bundle's one graph per row count."""
+        return tuple(sorted({b for g in self.graphs.values() for b in (g.rows or (g.batch,)) if b > 1}))
+
+    def rows_graph(self, model: str) -> tuple[str, GraphSpec] | None:
+        """``model``'s rows graph (one session for every row count), or None (an older bundle's
+        graph per row count, or no batched graphs)."""
+        return next(((n, g) for n, g in self.graphs.items() if g.model == model and g.rows), None)
 
     def files(self) -> list[str]:
         """Every file the manifest names, relative to the bundle."""

@@ -1,7 +1,8 @@
 """Cost of one target call per (rows, width): the batched graphs against the batch-1 dynamic graph.
 
-For rows R and width S (new tokens per row), times a call of the R-row graph (R x S tokens, one
-batch-1 GroupQueryAttention per row over its own slot) and, for comparison, one batch-1
+For rows R and width S (new tokens per row), times a call of R rows through the bundle's rows
+graph (export/rows.py: its R-row body; an older bundle's R-row graph), R x S tokens with one
+batch-1 GroupQueryAttention per row over its own slot, and, for comparison, one batch-1
 dynamic-graph call of R x S tokens in a single sequence (the same token count, the dense cost
 without per-row attention). Every row has ``--past`` committed rows. Median of ``--calls``
 calls after warm-up, the two sides interleaved.
@@ -50,17 +51,22 @@ def main() -> None:
     print(f"bundle {args.bundle}: target {t.parameters / 1e6:.1f}M params; {args.past} past rows per row; median ms per call\n")
     print("| rows | tokens per row | batched graph (ms) | one sequence of rows x tokens (ms) | batched / one sequence | ms per token (batched) |")
     print("|---:|---:|---:|---:|---:|---:|")
-    for rows in (1, *m.batch_sizes()):
-        if rows > 1:
-            name, spec = m.graph("target", "dynamic", batch=rows)
-            slots = SlotCache(t.num_layers, t.num_kv_heads, m.max_seq_len, t.head_dim, m.dtype, rows)
-            for s in range(rows):
-                slots.slot(s).append(args.past)
-            runner = BatchRunner(open_session(args.bundle, name, spec, threads=args.threads), name, spec, slots, m.k)
+    merged = m.rows_graph("target")
+    sizes = merged[1].rows if merged else (1, *m.batch_sizes())
+    slots = SlotCache(t.num_layers, t.num_kv_heads, m.max_seq_len, t.head_dim, m.dtype, max(sizes))
+    for s in range(max(sizes)):
+        slots.slot(s).append(args.past)
+    runners = {}
+    for rows in sizes:
+        if merged or rows > 1:
+            name, spec = merged or m.graph("target", "dynamic", batch=rows)
+            if name not in runners:
+                runners[name] = BatchRunner(open_session(args.bundle, name, spec, threads=args.threads), name, spec, slots, m.k)
+            runner = runners[name]
         for width in (1, 2, m.k):
             seq = np.arange(3, 3 + rows * width) % m.vocab_size
             one = timed(lambda: single.run(seq), args.calls)
-            if rows == 1:
+            if rows == 1 and not merged:
                 print(f"| 1 | {width} | – | {one:.2f} | – | {one / width:.2f} |")
                 continue
             feeds = [np.full(width, 5)] * rows

@@ -1,4 +1,4 @@
-"""BatchRunner: rows of a batched graph over cache slots, against the batch-1 graph on each slot."""
+"""BatchRunner: rows of a rows graph (one body per row count) over cache slots, against the batch-1 graph on each slot."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def test_rows_in_any_slots_match_the_batch1_graph(family_bundle):
     out = family_bundle[3]
     m = load_manifest(out)
     t = m.target
-    name, spec = m.graph("target", "dynamic", batch=4)
+    name, spec = m.rows_graph("target")
     cache = SlotCache(t.num_layers, t.num_kv_heads, m.max_seq_len, t.head_dim, m.dtype, 4)
     batched = BatchRunner(open_session(out, name, spec), name, spec, cache, m.k)
     single = runner_for(out, *m.graph("target", "dynamic"), cache.slot(0))
@@ -48,3 +48,61 @@ def test_rows_in_any_slots_match_the_batch1_graph(family_bundle):
     with pytest.raises(InputError, match="exceed max-seq-len"):
         cache.slot(1).append(m.max_seq_len - cache.slot(1).length - 2)
         batched.run([1], [np.array([5, 6, 7])])
+
+
+@pytest.mark.parametrize("family_bundle", ["llama"], indirect=True)
+def test_every_body_matches_the_batch1_graph_as_calls_switch_between_them(family_bundle):
+    """Calls of 1, 3, 2, 4, 1 rows run the bodies of 1, 4, 2, 4 and 1 rows of one session (so
+    the logits buffer is rebound to each body in turn, the one before returning empty logits):
+    every row's logits equal the batch-1 graph's on the same slot, to 1e-4."""
+    out = family_bundle[3]
+    m = load_manifest(out)
+    t = m.target
+    name, spec = m.rows_graph("target")
+    cache = SlotCache(t.num_layers, t.num_kv_heads, m.max_seq_len, t.head_dim, m.dtype, 4)
+    rows = BatchRunner(open_session(out, name, spec), name, spec, cache, m.k, single=8)
+    single = runner_for(out, *m.graph("target", "dynamic"), cache.slot(0))
+    rng = np.random.default_rng(1)
+    for s in range(4):
+        p = rng.integers(3, 300, size=int(rng.integers(2, 9)))
+        cache.slot(s).append(0)
+        single.bind_cache(cache.slot(s))
+        single.run(p)
+        cache.slot(s).append(len(p))
+    for n, body in ((1, 1), (3, 4), (2, 2), (4, 4), (1, 1)):
+        assert rows.size_for(n) == body
+        slots = list(rng.permutation(4)[:n])
+        feeds = [rng.integers(3, 300, size=int(rng.integers(1, m.k + 1))) for _ in slots]
+        got = rows.run(slots, feeds).copy()
+        assert got.shape == (n, max(len(f) for f in feeds), m.vocab_size)
+        for r, (s, f) in enumerate(zip(slots, feeds)):
+            single.bind_cache(cache.slot(s))
+            want = single.run(f)
+            assert np.abs(got[r, : len(f)] - want).max() < 1e-4, (n, s)
+            cache.slot(s).append(len(f))
+    with pytest.raises(InputError, match="1 rows of up to 9 tokens"):  # a lone row feeds up to ``single`` tokens
+        rows.run([0], [np.arange(3, 12)])
+
+
+@pytest.mark.parametrize("family_bundle", ["llama"], indirect=True)
+def test_rows_graph_holds_each_weight_once(family_bundle):
+    """The rows graph's bodies read one set of top-level initializers (what lets ONNX Runtime pack
+    each weight once): no two point at the same bytes of the weights file, every body's If reads
+    them from the outer scope, and a batched engine opens that one session per model."""
+    import onnx
+
+    from specdec.engines.executor import graph_names
+
+    out = family_bundle[3]
+    m = load_manifest(out)
+    name, spec = m.rows_graph("target")
+    proto = onnx.load(str(out / spec.file), load_external_data=False)
+    ranges = [tuple((e.key, e.value) for e in t.external_data) for t in proto.graph.initializer if t.external_data]
+    assert len(ranges) == len(set(ranges)) and len(ranges) > 2 * m.target.num_layers
+    ifs = [n for n in proto.graph.node if n.op_type == "If"]
+    assert len(ifs) == len(spec.rows)  # side by side, never nested
+    for node in ifs:
+        for attr in node.attribute:
+            assert not attr.g.initializer and not any(n.op_type == "If" for n in attr.g.node)
+    assert graph_names(m, ["target", "draft"], 4, fused=False) == ["target_rows", "draft_rows"]
+    assert graph_names(m, ["target", "draft"], 1, fused=False) == ["target_dynamic", "draft_dynamic"]

@@ -70,11 +70,13 @@ def test_family_exports_exactly(family_bundle):
     assert manifest.graphs["draft_step"].tokens == 1
     assert manifest.graphs["target_verify"].outputs[0].shape == (1, 5, manifest.vocab_size)  # all K positions
     assert manifest.max_batch == 4 and manifest.batch_sizes() == (2, 4)
-    for role in ("target", "draft", "target_batch2", "draft_batch2", "target_batch4", "draft_batch4"):
-        recorded = manifest.validation[role]  # batched graphs: every row against PyTorch on its own sequence
+    for role in ("target", "draft", "target_rows", "draft_rows"):
+        recorded = manifest.validation[role]  # rows graphs: every row of every body against PyTorch on its own sequence
         assert recorded["logits"] <= ATOL and recorded["top1_agreement"] == 1.0, (role, recorded)
-    rows = manifest.graphs["target_batch4"]
-    assert rows.batch == 4 and rows.inputs[0].shape == (4, "S") and len(rows.io.past) == 4 * manifest.target.num_layers
+    assert not any(g.role == "dynamic" and g.batch > 1 and not g.rows for g in manifest.graphs.values())  # merged: one rows graph per model
+    name, rows = manifest.rows_graph("target")
+    assert name == "target_rows" and rows.batch == 4 and rows.rows == (1, 2, 4) and rows.inputs[0].shape == ("B", "S")
+    assert len(rows.io.past) == 4 * manifest.target.num_layers
     rng = np.random.default_rng(0)
     for role, src in (("target", target), ("draft", draft)):
         model = AutoModelForCausalLM.from_pretrained(src, attn_implementation="eager").eval()
