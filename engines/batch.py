@@ -10,12 +10,11 @@ every row count B of its bodies in one session, so the weights are packed once) 
 bundle's graph of one fixed B. Row r of a call feeds its tokens at its slot's committed length
 and writes their KV rows there in place; rows a call does not use point at the scratch slot.
 A call of n rows runs the smallest body B >= n. Row buffers are rebound only when the slot a
-row serves changes, token-sized buffers only when B or S changes.
+row serves changes, token-sized buffers only when S changes (each body has its own binding).
 """
 
 from __future__ import annotations
 
-import bisect
 from typing import Sequence
 
 import numpy as np
@@ -100,36 +99,35 @@ class BatchRunner:
         self.seqlens = np.zeros((self.rows,), dtype=np.int32)  # [B]: rows visible after the call - 1
         self._arange = np.arange(max(max_tokens, self.single), dtype=np.int64)  # [S_max] position offsets
         self.vocab, self.layers = vocab, layers
-        self.binding = session.io_binding()
-        self.bound_slots = [-1] * self.rows
-        self.bound_shape = (0, 0)  # (B, S) the token-sized buffers are bound at
-        for r in range(self.rows):
-            self._bind_row(r, cache.scratch)
+        # one binding per body: a call binds only the outputs of the body it runs (a rows graph's
+        # other bodies return empty tensors, unfetched), and each binding keeps its rows' slots
+        self.bindings = {b: session.io_binding() for b in self.sizes}
+        self.bound_slots = {b: [-1] * self.rows for b in self.sizes}  # body -> the slot each row is bound to
+        self.bound_tokens = {b: 0 for b in self.sizes}  # body -> the S its token-sized buffers are bound at
+        for b in self.sizes:
+            for r in range(self.rows):
+                self._bind_row(b, r, cache.scratch)
 
-    def _bind_row(self, r: int, slot: int) -> None:
-        """Row r reads and writes ``slot``'s KV: in every body that runs row r."""
-        view = self.cache.slot(slot)
+    def _bind_row(self, body: int, r: int, slot: int) -> None:
+        """Row r of ``body``'s calls reads (and, if the body runs it, writes) ``slot``'s KV."""
+        view, binding = self.cache.slot(slot), self.bindings[body]
         for i, ptrs in enumerate(view.pointers()):
             (k_in, v_in), (k_out, v_out) = self.io.past[r * self.layers + i], self.io.present[r * self.layers + i]
             for tin, tout, ptr in ((k_in, k_out, ptrs[0]), (v_in, v_out, ptrs[1])):
-                self.binding.bind_input(tin, view.device, 0, view.dtype, list(view.shape), ptr)
-                for b in self.sizes[bisect.bisect_right(self.sizes, r) :]:
-                    self.binding.bind_output(self.out(tout, b), view.device, 0, view.dtype, list(view.shape), ptr)
-        self.bound_slots[r] = slot
+                binding.bind_input(tin, view.device, 0, view.dtype, list(view.shape), ptr)
+                if r < body:
+                    binding.bind_output(self.out(tout, body), view.device, 0, view.dtype, list(view.shape), ptr)
+        self.bound_slots[body][r] = slot
 
-    def _bind_tokens(self, rows: int, s: int) -> None:
-        """Token-sized buffers at [rows, S]; the body that ran before returns empty logits now."""
-        b = self.binding
-        b.bind_input(self.io.ids, "cpu", 0, np.int64, [rows, s], self._ids.ctypes.data)
-        b.bind_input(self.io.positions, "cpu", 0, np.int64, [rows, s], self._pos.ctypes.data)
-        b.bind_input(self.io.seqlens, "cpu", 0, np.int32, [rows], self.seqlens.ctypes.data)
-        outs = [(self.io.logits, self.vocab, self._logits)] + ([(self.io.features, self.width, self._features)] if self._features is not None else [])
-        before = self.bound_shape[0]
-        for name, last, buf in outs:
-            if before and before != rows and self.spec.rows:
-                b.bind_output(self.out(name, before), "cpu", 0, np.float32, [0, 1, last], buf.ctypes.data)
-            b.bind_output(self.out(name, rows), "cpu", 0, np.float32, [rows, s, last], buf.ctypes.data)
-        self.bound_shape = (rows, s)
+    def _bind_tokens(self, body: int, s: int) -> None:
+        b = self.bindings[body]
+        b.bind_input(self.io.ids, "cpu", 0, np.int64, [body, s], self._ids.ctypes.data)
+        b.bind_input(self.io.positions, "cpu", 0, np.int64, [body, s], self._pos.ctypes.data)
+        b.bind_input(self.io.seqlens, "cpu", 0, np.int32, [body], self.seqlens.ctypes.data)
+        b.bind_output(self.out(self.io.logits, body), "cpu", 0, np.float32, [body, s, self.vocab], self._logits.ctypes.data)
+        if self._features is not None:
+            b.bind_output(self.out(self.io.features, body), "cpu", 0, np.float32, [body, s, self.width], self._features.ctypes.data)
+        self.bound_tokens[body] = s
 
     def size_for(self, n: int) -> int:
         """The B a call of ``n`` rows runs: the smallest body that holds them."""
@@ -156,11 +154,11 @@ class BatchRunner:
             if r < rows:
                 np.add(self._arange[:s], start, out=pos[r])
                 self.seqlens[r] = start + s - 1
-            if self.bound_slots[r] != slot:
-                self._bind_row(r, slot)
-        if (rows, s) != self.bound_shape:
+            if self.bound_slots[rows][r] != slot:
+                self._bind_row(rows, r, slot)
+        if s != self.bound_tokens[rows]:
             self._bind_tokens(rows, s)
-        self.session.run_with_iobinding(self.binding)
+        self.session.run_with_iobinding(self.bindings[rows])
         if self._features is not None:
             self.features = self._features[: rows * s * self.width].reshape(rows, s, self.width)  # [B, S, d] view
         return self._logits[: rows * s * self.vocab].reshape(rows, s, self.vocab)[:n]

@@ -25,7 +25,7 @@ from onnx import numpy_helper
 
 from specdec.errors import ExportError
 from specdec.export import features
-from specdec.manifest import MANIFEST_NAME, GraphSpec, Manifest, ModelSpec, TensorSpec, inside, sha256_of
+from specdec.manifest import MANIFEST_NAME, GraphSpec, Manifest, ModelSpec, TensorSpec, body_output, inside, sha256_of
 
 HEAD_GRAPH = "head_dynamic"
 MAX_HEAD_DIFF = 2e-3  # |Δ logits| of the head graph vs PyTorch, float32: GQA's fused kernels reorder sums (~1e-5 seen)
@@ -100,11 +100,14 @@ def expose_features(stage: Path, manifest: Manifest) -> Manifest:
             continue
         path = inside(stage, g.file)
         proto = onnx.load(str(path), load_external_data=False)
-        features.expose(proto, g.io.logits, width)
+        features.expose(proto, g.io.logits, width, g.rows)
         path.unlink()  # a hard link to the bundle's file: write a new one
         onnx.save_model(proto, str(path))
-        logits = next(t for t in g.outputs if t.name == g.io.logits)
-        out = (*g.outputs, TensorSpec(features.FEATURES, "float32", (*logits.shape[:-1], width)))
+        out = g.outputs
+        for b in g.rows or (0,):  # a rows graph: every body's (export/rows.py)
+            logits = next(t for t in g.outputs if t.name == (body_output(g.io.logits, b, g.batch) if g.rows else g.io.logits))
+            feature = body_output(features.FEATURES, b, g.batch) if g.rows else features.FEATURES
+            out = (*out, TensorSpec(feature, "float32", (*logits.shape[:-1], width)))
         graphs[name] = dataclasses.replace(g, sha256=sha256_of(path), outputs=out, io=dataclasses.replace(g.io, features=features.FEATURES))
     return dataclasses.replace(manifest, graphs=graphs)
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 import onnx
 from onnx import helper
 
+from specdec.manifest import body_output
+
 FEATURES = "features"
 HEAD_OPS = {"MatMul", "FusedMatMul", "Gemm", "MatMulNBits"}
 PASS_THROUGH = {"Mul", "Div", "Tanh", "Cast", "Identity", "Add", "Softcap"}
@@ -42,29 +44,35 @@ def head_input(graph: onnx.GraphProto, logits: str) -> tuple[str, onnx.NodeProto
     raise ValueError(f"no LM head product (one of {sorted(HEAD_OPS)}) found behind output {logits!r}")
 
 
-def expose(proto: onnx.ModelProto, logits: str, width: int) -> None:
-    """Add the ``features`` output [B, S, width] (B, S: the logits' own dims) to ``proto``, in place."""
+def expose(proto: onnx.ModelProto, logits: str, width: int, rows: tuple[int, ...] = ()) -> None:
+    """Add the ``features`` output [B, S, width] (B, S: the logits' own dims) to ``proto``, in
+    place. A rows graph (export/rows.py; ``rows``: its bodies) gets it in every body."""
     graph = proto.graph
     if any(o.name == FEATURES for o in graph.output):
         return
-    _produce(graph, logits, FEATURES)
-    out = next(o for o in graph.output if o.name == logits)
-    dims = list(out.type.tensor_type.shape.dim)[:-1]
-    shape = [d.dim_param if d.dim_param else d.dim_value for d in dims] + [width]
-    graph.output.append(helper.make_tensor_value_info(FEATURES, onnx.TensorProto.FLOAT, shape))
+    for b in rows or (0,):
+        name = body_output(FEATURES, b, rows[-1]) if rows else FEATURES
+        source = body_output(logits, b, rows[-1]) if rows else logits
+        _produce(graph, source, name)
+        out = next(o for o in graph.output if o.name == source)
+        dims = list(out.type.tensor_type.shape.dim)[:-1]
+        shape = [d.dim_param if d.dim_param else d.dim_value for d in dims] + [width]
+        graph.output.append(helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, shape))
 
 
 def _produce(graph: onnx.GraphProto, logits: str, name: str) -> None:
-    """Make ``graph`` compute the features behind ``logits`` as ``name``. A rows graph's logits
-    come out of an If chain (export/rows.py): each branch then gets the output too."""
+    """Make ``graph`` compute the features behind ``logits`` as ``name``. A rows graph's body
+    (an If: export/rows.py) computes them in its then-branch; its else-branch (the body not
+    taken) returns its empty float tensor for them too."""
     node = next((n for n in graph.node if logits in n.output), None)
     if node is not None and node.op_type == "If":
         at = list(node.output).index(logits)
-        for attr in node.attribute:
-            branch = attr.g
-            inner = f"{branch.name}/{FEATURES}"
-            _produce(branch, branch.output[at].name, inner)
-            branch.output.append(helper.make_tensor_value_info(inner, onnx.TensorProto.FLOAT, None))
+        branches = {a.name: a.g for a in node.attribute}
+        then, otherwise = branches["then_branch"], branches["else_branch"]
+        inner = f"{then.name}/{FEATURES}"
+        _produce(then, then.output[at].name, inner)
+        then.output.append(helper.make_tensor_value_info(inner, onnx.TensorProto.FLOAT, None))
+        otherwise.output.append(otherwise.output[at])  # the logits' empty float tensor
         node.output.append(name)
         return
     hidden, _ = head_input(graph, logits)

@@ -17,11 +17,12 @@ graph and its subgraphs):
     past_key_i_b / past_value_i_b [1, kvH, MAX, D] for b < Bmax
 
 Body B's outputs are the per-B graph's, renamed by ``body_output`` (manifest.py). A body not
-taken passes its presents through (the Identity of a buffer bound onto itself copies nothing)
-and returns empty logits [0, 1, V]. The runtime binds every body's present_* of row r to the
-buffers of the slot row r serves, and the taken body's logits to its logits buffer, so GQA
-still writes each row's KV in place. The Ifs are side by side, never nested: a nested If's
-outputs were copied out (measured, 3.5 ms a call on the demo pair).
+taken returns empty tensors (one Constant), which the runtime does not fetch: it binds only
+the taken body's outputs, present_* of row r onto the buffers of the slot row r serves, so GQA
+still writes each row's KV in place (engines/batch.py keeps one I/O binding per body). The Ifs
+are side by side, never nested: a nested If's outputs were copied out (measured, 3.5 ms a call
+on the demo pair). What remains is a cost per If output a call does not use, ~2-6 us each
+(docs/performance.md).
 """
 
 from __future__ import annotations
@@ -91,15 +92,12 @@ def _body(graph: onnx.GraphProto, rows: int, outer: set[str], inits: _Initialize
     then = helper.make_graph(nodes, f"rows{rows}", [], [helper.make_tensor_value_info(prefix + o.name, o.type.tensor_type.elem_type, None)
                                                         for o in graph.output])  # fmt: skip
     passed, outs = [], []
-    for o in graph.output:
-        name = f"pass{rows}/{o.name}"
-        if o.name.startswith("present_"):  # the row's past, bound to the same buffer: no copy
-            passed.append(helper.make_node("Identity", [o.name.replace("present_", "past_", 1)], [name], name=name))
-        else:  # logits / features: empty [0, 1, last dim]
-            last = o.type.tensor_type.shape.dim[-1].dim_value
-            empty = helper.make_tensor(name, o.type.tensor_type.elem_type, [0, 1, last], [])
-            passed.append(helper.make_node("Constant", [], [name], value=empty, name=name))
-        outs.append(helper.make_tensor_value_info(name, o.type.tensor_type.elem_type, None))
+    for o in graph.output:  # not taken: every output an empty tensor of its type, unfetched
+        elem = o.type.tensor_type.elem_type
+        name = f"pass{rows}/empty{elem}"
+        if not any(n.output[0] == name for n in passed):
+            passed.append(helper.make_node("Constant", [], [name], value=helper.make_tensor(name, elem, [0], []), name=name))
+        outs.append(helper.make_tensor_value_info(name, elem, None))
     return then, helper.make_graph(passed, f"pass{rows}", [], outs)
 
 

@@ -34,7 +34,7 @@ def test_rows_in_any_slots_match_the_batch1_graph(family_bundle):
     slots, feeds = [2, 0, 1], [rng.integers(3, 300, size=n) for n in (5, 1, 3)]
     before = {s: cache.slot(s).length for s in slots}
     got = batched.run(slots, feeds).copy()  # [3, 5, V]
-    assert got.shape == (3, 5, m.vocab_size) and batched.bound_slots == [2, 0, 1, cache.scratch]
+    assert got.shape == (3, 5, m.vocab_size) and batched.bound_slots[4] == [2, 0, 1, cache.scratch]
     rows_batched = {s: [k[:, :, before[s] : before[s] + len(f)].copy() for k in cache.slot(s).keys] for s, f in zip(slots, feeds)}
     for r, (s, f) in enumerate(zip(slots, feeds)):
         assert cache.slot(s).length == before[s]  # committing is the caller's
@@ -52,9 +52,9 @@ def test_rows_in_any_slots_match_the_batch1_graph(family_bundle):
 
 @pytest.mark.parametrize("family_bundle", ["llama"], indirect=True)
 def test_every_body_matches_the_batch1_graph_as_calls_switch_between_them(family_bundle):
-    """Calls of 1, 3, 2, 4, 1 rows run the bodies of 1, 4, 2, 4 and 1 rows of one session (so
-    the logits buffer is rebound to each body in turn, the one before returning empty logits):
-    every row's logits equal the batch-1 graph's on the same slot, to 1e-4."""
+    """Calls of 1, 3, 2, 4, 1 rows run the bodies of 1, 4, 2, 4 and 1 rows of one session (each
+    with its own binding; the bodies not taken return empty tensors): every row's logits equal
+    the batch-1 graph's on the same slot, to 1e-4."""
     out = family_bundle[3]
     m = load_manifest(out)
     t = m.target
