@@ -32,6 +32,11 @@ QUANTIZATIONS = (None, "int8", "int4", "dynamic-int8")  # int8/int4: weight-only
 DRAFT_DEFAULT = {"int4": "int8"}
 MAX_GAMMA = 15
 MAX_BATCH = 64
+# How batched graphs are laid out: "rows" merges a model's row counts into one graph (one
+# session: the weights packed once, a few % per call at 0.5B); "per-size" keeps one graph per
+# row count (a session each: the weights once per row count, ~3-8% faster calls on a model that
+# fits in cache). Measured in docs/performance.md.
+BATCH_GRAPHS = ("rows", "per-size")
 MAX_TREE_NODES = 64
 
 
@@ -60,6 +65,7 @@ class ExportConfig:
     draft_quantize: str | None = None  # None: as ``quantize`` (int8 under int4: DRAFT_DEFAULT); "none": float weights
     portable: bool = False
     max_batch: int = 1  # > 1: also batched graphs for the continuous-batching engine
+    batch_graphs: str = "rows"  # "rows": one rows graph per model (export/rows.py); "per-size": one session per row count
     fused_draft: bool = False  # also the draft's fused graphs (export/fused.py), per batch size
     tree_nodes: int | None = None  # also a tree verify graph of the target for trees of this many nodes (export/tree.py)
     feature_drafter: str | None = None  # a saved feature head (specdec train-drafter --save) to add: export/feature.py
@@ -80,6 +86,8 @@ class ExportConfig:
             raise ConfigError(f"--gamma {self.gamma}: expected an integer in 1..{MAX_GAMMA} (draft tokens per target call)")
         if self.max_seq_len is not None and (not isinstance(self.max_seq_len, int) or self.max_seq_len < self.gamma + 2):
             raise ConfigError(f"--max-seq-len {self.max_seq_len}: expected an integer >= {self.gamma + 2} (gamma + 2)")
+        if self.batch_graphs not in BATCH_GRAPHS:
+            raise ConfigError(f"--batch-graphs {self.batch_graphs!r}: expected one of {', '.join(BATCH_GRAPHS)}")
         if isinstance(self.max_batch, bool) or not isinstance(self.max_batch, int) or not 1 <= self.max_batch <= MAX_BATCH:
             raise ConfigError(f"--max-batch {self.max_batch}: expected an integer in 1..{MAX_BATCH} (requests decoded together)")
         if self.feature_drafter is not None and not (Path(self.feature_drafter) / "head_config.json").is_file():
@@ -222,7 +230,8 @@ def planned_graphs(cfg: ExportConfig, seq2seq: bool = False) -> tuple[GraphPlan,
         return SEQ2SEQ_GRAPHS
     fused = tuple(GraphPlan(f"draft_{role}", "draft", role, "gamma", kind="fused") for role in FUSED_ROLES) if cfg.fused_draft else ()
     batched = []
-    for b in (1, *batch_sizes(cfg.max_batch)) if cfg.max_batch > 1 else ():  # merged into one rows graph per model (rows_plans)
+    rows = (1,) if cfg.batch_graphs == "rows" else ()  # a rows graph's 1-row body (one row alone, in the same session)
+    for b in (*rows, *batch_sizes(cfg.max_batch)) if cfg.max_batch > 1 else ():  # merged into one rows graph per model (_merge_rows)
         batched += [GraphPlan(f"{m}_batch{b}", m, "dynamic", None, batch=b, kind="batched") for m in ("target", "draft")]
         if cfg.fused_draft and b > 1:
             batched += [GraphPlan(f"draft_{role}_batch{b}", "draft", role, "gamma", batch=b, kind="fused") for role in FUSED_ROLES]
@@ -277,7 +286,7 @@ def export_bundle(cfg: ExportConfig, progress: Progress | None = None) -> Manife
         progress("share weights")
         graphs = _share_weights(graphs, tmp)
         plans = {p.name: p for p in plans}
-        if cfg.max_batch > 1:
+        if cfg.max_batch > 1 and cfg.batch_graphs == "rows":
             progress("merge batched graphs")
             graphs, plans = _merge_rows(graphs, plans, tmp)
         ctx = ctx._replace(graphs=graphs)

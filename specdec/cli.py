@@ -106,7 +106,10 @@ def _plan_trees(rank_acceptance: str, cost: float, tree_cost: Path | None, max_d
 @click.option("--draft-quantize", default=None, type=click.Choice(["none", "int8", "int4", "dynamic-int8"]),
               help="The draft's weights, when they should differ from the target's [default: as --quantize; int8 under int4].")
 @click.option("--portable", is_flag=True, help="Also write standard-op, static-shape verify/step graphs (run by the CPU engine).")
-@click.option("--max-batch", default=1, show_default=True, type=int, help="Requests the batched engine decodes together; > 1 adds batched graphs for 2..N rows.")
+@click.option("--max-batch", default=1, show_default=True, type=int, help="Requests the batched engine decodes together; > 1 adds batched graphs for 1..N rows.")
+@click.option("--batch-graphs", default="rows", show_default=True, type=click.Choice(["rows", "per-size"]),
+              help="rows: one graph per model for every row count (one session, the weights packed once); per-size: one graph "
+                   "and session per row count (the weights once per session; slightly faster calls on small models).")
 @click.option("--fused-draft", is_flag=True, help="Also write fused draft graphs: gamma draft steps and their token choice in one call "
               "(for batch 1 and each batched size). Opt-in: its measured gain is in docs/performance.md (Fused drafting).")
 @click.option("--tree-nodes", default=None, type=int, help="Also write a tree verify graph of the target for draft trees of up to N "

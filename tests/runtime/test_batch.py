@@ -198,3 +198,26 @@ def test_greedy_rows_beside_sampled_rows_in_fused_calls(family_bundle):
         assert engine.occupancy[4] > 0
     for p, res, ref in zip(PROMPTS, results, refs):
         assert res.tokens == ref, f"prompt {p}: first difference at {first_diff(res.tokens, ref)}"
+
+
+def test_per_size_batch_graphs_still_decode_exactly(llama_bundle, tmp_path):
+    """``--batch-graphs per-size`` (one graph and session per row count, as bundles before the
+    rows graph): the engine opens the batch-1 and 2-row graphs and each row keeps the target's
+    greedy output."""
+    from specdec.engines.executor import graph_names
+    from specdec.export.pipeline import ExportConfig, export_bundle
+
+    target, draft, _ = llama_bundle
+    out = tmp_path / "per-size"
+    m = export_bundle(ExportConfig(str(target), str(draft), out, gamma=4, max_seq_len=128, max_batch=2, batch_graphs="per-size"))
+    assert m.rows_graph("target") is None and m.batch_sizes() == (2,)
+    assert graph_names(m, ["target", "draft"], 2, fused=False) == ["target_dynamic", "target_batch2", "draft_dynamic", "draft_batch2"]
+    model = load_model(target)
+    requests = [(PROMPTS[0], 30, 4), (PROMPTS[1], 20, 2), ([77], 25, "auto")]
+    with BatchEngine(out) as engine:
+        results = [h.result(timeout=120) for h in [engine.submit(p, max_new_tokens=n, gamma=g, ignore_eos=True) for p, n, g in requests]]
+        assert engine.occupancy[2] > 0  # the 2-row graph ran
+    for (prompt, n, _), res in zip(requests, results):
+        assert res.tokens == torch_greedy(model, prompt, n)
+    with pytest.raises(ConfigError, match="--batch-graphs 'some'"):
+        ExportConfig(str(target), str(draft), out, max_batch=2, batch_graphs="some")
