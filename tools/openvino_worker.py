@@ -12,7 +12,8 @@ standard library, numpy, openvino and openvino_genai::
 
 * ``autoregressive``      the target alone;
 * ``speculative-draft``   ``draft_model=openvino_genai.draft_model(draft)``, ``num_assistant_tokens = K``;
-* ``speculative-lookup``  ``prompt_lookup=True``, ``num_assistant_tokens = K``, ``max_ngram_size = N``.
+* ``speculative-lookup``  ``prompt_lookup=True``, ``num_assistant_tokens = K``, ``max_ngram_size = N``;
+* ``autoregressive-int8`` / ``-int4``  the target exported with compressed weights (``spec["quantized"]``).
 
 The prompt goes in as an ``ov.Tensor`` of token ids (no tokenizer on the way in) and the new
 tokens come back as ids. Exactly ``tokens`` new tokens: ``max_new_tokens = tokens`` with
@@ -75,6 +76,8 @@ class Pipelines:
             "speculative-draft": lambda: og.LLMPipeline(target, "CPU", draft_model=og.draft_model(draft, "CPU", **props), **props),
             "speculative-lookup": lambda: og.LLMPipeline(target, "CPU", prompt_lookup=True, **props),
         }
+        for precision, folder in spec.get("quantized", {}).items():  # the target's compressed weights, autoregressive
+            self.makers[f"autoregressive-{precision}"] = lambda folder=folder: og.LLMPipeline(folder, "CPU", **props)
         self.pipes: dict[str, Any] = {}
         self.unavailable: dict[str, str] = {}
         for mode in self.makers:
@@ -95,7 +98,7 @@ def generation_config(og, mode: str, temperature: float, tokens: int, seed: int,
     gc.ignore_eos = True
     if temperature > 0:
         gc.do_sample, gc.temperature, gc.top_p, gc.min_p, gc.rng_seed = True, float(temperature), 1.0, 0.0, int(seed)
-    if mode != "autoregressive":
+    if not mode.startswith("autoregressive"):
         gc.num_assistant_tokens = int(spec["k"])
     if mode == "speculative-lookup":
         gc.max_ngram_size = int(spec["ngram_size"])
