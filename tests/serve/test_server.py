@@ -183,7 +183,7 @@ def test_metrics_parse_and_add_up_to_the_requests_sent(server, client):
     completion += nulls.usage.completion_tokens
     drafted += extra(nulls, "speculative")["drafted_tokens"]
     accepted += extra(nulls, "speculative")["accepted_tokens"]
-    for bad in ({"temperature": -1}, {"n": 3}, {"max_tokens": "ten"}):
+    for bad in ({"temperature": -1}, {"n": 0}, {"max_tokens": "ten"}):
         with pytest.raises(openai.BadRequestError):
             client.completions.create(model="tiny", prompt="x", extra_body=bad)
         sent["invalid"] += 1
@@ -200,12 +200,57 @@ def test_metrics_parse_and_add_up_to_the_requests_sent(server, client):
     assert after["specdec_spec_decode_gamma_count"] >= d("specdec_spec_decode_num_drafts_total") > 0
 
 
+def test_prompt_lists_and_n_give_one_choice_each_in_order(client, reference):
+    """A list of prompts (text and token ids) with n = 2: choice i * n + j is prompt i's, each
+    equal to that prompt's greedy output; usage counts each prompt once and every choice's tokens."""
+    ids = client.completions.create(model="tiny", prompt=PROMPTS[2], max_tokens=1, extra_body={"return_token_ids": True})
+    prompt_ids = extra(ids, "prompt_token_ids")
+    prompts = [PROMPTS[0], PROMPTS[1]]
+    r = client.completions.create(model="tiny", prompt=prompts, n=2, max_tokens=20, temperature=0, extra_body={"return_token_ids": True, "ignore_eos": True})
+    assert [c.index for c in r.choices] == [0, 1, 2, 3]
+    for c in r.choices:
+        want = reference(prompts[c.index // 2], 20)
+        assert extra(c, "token_ids") == want.tokens and c.text == want.text
+    assert r.usage.completion_tokens == 80
+    assert r.usage.prompt_tokens == sum(len(extra(r.choices[2 * i], "prompt_token_ids")) for i in range(2))
+    by_ids = client.completions.create(model="tiny", prompt=[prompt_ids, prompt_ids[:3]], max_tokens=12, temperature=0, extra_body={"return_token_ids": True, "ignore_eos": True})
+    assert [extra(c, "token_ids") for c in by_ids.choices] == [reference(prompt_ids, 12).tokens, reference(prompt_ids[:3], 12).tokens]
+
+
+def test_n_seeded_choices_draw_from_seed_plus_j(client):
+    """Sampled with a seed, choice j of n equals a lone request seeded seed + j (reproducible);
+    streamed, the chunks of each index add up to the same choices, each ending once."""
+    kw = dict(model="tiny", prompt=PROMPTS[1], max_tokens=20, temperature=1.0, extra_body={"return_token_ids": True, "ignore_eos": True})
+    r = client.completions.create(n=3, seed=11, **kw)
+    for j, c in enumerate(r.choices):
+        assert extra(c, "token_ids") == extra(client.completions.create(seed=11 + j, **kw).choices[0], "token_ids")
+    chunks = list(client.completions.create(n=3, seed=11, stream=True, **kw))
+    for j, c in enumerate(r.choices):
+        mine = [ch.choices[0] for ch in chunks if ch.choices and ch.choices[0].index == j]
+        assert "".join(x.text for x in mine) == c.text
+        assert [x.finish_reason for x in mine if x.finish_reason] == ["length"]
+
+
+def test_what_clients_send_back_is_accepted(server):
+    """No model (the served one), an assistant message as the openai library dumps it (null
+    refusal, tool_calls, function_call, audio, annotations) and response_format text: all 200."""
+    headers = {"Authorization": f"Bearer {KEY}"}
+    echoed = {"role": "assistant", "content": "Hi.", "refusal": None, "tool_calls": None, "function_call": None, "audio": None, "annotations": []}
+    body = {"messages": [{"role": "user", "content": "hi"}, echoed, {"role": "user", "content": "again"}], "max_tokens": 5,
+            "response_format": {"type": "text"}, "temperature": 0}  # fmt: skip
+    r = httpx.post(server.url + "/v1/chat/completions", json=body, headers=headers, timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.json()["model"] == "tiny" and r.json()["choices"][0]["message"]["content"]
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 3}, headers=headers, timeout=60)
+    assert r.status_code == 200, r.text
+
+
 # -- bad input -----------------------------------------------------------------------------------
 
 BAD = [  # (body or raw text, status, the field the message must name)
     ("{not json", 400, "JSON"),
     ([1, 2], 400, "object"),
-    ({"prompt": "x"}, 400, "model"),
+    ({"model": 5, "prompt": "x"}, 400, "model"),
     ({"model": "tiny"}, 400, "prompt"),
     ({"model": "nope", "prompt": "x"}, 404, "nope"),
     ({"model": "tiny", "prompt": "x", "max_tokens": "5"}, 400, "max_tokens"),
@@ -218,9 +263,10 @@ BAD = [  # (body or raw text, status, the field the message must name)
     ({"model": "tiny", "prompt": [1, 2, 99999]}, 400, "99999"),
     ({"model": "tiny", "prompt": [1, "a"]}, 400, "prompt"),
     ({"model": "tiny", "prompt": []}, 400, "empty"),
-    ({"model": "tiny", "prompt": ["a", "b"]}, 400, "list of prompts"),
+    ({"model": "tiny", "prompt": ["a"] * 33, "n": 2}, 400, "66 choices"),
     ({"model": "tiny", "prompt": "x", "max_tokens": 600}, 400, "max-seq-len"),
-    ({"model": "tiny", "prompt": "x", "n": 2}, 400, "n=2"),
+    ({"model": "tiny", "prompt": "x", "n": 0}, 400, "n=0"),
+    ({"model": "tiny", "prompt": "x", "response_format": {"type": "json_object"}}, 400, "response_format"),
     ({"model": "tiny", "prompt": "x", "best_of": 3}, 400, "best_of"),
     ({"model": "tiny", "prompt": "x", "logprobs": 2}, 400, "logprobs"),
     ({"model": "tiny", "prompt": "x", "echo": True}, 400, "echo"),
@@ -236,6 +282,7 @@ BAD_CHAT = [
     ({"model": "tiny", "messages": [{"role": "user", "content": 5}]}, 400, "content"),
     ({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "tools": []}, 400, "tools"),
     ({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "logprobs": True}, 400, "logprobs"),
+    ({"model": "tiny", "messages": [{"role": "assistant", "content": "x", "tool_calls": [{"id": "1"}]}]}, 400, "tool_calls"),
 ]
 
 
@@ -473,8 +520,8 @@ def test_null_fields_mean_their_defaults():
     body = parse(CompletionRequest, {"model": "m", "prompt": "x", "temperature": None, "top_p": None, "n": None, "echo": None,
                                      "presence_penalty": None, "stream": None, "logprobs": None, "best_of": None})  # fmt: skip
     assert body.sampling()["temperature"] == 1.0 and body.sampling()["top_p"] is None and not body.stream
-    with pytest.raises(FieldError, match="n=2"):
-        parse(CompletionRequest, {"model": "m", "prompt": "x", "n": 2})
+    with pytest.raises(FieldError, match="best_of=2"):
+        parse(CompletionRequest, {"model": "m", "prompt": "x", "best_of": 2})
 
 
 def test_encoder_decoder_bundles_are_served(seq2seq_bundle, tmp_path):
