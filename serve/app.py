@@ -3,6 +3,7 @@
     POST /v1/completions, /v1/chat/completions ─► parse (protocol) ─► token ids per prompt
         ─► engine.submit per choice (prompts x n) ─► Handle pieces (async) ─► stop strings (stops)
         ─► one JSON body, or SSE chunks (each naming its choice's index) + [DONE]
+    POST /tokenize, /detokenize (vLLM's shapes)
     GET /v1/models, /health, /metrics
 
 Every failure is an OpenAI-style error body ``{"error": {"message", "type", "param", "code"}}``:
@@ -34,7 +35,7 @@ from specdec.runtime.text import TextCodec
 from specdec.serve.chat import ChatTemplate
 from specdec.serve.limits import MAX_BODY, BodyLimit, loads
 from specdec.serve.metrics import Metrics
-from specdec.serve.protocol import ChatCompletionRequest, CompletionRequest, FieldError, parse, prompts_of
+from specdec.serve.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, FieldError, TokenizeRequest, parse, prompts_of
 from specdec.serve.stops import StopStrings
 
 log = logging.getLogger("specdec.serve")
@@ -267,6 +268,45 @@ def build_app(state: ServerState, lifespan=None) -> FastAPI:
         state.check_key(request)
         state.ready()
         return Response(state.metrics.text(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request):
+        body = await read(request, TokenizeRequest)
+        codec = needs_codec("tokenize")
+        if body.messages is not None:
+            if state.chat is None:
+                raise Refused(400, "messages: this bundle has no chat template; send prompt instead", param="messages")
+            messages = [{"role": m.role, "content": m.text(), **({"name": m.name} if m.name else {})} for m in body.messages]
+            ids = codec.encode(state.chat.render(messages, body.add_generation_prompt, **(body.chat_template_kwargs or {})), special=False)
+        else:
+            ids = codec.encode(body.prompt, special=body.add_special_tokens)
+        return {"count": len(ids), "max_model_len": state.max_seq_len, "tokens": ids}
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request):
+        body = await read(request, DetokenizeRequest)
+        codec = needs_codec("detokenize")
+        bad = [t for t in body.tokens if not 0 <= t < state.manifest.vocab_size] if state.manifest else []
+        if bad:
+            raise Refused(400, f"tokens: ids {bad[:5]} are outside the vocabulary [0, {state.manifest.vocab_size})", param="tokens")
+        return {"prompt": codec.decode(body.tokens)}
+
+    async def read(request: Request, cls):
+        """Check the key and the model, parse the body as ``cls``; a ``Refused`` says why not."""
+        state.check_key(request)
+        state.ready()
+        try:
+            body = parse(cls, loads(await request.body()))
+        except (FieldError, InputError) as e:
+            raise Refused(400, str(e), param=getattr(e, "param", None)) from None
+        if body.model is not None and body.model != state.model:
+            raise Refused(404, f"model {body.model!r} is not served here; this server serves {state.model!r}", param="model", code="model_not_found")
+        return body
+
+    def needs_codec(route: str) -> TextCodec:
+        if state.codec is None:
+            raise Refused(400, f"/{route}: the bundle has no tokenizer")
+        return state.codec
 
     @app.post("/v1/completions")
     async def completions(request: Request):

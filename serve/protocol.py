@@ -149,6 +149,24 @@ class ChatCompletionRequest(_Sampling):
     chat_template_kwargs: Annotated[dict[str, Any], _LEN["chat_template_kwargs"]] | None = None  # vLLM's extension: extra template variables
 
 
+class TokenizeRequest(_Body):
+    """vLLM's /tokenize: a prompt, or chat messages rendered by the chat template."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: Annotated[list[Message], _LEN["messages"]] | None = None
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+    chat_template_kwargs: Annotated[dict[str, Any], _LEN["chat_template_kwargs"]] | None = None
+
+
+class DetokenizeRequest(_Body):
+    """vLLM's /detokenize."""
+
+    model: str | None = None
+    tokens: _Ids
+
+
 _EXACT = "it would change the target's distribution, which specdec keeps exact"
 # field -> (values that mean "off", what to do instead)
 _OFF = {
@@ -207,6 +225,10 @@ def parse(cls: type[_Body], raw: Any) -> _Body:
         for name, (off, why) in _MESSAGE_OFF.items():
             if getattr(m, name) not in off:
                 raise FieldError(f"messages.{i}.{name}={str(getattr(m, name))[:60]!r}: {why}", f"messages.{i}.{name}")
+    if isinstance(body, TokenizeRequest) and (body.prompt is None) == (body.messages is None):
+        raise FieldError("send either prompt or messages to tokenize", "prompt")
+    if isinstance(body, (TokenizeRequest, DetokenizeRequest)):
+        return body
     if body.response_format is not None and body.response_format.type != "text":
         raise FieldError(f"response_format type {body.response_format.type!r} is not supported (only 'text'): constrained "
                          "decoding is not implemented; ask for JSON in the prompt and parse the text", "response_format")  # fmt: skip

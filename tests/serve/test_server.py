@@ -245,6 +245,27 @@ def test_what_clients_send_back_is_accepted(server):
     assert r.status_code == 200, r.text
 
 
+def test_tokenize_and_detokenize_as_vllm(server, client):
+    """/tokenize gives the ids a completion's prompt becomes (and a chat's, through the
+    template), with count and max_model_len; /detokenize turns ids back into the text."""
+    headers = {"Authorization": f"Bearer {KEY}"}
+    post = lambda route, body: httpx.post(server.url + route, json=body, headers=headers, timeout=30)  # noqa: E731
+    r = client.completions.create(model="tiny", prompt=PROMPTS[4], max_tokens=1, extra_body={"return_token_ids": True})
+    t = post("/tokenize", {"model": "tiny", "prompt": PROMPTS[4]}).json()
+    assert t["tokens"] == extra(r, "prompt_token_ids") and t["count"] == len(t["tokens"]) and t["max_model_len"] == 512
+    bare = post("/tokenize", {"prompt": PROMPTS[4], "add_special_tokens": False}).json()["tokens"]
+    assert post("/detokenize", {"tokens": bare}).json() == {"prompt": PROMPTS[4]}
+    messages = [{"role": "user", "content": "hi there"}]
+    c = client.chat.completions.create(model="tiny", messages=messages, max_tokens=1, extra_body={"return_token_ids": True})
+    assert post("/tokenize", {"messages": messages}).json()["tokens"] == extra(c, "prompt_token_ids")
+    for route, body, status, name in (("/tokenize", {"prompt": "x", "messages": messages}, 400, "either"),
+                                      ("/tokenize", {"prompt": 5}, 400, "prompt"),
+                                      ("/detokenize", {"tokens": [1, 10**6]}, 400, "1000000"),
+                                      ("/detokenize", {"model": "nope", "tokens": [1]}, 404, "nope")):  # fmt: skip
+        check_error(post(route, body), status, name)
+    assert httpx.post(server.url + "/tokenize", json={"prompt": "x"}, timeout=30).status_code == 401
+
+
 # -- bad input -----------------------------------------------------------------------------------
 
 BAD = [  # (body or raw text, status, the field the message must name)
