@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import itertools
 import json
 import logging
 import time
@@ -112,8 +113,22 @@ class Completions:
         return body.max_tokens
 
     @staticmethod
-    def choice(index: int, text: str, finish: str | None, first: bool, stream: bool) -> dict:
-        return {"index": index, "text": text, "logprobs": None, "finish_reason": finish}
+    def logprobs(body: CompletionRequest) -> tuple[int | None, int | None]:
+        """(alternatives per generated token, per prompt token): None when not asked."""
+        return body.logprobs, body.logprobs if body.echo and body.logprobs is not None else None
+
+    @staticmethod
+    def choice(index: int, text: str, finish: str | None, first: bool, stream: bool, scored=None, codec=None, offset: int = 0) -> dict:
+        """``scored``: (position, TokenLogprob or None) pairs of this piece, as OpenAI's legacy
+        logprobs object (tokens, token_logprobs, top_logprobs, text_offset from ``offset``)."""
+        logprobs = None
+        if scored is not None:
+            words = [word(codec, tok) for tok, _ in scored]
+            offsets = list(itertools.accumulate((len(w) for w in words[:-1]), initial=offset)) if words else []
+            logprobs = {"tokens": words, "token_logprobs": [lp.logprob if lp else None for _, lp in scored],
+                        "top_logprobs": [{word(codec, t): v for t, v in lp.top} if lp else None for _, lp in scored],
+                        "text_offset": offsets}  # fmt: skip
+        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
 
 
 class Chat:
@@ -134,11 +149,25 @@ class Chat:
         return body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
 
     @staticmethod
-    def choice(index: int, text: str, finish: str | None, first: bool, stream: bool) -> dict:
+    def logprobs(body: ChatCompletionRequest) -> tuple[int | None, int | None]:
+        return (body.top_logprobs or 0) if body.logprobs else None, None
+
+    @staticmethod
+    def choice(index: int, text: str, finish: str | None, first: bool, stream: bool, scored=None, codec=None, offset: int = 0) -> dict:
+        """``scored``: (token, TokenLogprob) pairs as the chat logprobs object ({"content": [...]})."""
+
+        def entry(t: int, v: float) -> dict:
+            w = word(codec, t)
+            return {"token": w, "logprob": v, "bytes": list(w.encode())}
+
+        logprobs = None
+        if scored is not None:
+            logprobs = {"content": [{**entry(lp.token, lp.logprob), "top_logprobs": [entry(t, v) for t, v in lp.top]} for _, lp in scored],
+                        "refusal": None}  # fmt: skip
         if not stream:
-            return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": finish}
+            return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": logprobs, "finish_reason": finish}
         delta = {"role": "assistant", "content": text} if first else ({"content": text} if text or finish is None else {})
-        return {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
+        return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
 
 
 # -- one request's output ----------------------------------------------------------------------
@@ -154,8 +183,9 @@ class Generation:
         self.finish: str | None = None  # OpenAI finish_reason once ended: "stop", "length" (or "abort")
         self.last: float | None = None
 
-    async def deltas(self) -> AsyncIterator[tuple[str, list[int]]]:
-        """(text, tokens) as the engine accepts them; ``finish`` is set when this ends normally."""
+    async def deltas(self) -> AsyncIterator[tuple[str, list[int], list]]:
+        """(text, tokens, their TokenLogprobs or None) as the engine accepts them; ``finish`` is
+        set when this ends normally."""
         outcome = "abort"
         try:
             async for piece in self.handle:
@@ -164,12 +194,12 @@ class Generation:
                 if self.stops:
                     text = self.stops.push(text)
                 if text or piece.tokens:
-                    yield text, piece.tokens
+                    yield text, piece.tokens, piece.logprobs
                 if self.stops and self.stops.hit:
                     self.handle.cancel()  # frees the row at the next iteration
                     break
             if self.stops and (tail := self.stops.flush()):
-                yield tail, []
+                yield tail, [], None
             reason = "eos" if self.stops and self.stops.hit else self.handle.stats.finish_reason
             # the engine's reasons in OpenAI's words ("abort" as vLLM: the engine closed under it)
             self.finish = {"eos": "stop", "length": "length"}.get(reason, "abort")
@@ -201,6 +231,21 @@ class Generation:
         m.latency.observe(clock() - self.arrival)
 
 
+def word(codec: TextCodec | None, token: int) -> str:
+    """One token as text (vLLM's "token_id:N" without a tokenizer)."""
+    return codec.decode([token]) if codec is not None else f"token_id:{token}"
+
+
+def echoed_prompt(body, handle: Handle) -> tuple[str, list]:
+    """With ``echo``: the prompt's text and its (token, TokenLogprob or None) pairs (the first
+    token has none; empty when logprobs were not asked); else ("", [])."""
+    if not getattr(body, "echo", False):
+        return "", []
+    ids = handle.request.input_ids.tolist()
+    text = handle.codec.decode(ids) if handle.codec else ""
+    return text, list(zip(ids, handle.prompt_logprobs)) if handle.prompt_logprobs is not None else []
+
+
 def speculative(handles: list[Handle]) -> dict:
     """The request's speculative-decoding figures over all its choices (the response's
     ``speculative`` extension)."""
@@ -221,10 +266,11 @@ def speculative(handles: list[Handle]) -> dict:
     }
 
 
-def usage(handles: list[Handle], n: int) -> dict:
-    """Token counts of a request: each prompt once (its n choices share it), every choice's output."""
+def usage(handles: list[Handle], n: int, kept: bool = True) -> dict:
+    """Token counts of a request: each prompt once (its n choices share it), every choice's
+    output (none when ``kept`` is False: max_tokens=0 drops the token decoded)."""
     p = sum(len(h.request.input_ids) for h in handles[::n])
-    c = sum(len(h.tokens) for h in handles)
+    c = sum(len(h.tokens) for h in handles) if kept else 0
     return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 
 
@@ -328,13 +374,16 @@ def build_app(state: ServerState, lifespan=None) -> FastAPI:
         rid, created = f"{kind.id_prefix}-{uuid.uuid4().hex}", int(time.time())
         head = {"id": rid, "object": kind.object, "created": created, "model": state.model, "system_fingerprint": state.fingerprint}
         if body.stream:
-            return StreamingResponse(sse(gens, kind, body, {**head, "object": kind.chunk_object}), media_type="text/event-stream")
-        text, tokens = [[] for _ in gens], [[] for _ in gens]
+            return StreamingResponse(sse(gens, kind, body, {**head, "object": kind.chunk_object}, state.codec), media_type="text/event-stream")
+        text, tokens, scored = [[] for _ in gens], [[] for _ in gens], [[] for _ in gens]
+        keep = kind.max_tokens(body) != 0  # max_tokens=0 (with echo): the prompt alone; the one token decoded is dropped
 
         async def collect(i: int, gen: Generation):
-            async for t, ids in gen.deltas():
-                text[i].append(t)
-                tokens[i].extend(ids)
+            async for t, ids, lps in gen.deltas():
+                if keep:
+                    text[i].append(t)
+                    tokens[i].extend(ids)
+                    scored[i].extend(zip(ids, lps) if lps is not None else ())
 
         task = asyncio.ensure_future(asyncio.gather(*(collect(i, g) for i, g in enumerate(gens))))
         try:
@@ -350,8 +399,13 @@ def build_app(state: ServerState, lifespan=None) -> FastAPI:
             return Refused(500, f"decoding failed: {e}", "server_error").response()
         finally:
             task.cancel()  # a no-op once done; ends it if this handler is cancelled
-        choices = [kind.choice(i, "".join(text[i]), g.finish, True, False) for i, g in enumerate(gens)]
-        out = {**head, "choices": choices, "usage": usage(handles, body.choices), "speculative": speculative(handles)}
+        choices = []
+        for i, g in enumerate(gens):
+            echo, echoed = echoed_prompt(body, g.handle)
+            lps = (echoed + scored[i]) if g.handle.logprobs is not None else None
+            finish = g.finish if keep else "length"
+            choices.append(kind.choice(i, echo + "".join(text[i]), finish, True, False, lps, state.codec))
+        out = {**head, "choices": choices, "usage": usage(handles, body.choices, keep), "speculative": speculative(handles)}
         if body.return_token_ids:
             for choice, ids, h in zip(choices, tokens, handles):
                 choice["token_ids"] = ids
@@ -380,7 +434,9 @@ def build_app(state: ServerState, lifespan=None) -> FastAPI:
                 max_tokens = kind.max_tokens(body)
                 if max_tokens is None:  # as much as fits
                     max_tokens = max(1, state.max_seq_len - len(prompt) - engine.limits.max_gamma)
-                sampling = body.sampling()
+                max_tokens = max_tokens or 1  # max_tokens=0 with echo: one token decoded and dropped
+                logprobs, prompt_logprobs = kind.logprobs(body)
+                sampling = {**body.sampling(), "logprobs": logprobs, "prompt_logprobs": prompt_logprobs}
                 for j in range(body.choices):
                     seed = None if sampling["seed"] is None else sampling["seed"] + j
                     handles.append(engine.submit(prompt, SamplingParams(max_new_tokens=max_tokens, gamma=state.gamma, **{**sampling, "seed": seed})))
@@ -397,17 +453,24 @@ def build_app(state: ServerState, lifespan=None) -> FastAPI:
     return app
 
 
-async def sse(gens: list[Generation], kind, body, head: dict) -> AsyncIterator[str]:
-    """Server-sent events: one chunk per accepted piece of a choice (its ``index`` named), a last
-    one per choice with its finish_reason, a usage chunk when asked, then ``data: [DONE]``. The
-    last chunk of a request with one choice carries the ``speculative`` figures."""
+async def sse(gens: list[Generation], kind, body, head: dict, codec: TextCodec | None) -> AsyncIterator[str]:
+    """Server-sent events: one chunk per accepted piece of a choice (its ``index`` named, with
+    its tokens' logprobs when asked; with ``echo`` the first carries the prompt), a last one per
+    choice with its finish_reason, a usage chunk when asked, then ``data: [DONE]``. The last
+    chunk of a request with one choice carries the ``speculative`` figures."""
     opts = body.stream_options
     every = bool(opts and opts.continuous_usage_stats)
     handles = [g.handle for g in gens]
     first = [True] * len(gens)
+    offset = [0] * len(gens)  # characters of each choice's text streamed so far (logprobs' text_offset)
+    keep = kind.max_tokens(body) != 0  # max_tokens=0 (with echo): the prompt alone
 
-    def chunk(i: int, text: str, ids: list[int], finish: str | None) -> dict:
-        choice = kind.choice(i, text, finish, first[i], True)
+    def chunk(i: int, text: str, ids: list[int], finish: str | None, scored=None) -> dict:
+        if first[i]:
+            echo, echoed = echoed_prompt(body, handles[i])
+            text, scored = echo + text, (echoed + (scored or [])) if handles[i].logprobs is not None else scored
+        choice = kind.choice(i, text, finish, first[i], True, scored, codec, offset[i])
+        offset[i] += len(text)
         if body.return_token_ids:
             choice["token_ids"] = ids or []
             if first[i] and len(gens) > body.choices:
@@ -416,7 +479,7 @@ async def sse(gens: list[Generation], kind, body, head: dict) -> AsyncIterator[s
         if first[i] and i == 0 and body.return_token_ids and len(gens) == body.choices:
             out["prompt_token_ids"] = handles[0].request.input_ids.tolist()
         if every:
-            out["usage"] = usage(handles, body.choices)
+            out["usage"] = usage(handles, body.choices, keep)
         first[i] = False
         return out
 
@@ -424,34 +487,35 @@ async def sse(gens: list[Generation], kind, body, head: dict) -> AsyncIterator[s
 
     async def pump(i: int, gen: Generation) -> None:
         try:
-            async for text, ids in gen.deltas():
-                await queue.put((i, text, ids, None))
-            await queue.put((i, None, None, None))
+            async for text, ids, lps in gen.deltas():
+                if keep:
+                    await queue.put((i, text, ids, list(zip(ids, lps)) if lps is not None else None, None))
+            await queue.put((i, None, None, None, None))
         except Exception as e:  # the engine failed this choice
-            await queue.put((i, None, None, e))
+            await queue.put((i, None, None, None, e))
 
     tasks = [asyncio.ensure_future(pump(i, g)) for i, g in enumerate(gens)]
     try:
         left = len(gens)
         while left:
-            i, text, ids, error = await queue.get()
+            i, text, ids, scored, error = await queue.get()
             if error is not None:  # tell the client in the stream, then end it
                 log.error("stream %s failed: %s", head["id"], error)
                 yield event({"error": {"message": f"decoding failed: {error}", "type": "server_error", "param": None, "code": None}})
                 yield "data: [DONE]\n\n"
                 return
             if text is not None:
-                yield event(chunk(i, text, ids, None))
+                yield event(chunk(i, text, ids, None, scored))
                 continue
             left -= 1
-            last = chunk(i, "", [], gens[i].finish)
+            last = chunk(i, "", [], gens[i].finish if keep else "length")
             yield event({**last, "speculative": speculative(handles)} if len(gens) == 1 else last)
     finally:  # a client that left (or an error) ends every choice: deltas' cleanup cancels them
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
     if opts and opts.include_usage:
-        yield event({**head, "choices": [], "usage": usage(handles, body.choices), "speculative": speculative(handles)})
+        yield event({**head, "choices": [], "usage": usage(handles, body.choices, keep), "speculative": speculative(handles)})
     yield "data: [DONE]\n\n"
 
 

@@ -23,6 +23,7 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from specdec.errors import InputError
+from specdec.runtime.logprobs import MAX_LOGPROBS
 
 
 class FieldError(InputError):
@@ -113,8 +114,8 @@ class CompletionRequest(_Sampling):
     prompt: str | _Ids | Annotated[list[str], _LEN["prompt list"]] | Annotated[list[_Ids], _LEN["prompt list"]]
     max_tokens: int | None = 16  # OpenAI's default for completions
     best_of: int | None = None
-    logprobs: int | None = None
-    echo: bool | None = False
+    logprobs: int | None = None  # the target's log-probability of each token, with this many alternatives
+    echo: bool | None = False  # the prompt before the completion (and, with logprobs, its tokens' logprobs)
     suffix: str | None = None
 
 
@@ -171,9 +172,6 @@ _EXACT = "it would change the target's distribution, which specdec keeps exact"
 # field -> (values that mean "off", what to do instead)
 _OFF = {
     "best_of": ((None, 1), "ask for n choices and pick"),
-    "logprobs": ((None, False), "log-probabilities are not returned yet"),
-    "top_logprobs": ((None,), "log-probabilities are not returned yet"),
-    "echo": ((False, None), "prepend the prompt yourself"),
     "suffix": ((None,), "insertion is not supported"),
     "presence_penalty": ((0.0, None), _EXACT),
     "frequency_penalty": ((0.0, None), _EXACT),
@@ -232,6 +230,14 @@ def parse(cls: type[_Body], raw: Any) -> _Body:
     if body.response_format is not None and body.response_format.type != "text":
         raise FieldError(f"response_format type {body.response_format.type!r} is not supported (only 'text'): constrained "
                          "decoding is not implemented; ask for JSON in the prompt and parse the text", "response_format")  # fmt: skip
+    top = body.logprobs if isinstance(body, CompletionRequest) else body.top_logprobs
+    if top is not None and not 0 <= top <= MAX_LOGPROBS:
+        name = "logprobs" if isinstance(body, CompletionRequest) else "top_logprobs"
+        raise FieldError(f"{name}={top}: expected 0..{MAX_LOGPROBS} alternatives per token", name)
+    if isinstance(body, ChatCompletionRequest) and body.top_logprobs and not body.logprobs:
+        raise FieldError(f"top_logprobs={body.top_logprobs} needs logprobs=true", "top_logprobs")
+    if isinstance(body, CompletionRequest) and body.max_tokens == 0 and not body.echo:
+        raise FieldError("max_tokens=0 returns nothing without echo=true; ask for 1 or more tokens, or echo the prompt", "max_tokens")
     if body.n is not None and body.n < 1:
         raise FieldError(f"n={body.n}: expected an integer >= 1 (choices per prompt)", "n")
     prompts = len(body.prompt) if isinstance(body, CompletionRequest) and is_list_of_prompts(body.prompt) else 1

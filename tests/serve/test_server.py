@@ -266,6 +266,53 @@ def test_tokenize_and_detokenize_as_vllm(server, client):
     assert httpx.post(server.url + "/tokenize", json={"prompt": "x"}, timeout=30).status_code == 401
 
 
+def test_logprobs_and_echo_are_the_targets(server, client, chat_bundle):
+    """Completions' logprobs=k and chat's logprobs/top_logprobs, streamed and not: every value is
+    the PyTorch target's log-softmax at that position (1e-4, the export's logits bound), drafted
+    tokens included; echo with logprobs and max_tokens=0 returns the prompt's (the first null),
+    as lm-evaluation-harness's loglikelihood requests read them."""
+    torch = pytest.importorskip("torch")
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(chat_bundle[0]).eval()
+
+    def ref(ids: list[int]) -> np.ndarray:
+        with torch.no_grad():
+            return torch.log_softmax(model(torch.tensor([ids])).logits[0].double(), -1).numpy()  # row t predicts ids[t + 1]
+
+    kw = dict(model="tiny", max_tokens=16, extra_body={"return_token_ids": True, "ignore_eos": True})
+    for temperature in (0, 1.0):
+        r = client.completions.create(prompt=PROMPTS[0], logprobs=2, temperature=temperature, seed=4, **kw)
+        c, prompt = r.choices[0], extra(r, "prompt_token_ids")
+        ids = prompt + extra(c, "token_ids")
+        lp = ref(ids)
+        assert len(c.logprobs.token_logprobs) == len(extra(c, "token_ids")) == 16
+        for j, (tok, v, top) in enumerate(zip(extra(c, "token_ids"), c.logprobs.token_logprobs, c.logprobs.top_logprobs)):
+            row = lp[len(prompt) - 1 + j]
+            best = np.sort(row)[-2:]  # two ids may decode to one string (a byte token: "\ufffd"), so a dict may hold one
+            assert abs(v - row[tok]) < 1e-4 and 1 <= len(top) <= 2 and all(np.abs(best - x).min() < 1e-4 for x in top.values())
+        offsets = c.logprobs.text_offset  # per-token text: a split UTF-8 character decodes to "\ufffd" on its own
+        assert len(c.logprobs.tokens) == 16 and offsets[0] == 0 and all(a <= b for a, b in zip(offsets, offsets[1:]))
+        assert extra(r, "speculative")["accepted_tokens"] > 0 or temperature  # drafted tokens were scored at T=0
+    echo = client.completions.create(model="tiny", prompt=PROMPTS[0], echo=True, logprobs=0, max_tokens=0)
+    c = echo.choices[0]
+    lp = ref(prompt)
+    assert c.text == PROMPTS[0] and c.logprobs.token_logprobs[0] is None and echo.usage.completion_tokens == 0
+    assert np.allclose(c.logprobs.token_logprobs[1:], [lp[t - 1][prompt[t]] for t in range(1, len(prompt))], atol=1e-4)
+    streamed = list(client.completions.create(prompt=PROMPTS[0], logprobs=1, temperature=0, stream=True, **kw))
+    values = [v for ch in streamed if ch.choices and ch.choices[0].logprobs for v in ch.choices[0].logprobs.token_logprobs]
+    greedy = client.completions.create(prompt=PROMPTS[0], logprobs=1, temperature=0, **kw).choices[0]
+    assert np.allclose(values, greedy.logprobs.token_logprobs, atol=1e-6)
+    chat = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], logprobs=True, top_logprobs=3,
+                                          max_tokens=8, temperature=0, extra_body={"return_token_ids": True, "ignore_eos": True})  # fmt: skip
+    ids = extra(chat, "prompt_token_ids") + extra(chat.choices[0], "token_ids")
+    lp = ref(ids)
+    n = len(extra(chat, "prompt_token_ids"))
+    content = chat.choices[0].logprobs.content
+    assert [e.token for e in content] and len(content) == 8 and all(len(e.top_logprobs) == 3 for e in content)
+    assert all(abs(e.logprob - lp[n - 1 + j][t]) < 1e-4 for j, (e, t) in enumerate(zip(content, ids[n:])))
+
+
 # -- bad input -----------------------------------------------------------------------------------
 
 BAD = [  # (body or raw text, status, the field the message must name)
@@ -275,7 +322,6 @@ BAD = [  # (body or raw text, status, the field the message must name)
     ({"model": "tiny"}, 400, "prompt"),
     ({"model": "nope", "prompt": "x"}, 404, "nope"),
     ({"model": "tiny", "prompt": "x", "max_tokens": "5"}, 400, "max_tokens"),
-    ({"model": "tiny", "prompt": "x", "max_tokens": 0}, 400, "max_new_tokens"),
     ({"model": "tiny", "prompt": "x", "temperature": "hot"}, 400, "temperature"),
     ({"model": "tiny", "prompt": "x", "temperature": -0.5}, 400, "temperature"),
     ({"model": "tiny", "prompt": "x", "top_p": 1.5}, 400, "top_p"),
@@ -289,8 +335,8 @@ BAD = [  # (body or raw text, status, the field the message must name)
     ({"model": "tiny", "prompt": "x", "n": 0}, 400, "n=0"),
     ({"model": "tiny", "prompt": "x", "response_format": {"type": "json_object"}}, 400, "response_format"),
     ({"model": "tiny", "prompt": "x", "best_of": 3}, 400, "best_of"),
-    ({"model": "tiny", "prompt": "x", "logprobs": 2}, 400, "logprobs"),
-    ({"model": "tiny", "prompt": "x", "echo": True}, 400, "echo"),
+    ({"model": "tiny", "prompt": "x", "logprobs": 21}, 400, "logprobs=21"),
+    ({"model": "tiny", "prompt": "x", "max_tokens": 0}, 400, "echo"),
     ({"model": "tiny", "prompt": "x", "presence_penalty": 0.5}, 400, "presence_penalty"),
     ({"model": "tiny", "prompt": "x", "frobnicate": 1}, 400, "frobnicate"),
     ({"model": "tiny", "prompt": "x", "synthetic_acceptance": 0.9}, 400, "synthetic_acceptance"),  # benchmarks only
@@ -302,7 +348,7 @@ BAD_CHAT = [
     ({"model": "tiny", "messages": [{"role": "wizard", "content": "hi"}]}, 400, "role"),
     ({"model": "tiny", "messages": [{"role": "user", "content": 5}]}, 400, "content"),
     ({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "tools": []}, 400, "tools"),
-    ({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "logprobs": True}, 400, "logprobs"),
+    ({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}, 400, "logprobs=true"),
     ({"model": "tiny", "messages": [{"role": "assistant", "content": "x", "tool_calls": [{"id": "1"}]}]}, 400, "tool_calls"),
 ]
 
