@@ -195,7 +195,8 @@ class Stream:
     @property
     def result(self) -> GenerationResult:
         codec = self.decoder.codec
-        return GenerationResult(list(self.tokens), codec.decode(self.tokens) if codec else None, self.stats)
+        h = self.handle
+        return GenerationResult(list(self.tokens), codec.decode(self.tokens) if codec else None, self.stats, h.logprobs, h.prompt_logprobs)
 
 
 def _pieces(dec: SpeculativeDecoder, handle: Handle) -> Iterator[Piece]:

@@ -30,6 +30,7 @@ from specdec.runtime.drafters import make_proposer, models_for, needs_draft_mode
 from specdec.runtime.handles import Handle
 from specdec.runtime.request import Request
 from specdec.runtime.stats import Iteration
+from specdec.runtime.logprobs import score
 from specdec.runtime.step import Row, schedule, speculative_step, tree_step
 
 clock = time.perf_counter
@@ -145,10 +146,13 @@ class Engine:
         return self.policies[key]
 
     def _prefill(self, r: Row, start: int, stop: int) -> None:
-        """Feed seq[start:stop] of a joining row to every model's slot (batch-1 graphs)."""
+        """Feed seq[start:stop] of a joining row to every model's slot (batch-1 graphs); with
+        prompt logprobs asked, the target's logits there score seq[start + 1 : stop + 1]."""
         t0 = clock()
         for model in self.models:
-            model.forward([r.slot], [r.seq[start:stop]])
+            logits = model.forward([r.slot], [r.seq[start:stop]])
+            if model is self.target and r.sink.prompt_logprobs is not None:
+                r.sink.prompt_logprobs += score(logits[0, : stop - start], r.seq[start + 1 : stop + 1], r.req.params.prompt_logprobs)
             model.commit(r.slot, stop - start)
         r.stats.prefill_seconds += clock() - t0
 
@@ -158,7 +162,7 @@ class Engine:
         r.length, r.left = r.length + n + 1, r.left - len(emitted)
         r.stats.new_tokens += len(emitted)
         r.stats.total_seconds = clock() - r.sink.start_time
-        r.sink._push(emitted)
+        r.sink._push(emitted, r.scored[: len(emitted)] if r.scored is not None else None)
         if stopped or r.left == 0:
             self.free(r, "eos" if stopped else "length")
 

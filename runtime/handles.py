@@ -15,6 +15,7 @@ import queue
 import threading
 from typing import AsyncIterator, Callable, Iterator, NamedTuple
 
+from specdec.runtime.logprobs import TokenLogprob
 from specdec.runtime.request import Request
 from specdec.runtime.stats import Stats
 from specdec.runtime.text import Detokenizer, TextCodec
@@ -23,16 +24,20 @@ _END = object()
 
 
 class Piece(NamedTuple):
-    """Tokens accepted by one iteration, and the text they complete (None without a tokenizer)."""
+    """Tokens accepted by one iteration, and the text they complete (None without a tokenizer);
+    with ``logprobs`` asked, one ``TokenLogprob`` per token."""
 
     tokens: list[int]
     text: str | None
+    logprobs: list[TokenLogprob] | None = None
 
 
 class GenerationResult(NamedTuple):
     tokens: list[int]  # generated tokens only (an EOS that stopped decoding is included)
     text: str | None  # decoded text when the bundle has a tokenizer
     stats: Stats
+    logprobs: list[TokenLogprob] | None = None  # per generated token, when asked
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # per prompt token (the first: None), when asked
 
 
 class Handle:
@@ -45,6 +50,8 @@ class Handle:
         when another thread pushes."""
         self.request, self.codec, self.stats, self.pump = request, codec, stats, pump
         self.tokens: list[int] = []  # filled by the engine thread
+        self.logprobs: list[TokenLogprob] | None = [] if request.params.logprobs is not None else None  # aligned with tokens
+        self.prompt_logprobs: list[TokenLogprob | None] | None = [None] if request.params.prompt_logprobs is not None else None
         self.error: BaseException | None = None  # set when the engine failed this request
         self.start_time = 0.0  # when the engine took it (perf_counter)
         self.cancelled = threading.Event()
@@ -54,9 +61,11 @@ class Handle:
 
     # -- engine side ----------------------------------------------------------------------
 
-    def _push(self, tokens: list[int]) -> None:
+    def _push(self, tokens: list[int], logprobs: list[TokenLogprob] | None = None) -> None:
         self.tokens += tokens
-        self._pieces.put(tokens)
+        if self.logprobs is not None and logprobs is not None:
+            self.logprobs += logprobs
+        self._pieces.put((tokens, logprobs))
         if self._notify:
             self._notify()
 
@@ -77,7 +86,7 @@ class Handle:
     def __iter__(self) -> Iterator[Piece]:
         detok = Detokenizer(self.codec) if self.codec else None
         while (item := self._next()) is not _END:
-            yield Piece(item, detok.push(item) if detok else None)
+            yield Piece(item[0], detok.push(item[0]) if detok else None, item[1])
         yield from self._ending(detok)
 
     def _next(self):
@@ -108,7 +117,7 @@ class Handle:
                 continue
             if item is _END:
                 break
-            yield Piece(item, detok.push(item) if detok else None)
+            yield Piece(item[0], detok.push(item[0]) if detok else None, item[1])
         for piece in self._ending(detok):
             yield piece
 
@@ -127,4 +136,4 @@ class Handle:
         if self.error is not None:
             raise self.error
         text = self.codec.decode(self.tokens) if self.codec else None
-        return GenerationResult(list(self.tokens), text, self.stats)
+        return GenerationResult(list(self.tokens), text, self.stats, self.logprobs, self.prompt_logprobs)

@@ -14,6 +14,7 @@ from typing import Sequence
 import numpy as np
 
 from specdec.errors import InputError
+from specdec.runtime.logprobs import MAX_LOGPROBS
 from specdec.runtime.sampling import SamplingConfig
 from specdec.runtime.speculative import check_lenience
 
@@ -30,7 +31,9 @@ class SamplingParams:
     "auto" to choose it each iteration (§3.5). ``lenience``: 1 is exact; l < 1 accepts more
     drafts and changes the output distribution (no token above p(x) / l; App. A.5).
     ``stop_token_ids``: tokens that end the request besides EOS (``ignore_eos`` drops only EOS),
-    as vLLM's field.
+    as vLLM's field. ``logprobs`` / ``prompt_logprobs``: the target's log-probability of each
+    generated / prompt token with that many most likely alternatives (0: the token's own only;
+    None: not computed), from the raw logits (runtime/logprobs.py).
     """
 
     max_new_tokens: int = 128
@@ -42,6 +45,8 @@ class SamplingParams:
     ignore_eos: bool = False
     lenience: float = 1.0
     stop_token_ids: Sequence[int] = ()
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         SamplingConfig(self.temperature, self.top_k, self.top_p)  # raises SamplingError on a bad value
@@ -54,6 +59,10 @@ class SamplingParams:
         if isinstance(extra, (str, bytes)) or not hasattr(extra, "__iter__") or not all(is_int(t) and t >= 0 for t in extra):
             raise InputError(f"stop_token_ids={extra!r}: expected a list of token ids >= 0")
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in extra))
+        for name in ("logprobs", "prompt_logprobs"):
+            k = getattr(self, name)
+            if k is not None and (not is_int(k) or not 0 <= k <= MAX_LOGPROBS):
+                raise InputError(f"{name}={k!r}: expected an integer in 0..{MAX_LOGPROBS} (alternatives per token) or None")
 
     @classmethod
     def of(cls, **given) -> SamplingParams:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Callable, NamedTuple, Sequence
 
 import numpy as np
 
+from specdec.runtime.logprobs import score
 from specdec.runtime.request import Request
 from specdec.runtime.sampling import standardize
 from specdec.runtime.speculative import accept, synthetic_accept
@@ -47,6 +48,7 @@ class Row:
     length: int  # L: committed tokens
     left: int  # tokens still to emit
     ready: bool = False  # prompt fed: the row decodes
+    scored: list | None = None  # with logprobs asked: the last iteration's TokenLogprob per kept token
 
     @property
     def stats(self) -> Stats:
@@ -98,6 +100,8 @@ def speculative_step(rows: Sequence[Row], gammas: Sequence[int], proposer: Propo
             n, token = synthetic_accept(r.seq[r.length : r.length + k], r.q[:k], logits[i, : k + 1], r.req.sampling, r.rng, synthetic)
         target.commit(r.slot, n + 1)  # rows for seq[L-1] and x_1..x_n
         r.seq[r.length + n] = token
+        if r.req.params.logprobs is not None:  # row j of the call predicted seq[L + j]
+            r.scored = score(logits[i, : n + 1], r.seq[r.length : r.length + n + 1], r.req.params.logprobs)
         kept.append(n)
     proposer.commit(rows, kept, logits)
     t3 = clock()
@@ -138,6 +142,8 @@ def tree_step(rows: Sequence[Row], gammas: Sequence[int], proposer, target: Exec
             target.commit(r.slot, 1)
         r.seq[L : L + len(v.path)] = [tokens[i] for i in v.path]
         r.seq[L + len(v.path)] = v.token
+        if r.req.params.logprobs is not None:  # each kept token was predicted by its parent's row (the root's: 0)
+            r.scored = score(logits[[0, *(i + 1 for i in v.path)]], r.seq[L : L + len(v.path) + 1], r.req.params.logprobs)
         kept.append(len(v.path))
         sizes.append(max(depths(parents), default=0))  # the positions it drafted
         rank = sibling_ranks(parents)

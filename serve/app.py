@@ -1,7 +1,9 @@
 """The OpenAI-compatible HTTP application over one ``BatchEngine``.
 
-    POST /v1/completions, /v1/chat/completions ─► parse (protocol) ─► token ids ─► engine.submit
-        ─► Handle pieces (async) ─► stop strings (stops) ─► one JSON body, or SSE chunks + [DONE]
+    POST /v1/completions, /v1/chat/completions ─► parse (protocol) ─► token ids per prompt
+        ─► engine.submit per choice (prompts x n) ─► Handle pieces (async) ─► stop strings (stops)
+        ─► one JSON body, or SSE chunks (each naming its choice's index) + [DONE]
+    POST /tokenize, /detokenize (vLLM's shapes)
     GET /v1/models, /health, /metrics
 
 Every failure is an OpenAI-style error body ``{"error": {"message", "type", "param", "code"}}``:
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import itertools
 import json
 import logging
 import time
@@ -29,12 +32,11 @@ from starlette.exceptions import HTTPException
 from specdec.errors import InputError, QueueFullError
 from specdec.runtime.handles import Handle
 from specdec.runtime.params import SamplingParams
-from specdec.runtime.stats import Stats
 from specdec.runtime.text import TextCodec
 from specdec.serve.chat import ChatTemplate
 from specdec.serve.limits import MAX_BODY, BodyLimit, loads
 from specdec.serve.metrics import Metrics
-from specdec.serve.protocol import ChatCompletionRequest, CompletionRequest, FieldError, parse
+from specdec.serve.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, FieldError, TokenizeRequest, parse, prompts_of
 from specdec.serve.stops import StopStrings
 
 log = logging.getLogger("specdec.serve")
@@ -95,45 +97,77 @@ class Completions:
     object, chunk_object, id_prefix = "text_completion", "text_completion", "cmpl"
 
     @staticmethod
-    def prompt(state: ServerState, body: CompletionRequest) -> list[int]:
-        if isinstance(body.prompt, list):
-            return body.prompt  # the engine checks the ids against the vocabulary
-        if state.codec is None:
-            raise FieldError("prompt is text but the bundle has no tokenizer; send token ids", "prompt")
-        return state.codec.encode(body.prompt)
+    def prompts(state: ServerState, body: CompletionRequest) -> list[list[int]]:
+        out = []
+        for prompt in prompts_of(body):
+            if isinstance(prompt, list):
+                out.append(prompt)  # the engine checks the ids against the vocabulary
+            elif state.codec is None:
+                raise FieldError("prompt is text but the bundle has no tokenizer; send token ids", "prompt")
+            else:
+                out.append(state.codec.encode(prompt))
+        return out
 
     @staticmethod
     def max_tokens(body: CompletionRequest) -> int | None:
         return body.max_tokens
 
     @staticmethod
-    def choice(text: str, finish: str | None, first: bool, stream: bool) -> dict:
-        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+    def logprobs(body: CompletionRequest) -> tuple[int | None, int | None]:
+        """(alternatives per generated token, per prompt token): None when not asked."""
+        return body.logprobs, body.logprobs if body.echo and body.logprobs is not None else None
+
+    @staticmethod
+    def choice(index: int, text: str, finish: str | None, first: bool, stream: bool, scored=None, codec=None, offset: int = 0) -> dict:
+        """``scored``: (position, TokenLogprob or None) pairs of this piece, as OpenAI's legacy
+        logprobs object (tokens, token_logprobs, top_logprobs, text_offset from ``offset``)."""
+        logprobs = None
+        if scored is not None:
+            words = [word(codec, tok) for tok, _ in scored]
+            offsets = list(itertools.accumulate((len(w) for w in words[:-1]), initial=offset)) if words else []
+            logprobs = {"tokens": words, "token_logprobs": [lp.logprob if lp else None for _, lp in scored],
+                        "top_logprobs": [{word(codec, t): v for t, v in lp.top} if lp else None for _, lp in scored],
+                        "text_offset": offsets}  # fmt: skip
+        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
 
 
 class Chat:
     object, chunk_object, id_prefix = "chat.completion", "chat.completion.chunk", "chatcmpl"
 
     @staticmethod
-    def prompt(state: ServerState, body: ChatCompletionRequest) -> list[int]:
+    def prompts(state: ServerState, body: ChatCompletionRequest) -> list[list[int]]:
         if state.chat is None:
             raise FieldError("messages: this bundle has no chat template; start the server with --chat-template FILE, or use /v1/completions", "messages")
         if state.codec is None:
             raise FieldError("messages: the bundle has no tokenizer to encode a chat; use /v1/completions with token ids", "messages")
         messages = [{"role": m.role, "content": m.text(), **({"name": m.name} if m.name else {})} for m in body.messages]
         text = state.chat.render(messages, body.add_generation_prompt, **(body.chat_template_kwargs or {}))
-        return state.codec.encode(text, special=False)  # the template wrote the special tokens
+        return [state.codec.encode(text, special=False)]  # the template wrote the special tokens
 
     @staticmethod
     def max_tokens(body: ChatCompletionRequest) -> int | None:
         return body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
 
     @staticmethod
-    def choice(text: str, finish: str | None, first: bool, stream: bool) -> dict:
+    def logprobs(body: ChatCompletionRequest) -> tuple[int | None, int | None]:
+        return (body.top_logprobs or 0) if body.logprobs else None, None
+
+    @staticmethod
+    def choice(index: int, text: str, finish: str | None, first: bool, stream: bool, scored=None, codec=None, offset: int = 0) -> dict:
+        """``scored``: (token, TokenLogprob) pairs as the chat logprobs object ({"content": [...]})."""
+
+        def entry(t: int, v: float) -> dict:
+            w = word(codec, t)
+            return {"token": w, "logprob": v, "bytes": list(w.encode())}
+
+        logprobs = None
+        if scored is not None:
+            logprobs = {"content": [{**entry(lp.token, lp.logprob), "top_logprobs": [entry(t, v) for t, v in lp.top]} for _, lp in scored],
+                        "refusal": None}  # fmt: skip
         if not stream:
-            return {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": finish}
+            return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": logprobs, "finish_reason": finish}
         delta = {"role": "assistant", "content": text} if first else ({"content": text} if text or finish is None else {})
-        return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
 
 
 # -- one request's output ----------------------------------------------------------------------
@@ -149,8 +183,9 @@ class Generation:
         self.finish: str | None = None  # OpenAI finish_reason once ended: "stop", "length" (or "abort")
         self.last: float | None = None
 
-    async def deltas(self) -> AsyncIterator[tuple[str, list[int]]]:
-        """(text, tokens) as the engine accepts them; ``finish`` is set when this ends normally."""
+    async def deltas(self) -> AsyncIterator[tuple[str, list[int], list]]:
+        """(text, tokens, their TokenLogprobs or None) as the engine accepts them; ``finish`` is
+        set when this ends normally."""
         outcome = "abort"
         try:
             async for piece in self.handle:
@@ -159,12 +194,12 @@ class Generation:
                 if self.stops:
                     text = self.stops.push(text)
                 if text or piece.tokens:
-                    yield text, piece.tokens
+                    yield text, piece.tokens, piece.logprobs
                 if self.stops and self.stops.hit:
                     self.handle.cancel()  # frees the row at the next iteration
                     break
             if self.stops and (tail := self.stops.flush()):
-                yield tail, []
+                yield tail, [], None
             reason = "eos" if self.stops and self.stops.hit else self.handle.stats.finish_reason
             # the engine's reasons in OpenAI's words ("abort" as vLLM: the engine closed under it)
             self.finish = {"eos": "stop", "length": "length"}.get(reason, "abort")
@@ -196,23 +231,46 @@ class Generation:
         m.latency.observe(clock() - self.arrival)
 
 
-def speculative(stats: Stats) -> dict:
-    """The request's speculative-decoding figures (the response's ``speculative`` extension)."""
+def word(codec: TextCodec | None, token: int) -> str:
+    """One token as text (vLLM's "token_id:N" without a tokenizer)."""
+    return codec.decode([token]) if codec is not None else f"token_id:{token}"
+
+
+def echoed_prompt(body, handle: Handle) -> tuple[str, list]:
+    """With ``echo``: the prompt's text and its (token, TokenLogprob or None) pairs (the first
+    token has none; empty when logprobs were not asked); else ("", [])."""
+    if not getattr(body, "echo", False):
+        return "", []
+    ids = handle.request.input_ids.tolist()
+    text = handle.codec.decode(ids) if handle.codec else ""
+    return text, list(zip(ids, handle.prompt_logprobs)) if handle.prompt_logprobs is not None else []
+
+
+def speculative(handles: list[Handle]) -> dict:
+    """The request's speculative-decoding figures over all its choices (the response's
+    ``speculative`` extension)."""
+    stats = [h.stats for h in handles]
+    first = stats[0]
+    calls, drafted, accepted = (sum(getattr(s, k) for s in stats) for k in ("target_calls", "drafted", "accepted"))
+    verify = sum(s.verify_calls for s in stats)
     return {
-        "drafter": stats.drafter,
-        "gamma": stats.gamma,
-        "adaptive_gamma": stats.adaptive,
-        "target_calls": stats.target_calls,
-        "verify_calls": stats.verify_calls,
-        "drafted_tokens": stats.drafted,
-        "accepted_tokens": stats.accepted,
-        "acceptance_rate": stats.acceptance_rate,
-        "mean_accepted_tokens": stats.mean_accepted,
+        "drafter": first.drafter,
+        "gamma": first.gamma,
+        "adaptive_gamma": first.adaptive,
+        "target_calls": calls,
+        "verify_calls": verify,
+        "drafted_tokens": drafted,
+        "accepted_tokens": accepted,
+        "acceptance_rate": first.acceptance_rate if len(stats) == 1 else (accepted / drafted if drafted else 0.0),
+        "mean_accepted_tokens": first.mean_accepted if len(stats) == 1 else (accepted / verify if verify else 0.0),
     }
 
 
-def usage(handle: Handle) -> dict:
-    p, c = len(handle.request.input_ids), len(handle.tokens)
+def usage(handles: list[Handle], n: int, kept: bool = True) -> dict:
+    """Token counts of a request: each prompt once (its n choices share it), every choice's
+    output (none when ``kept`` is False: max_tokens=0 drops the token decoded)."""
+    p = sum(len(h.request.input_ids) for h in handles[::n])
+    c = sum(len(h.tokens) for h in handles) if kept else 0
     return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 
 
@@ -257,6 +315,45 @@ def build_app(state: ServerState, lifespan=None) -> FastAPI:
         state.ready()
         return Response(state.metrics.text(), media_type=CONTENT_TYPE_LATEST)
 
+    @app.post("/tokenize")
+    async def tokenize(request: Request):
+        body = await read(request, TokenizeRequest)
+        codec = needs_codec("tokenize")
+        if body.messages is not None:
+            if state.chat is None:
+                raise Refused(400, "messages: this bundle has no chat template; send prompt instead", param="messages")
+            messages = [{"role": m.role, "content": m.text(), **({"name": m.name} if m.name else {})} for m in body.messages]
+            ids = codec.encode(state.chat.render(messages, body.add_generation_prompt, **(body.chat_template_kwargs or {})), special=False)
+        else:
+            ids = codec.encode(body.prompt, special=body.add_special_tokens)
+        return {"count": len(ids), "max_model_len": state.max_seq_len, "tokens": ids}
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request):
+        body = await read(request, DetokenizeRequest)
+        codec = needs_codec("detokenize")
+        bad = [t for t in body.tokens if not 0 <= t < state.manifest.vocab_size] if state.manifest else []
+        if bad:
+            raise Refused(400, f"tokens: ids {bad[:5]} are outside the vocabulary [0, {state.manifest.vocab_size})", param="tokens")
+        return {"prompt": codec.decode(body.tokens)}
+
+    async def read(request: Request, cls):
+        """Check the key and the model, parse the body as ``cls``; a ``Refused`` says why not."""
+        state.check_key(request)
+        state.ready()
+        try:
+            body = parse(cls, loads(await request.body()))
+        except (FieldError, InputError) as e:
+            raise Refused(400, str(e), param=getattr(e, "param", None)) from None
+        if body.model is not None and body.model != state.model:
+            raise Refused(404, f"model {body.model!r} is not served here; this server serves {state.model!r}", param="model", code="model_not_found")
+        return body
+
+    def needs_codec(route: str) -> TextCodec:
+        if state.codec is None:
+            raise Refused(400, f"/{route}: the bundle has no tokenizer")
+        return state.codec
+
     @app.post("/v1/completions")
     async def completions(request: Request):
         return await generate(request, CompletionRequest, Completions)
@@ -268,24 +365,27 @@ def build_app(state: ServerState, lifespan=None) -> FastAPI:
     async def generate(request: Request, cls, kind):
         arrival = clock()
         try:
-            handle, body = await admit(request, cls, kind)
+            handles, body = await admit(request, cls, kind)
         except Refused as e:
             if state.metrics:
                 state.metrics.requests.labels(e.outcome).inc()
             return e.response()
-        gen = Generation(handle, body.stops, arrival, state.metrics)
+        gens = [Generation(h, body.stops, arrival, state.metrics) for h in handles]
         rid, created = f"{kind.id_prefix}-{uuid.uuid4().hex}", int(time.time())
         head = {"id": rid, "object": kind.object, "created": created, "model": state.model, "system_fingerprint": state.fingerprint}
         if body.stream:
-            return StreamingResponse(sse(gen, kind, body, {**head, "object": kind.chunk_object}), media_type="text/event-stream")
-        text, tokens = [], []
+            return StreamingResponse(sse(gens, kind, body, {**head, "object": kind.chunk_object}, state.codec), media_type="text/event-stream")
+        text, tokens, scored = [[] for _ in gens], [[] for _ in gens], [[] for _ in gens]
+        keep = kind.max_tokens(body) != 0  # max_tokens=0 (with echo): the prompt alone; the one token decoded is dropped
 
-        async def collect():
-            async for t, ids in gen.deltas():
-                text.append(t)
-                tokens.extend(ids)
+        async def collect(i: int, gen: Generation):
+            async for t, ids, lps in gen.deltas():
+                if keep:
+                    text[i].append(t)
+                    tokens[i].extend(ids)
+                    scored[i].extend(zip(ids, lps) if lps is not None else ())
 
-        task = asyncio.ensure_future(collect())
+        task = asyncio.ensure_future(asyncio.gather(*(collect(i, g) for i, g in enumerate(gens))))
         try:
             while not task.done():  # a client that leaves cancels its request, as a stream's does
                 await asyncio.wait({task}, timeout=DISCONNECT_POLL)
@@ -299,69 +399,123 @@ def build_app(state: ServerState, lifespan=None) -> FastAPI:
             return Refused(500, f"decoding failed: {e}", "server_error").response()
         finally:
             task.cancel()  # a no-op once done; ends it if this handler is cancelled
-        out = {**head, "choices": [kind.choice("".join(text), gen.finish, True, False)], "usage": usage(handle), "speculative": speculative(handle.stats)}
+        choices = []
+        for i, g in enumerate(gens):
+            echo, echoed = echoed_prompt(body, g.handle)
+            lps = (echoed + scored[i]) if g.handle.logprobs is not None else None
+            finish = g.finish if keep else "length"
+            choices.append(kind.choice(i, echo + "".join(text[i]), finish, True, False, lps, state.codec))
+        out = {**head, "choices": choices, "usage": usage(handles, body.choices, keep), "speculative": speculative(handles)}
         if body.return_token_ids:
-            out["choices"][0]["token_ids"] = tokens
-            out["prompt_token_ids"] = handle.request.input_ids.tolist()
+            for choice, ids, h in zip(choices, tokens, handles):
+                choice["token_ids"] = ids
+                if len(handles) > body.choices:  # several prompts: each choice names its own
+                    choice["prompt_token_ids"] = h.request.input_ids.tolist()
+            if len(handles) == body.choices:
+                out["prompt_token_ids"] = handles[0].request.input_ids.tolist()
         return out
 
-    async def admit(request: Request, cls, kind) -> tuple[Handle, Any]:
-        """Parse, check and submit a request; a ``Refused`` says why not."""
+    async def admit(request: Request, cls, kind) -> tuple[list[Handle], Any]:
+        """Parse, check and submit a request, one handle per choice (prompt i's choice j at
+        i * n + j, its seed + j when seeded); a ``Refused`` says why not, and cancels what was
+        submitted."""
         state.check_key(request)
         engine = state.ready()
         try:
             raw = loads(await request.body())  # at most MAX_BODY bytes: BodyLimit stops reading there
         except InputError as e:
             raise Refused(400, str(e)) from None
+        handles: list[Handle] = []
         try:
             body = parse(cls, raw)
-            if body.model != state.model:
+            if body.model is not None and body.model != state.model:
                 raise Refused(404, f"model {body.model!r} is not served here; this server serves {state.model!r}", param="model", code="model_not_found")
-            prompt = kind.prompt(state, body)
-            max_tokens = kind.max_tokens(body)
-            if max_tokens is None:  # as much as fits
-                max_tokens = max(1, state.max_seq_len - len(prompt) - engine.limits.max_gamma)
-            handle = engine.submit(prompt, SamplingParams(max_new_tokens=max_tokens, gamma=state.gamma, **body.sampling()))
-        except QueueFullError as e:
-            raise Refused(503, str(e), "server_error", code="queue_full", outcome="rejected", headers={"Retry-After": RETRY_AFTER}) from None
-        except (FieldError, ValueError) as e:  # every specdec input error is a ValueError
-            raise Refused(400, str(e), param=getattr(e, "param", None)) from None
-        return handle, body
+            for prompt in kind.prompts(state, body):
+                max_tokens = kind.max_tokens(body)
+                if max_tokens is None:  # as much as fits
+                    max_tokens = max(1, state.max_seq_len - len(prompt) - engine.limits.max_gamma)
+                max_tokens = max_tokens or 1  # max_tokens=0 with echo: one token decoded and dropped
+                logprobs, prompt_logprobs = kind.logprobs(body)
+                sampling = {**body.sampling(), "logprobs": logprobs, "prompt_logprobs": prompt_logprobs}
+                for j in range(body.choices):
+                    seed = None if sampling["seed"] is None else sampling["seed"] + j
+                    handles.append(engine.submit(prompt, SamplingParams(max_new_tokens=max_tokens, gamma=state.gamma, **{**sampling, "seed": seed})))
+        except Exception as e:
+            for h in handles:
+                h.cancel()
+            if isinstance(e, QueueFullError):
+                raise Refused(503, str(e), "server_error", code="queue_full", outcome="rejected", headers={"Retry-After": RETRY_AFTER}) from None
+            if isinstance(e, (FieldError, ValueError)):  # every specdec input error is a ValueError
+                raise Refused(400, str(e), param=getattr(e, "param", None)) from None
+            raise
+        return handles, body
 
     return app
 
 
-async def sse(gen: Generation, kind, body, head: dict) -> AsyncIterator[str]:
-    """Server-sent events: one chunk per accepted piece, a last one with finish_reason (and the
-    ``speculative`` figures), a usage chunk when asked, then ``data: [DONE]``."""
+async def sse(gens: list[Generation], kind, body, head: dict, codec: TextCodec | None) -> AsyncIterator[str]:
+    """Server-sent events: one chunk per accepted piece of a choice (its ``index`` named, with
+    its tokens' logprobs when asked; with ``echo`` the first carries the prompt), a last one per
+    choice with its finish_reason, a usage chunk when asked, then ``data: [DONE]``. The last
+    chunk of a request with one choice carries the ``speculative`` figures."""
     opts = body.stream_options
     every = bool(opts and opts.continuous_usage_stats)
-    first = True
+    handles = [g.handle for g in gens]
+    first = [True] * len(gens)
+    offset = [0] * len(gens)  # characters of each choice's text streamed so far (logprobs' text_offset)
+    keep = kind.max_tokens(body) != 0  # max_tokens=0 (with echo): the prompt alone
 
-    def chunk(text: str, ids: list[int], finish: str | None) -> dict:
-        nonlocal first
-        choice = kind.choice(text, finish, first, True)
+    def chunk(i: int, text: str, ids: list[int], finish: str | None, scored=None) -> dict:
+        if first[i]:
+            echo, echoed = echoed_prompt(body, handles[i])
+            text, scored = echo + text, (echoed + (scored or [])) if handles[i].logprobs is not None else scored
+        choice = kind.choice(i, text, finish, first[i], True, scored, codec, offset[i])
+        offset[i] += len(text)
         if body.return_token_ids:
             choice["token_ids"] = ids or []
+            if first[i] and len(gens) > body.choices:
+                choice["prompt_token_ids"] = handles[i].request.input_ids.tolist()
         out = {**head, "choices": [choice]}
-        if first and body.return_token_ids:
-            out["prompt_token_ids"] = gen.handle.request.input_ids.tolist()
+        if first[i] and i == 0 and body.return_token_ids and len(gens) == body.choices:
+            out["prompt_token_ids"] = handles[0].request.input_ids.tolist()
         if every:
-            out["usage"] = usage(gen.handle)
-        first = False
+            out["usage"] = usage(handles, body.choices, keep)
+        first[i] = False
         return out
 
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i: int, gen: Generation) -> None:
+        try:
+            async for text, ids, lps in gen.deltas():
+                if keep:
+                    await queue.put((i, text, ids, list(zip(ids, lps)) if lps is not None else None, None))
+            await queue.put((i, None, None, None, None))
+        except Exception as e:  # the engine failed this choice
+            await queue.put((i, None, None, None, e))
+
+    tasks = [asyncio.ensure_future(pump(i, g)) for i, g in enumerate(gens)]
     try:
-        async for text, ids in gen.deltas():
-            yield event(chunk(text, ids, None))
-    except Exception as e:  # the engine failed: tell the client in the stream, then end it
-        log.error("stream %s failed: %s", head["id"], e)
-        yield event({"error": {"message": f"decoding failed: {e}", "type": "server_error", "param": None, "code": None}})
-        yield "data: [DONE]\n\n"
-        return
-    yield event({**chunk("", [], gen.finish), "speculative": speculative(gen.handle.stats)})
+        left = len(gens)
+        while left:
+            i, text, ids, scored, error = await queue.get()
+            if error is not None:  # tell the client in the stream, then end it
+                log.error("stream %s failed: %s", head["id"], error)
+                yield event({"error": {"message": f"decoding failed: {error}", "type": "server_error", "param": None, "code": None}})
+                yield "data: [DONE]\n\n"
+                return
+            if text is not None:
+                yield event(chunk(i, text, ids, None, scored))
+                continue
+            left -= 1
+            last = chunk(i, "", [], gens[i].finish if keep else "length")
+            yield event({**last, "speculative": speculative(handles)} if len(gens) == 1 else last)
+    finally:  # a client that left (or an error) ends every choice: deltas' cleanup cancels them
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
     if opts and opts.include_usage:
-        yield event({**head, "choices": [], "usage": usage(gen.handle), "speculative": speculative(gen.handle.stats)})
+        yield event({**head, "choices": [], "usage": usage(handles, body.choices, keep), "speculative": speculative(handles)})
     yield "data: [DONE]\n\n"
 
 

@@ -8,7 +8,11 @@ clients often send explicitly.
 
 Every list field has a bound (``BOUNDS``; a 400 names the field and the bound beyond it), so the
 work one request asks of validation and decoding is capped; the body limits (bytes, nesting) are
-in serve/limits.py. ``n`` and ``best_of`` are bounded at 1 by ``_OFF``.
+in serve/limits.py. A request asks for prompts x ``n`` choices, at most ``MAX_CHOICES``.
+
+Fields clients send back unchanged are accepted at their empty values: an assistant message's
+null ``refusal``, ``tool_calls``, ``function_call``, ``audio`` and ``annotations`` (as the openai
+library dumps it), ``response_format: {"type": "text"}``, and no ``model`` (the served one).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from specdec.errors import InputError
+from specdec.runtime.logprobs import MAX_LOGPROBS
 
 
 class FieldError(InputError):
@@ -36,12 +41,13 @@ BOUNDS = {
     "stop_token_ids": (64, "a model's end tokens are a handful; each accepted token is looked up in them"),
     "logit_bias": (300, "entries; any non-empty logit_bias is refused anyway, since it would change the target's distribution"),
     "prompt ids": (1 << 17, "token ids; 128K, the longest context of current models"),
-    "prompt list": (16, "prompts in a list; one request per prompt is served"),
+    "prompt list": (64, "prompts in a list; with n, at most MAX_CHOICES choices in all"),
     "messages": (1024, "messages in a chat; the whole conversation must fit the context"),
     "content": (256, "text parts of one message"),
     "chat_template_kwargs": (32, "extra template variables"),
 }
 _LEN = {kind: Field(max_length=bound) for kind, (bound, _) in BOUNDS.items()}
+MAX_CHOICES = 64  # prompts x n in one request: each choice is a row of the batched engine (the rest queue)
 _Stop = Annotated[str, _LEN["stop string"]]
 _Ids = Annotated[list[int], _LEN["prompt ids"]]
 # Names the chat template gets from the request itself; chat_template_kwargs may not replace them.
@@ -58,8 +64,13 @@ class StreamOptions(_Body):
     continuous_usage_stats: bool = False  # vLLM: usage on every chunk
 
 
+class ResponseFormat(_Body):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: dict[str, Any] | None = None
+
+
 class _Sampling(_Body):
-    model: str
+    model: str | None = None  # None: the served model, as vLLM and llama-server take it
     max_tokens: int | None = None
     temperature: float | None = 1.0  # OpenAI's default: sampled; null (as some clients send) means the default
     top_p: float | None = 1.0
@@ -72,8 +83,9 @@ class _Sampling(_Body):
     ignore_eos: bool = False
     return_token_ids: bool = False
     user: str | None = None  # metadata; not used
+    n: int | None = 1  # choices per prompt; choice j of a seeded request draws from seed + j
+    response_format: ResponseFormat | None = None  # only {"type": "text"} (see _OFF)
     # Accepted only at their "off" value (see ``_OFF``):
-    n: int | None = 1
     presence_penalty: float | None = 0.0
     frequency_penalty: float | None = 0.0
     logit_bias: Annotated[dict[str, float], _LEN["logit_bias"]] | None = None
@@ -93,13 +105,17 @@ class _Sampling(_Body):
     def stops(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 
+    @property
+    def choices(self) -> int:
+        return 1 if self.n is None else self.n
+
 
 class CompletionRequest(_Sampling):
     prompt: str | _Ids | Annotated[list[str], _LEN["prompt list"]] | Annotated[list[_Ids], _LEN["prompt list"]]
     max_tokens: int | None = 16  # OpenAI's default for completions
     best_of: int | None = None
-    logprobs: int | None = None
-    echo: bool | None = False
+    logprobs: int | None = None  # the target's log-probability of each token, with this many alternatives
+    echo: bool | None = False  # the prompt before the completion (and, with logprobs, its tokens' logprobs)
     suffix: str | None = None
 
 
@@ -112,6 +128,12 @@ class Message(_Body):
     role: Literal["system", "user", "assistant", "developer", "tool"]
     content: str | Annotated[list[TextPart], _LEN["content"]] | None = None
     name: str | None = None
+    # what the openai library dumps for an assistant message sent back: accepted when empty (_MESSAGE_OFF)
+    refusal: str | None = None
+    tool_calls: list[Any] | None = None
+    function_call: dict[str, Any] | None = None
+    audio: dict[str, Any] | None = None
+    annotations: list[Any] | None = None
 
     def text(self) -> str:
         if isinstance(self.content, list):
@@ -128,18 +150,40 @@ class ChatCompletionRequest(_Sampling):
     chat_template_kwargs: Annotated[dict[str, Any], _LEN["chat_template_kwargs"]] | None = None  # vLLM's extension: extra template variables
 
 
+class TokenizeRequest(_Body):
+    """vLLM's /tokenize: a prompt, or chat messages rendered by the chat template."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: Annotated[list[Message], _LEN["messages"]] | None = None
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+    chat_template_kwargs: Annotated[dict[str, Any], _LEN["chat_template_kwargs"]] | None = None
+
+
+class DetokenizeRequest(_Body):
+    """vLLM's /detokenize."""
+
+    model: str | None = None
+    tokens: _Ids
+
+
 _EXACT = "it would change the target's distribution, which specdec keeps exact"
 # field -> (values that mean "off", what to do instead)
 _OFF = {
-    "n": ((1, None), "send one request per completion"),
-    "best_of": ((None, 1), "send several requests and pick"),
-    "logprobs": ((None, False), "log-probabilities are not returned yet"),
-    "top_logprobs": ((None,), "log-probabilities are not returned yet"),
-    "echo": ((False, None), "prepend the prompt yourself"),
+    "best_of": ((None, 1), "ask for n choices and pick"),
     "suffix": ((None,), "insertion is not supported"),
     "presence_penalty": ((0.0, None), _EXACT),
     "frequency_penalty": ((0.0, None), _EXACT),
     "logit_bias": ((None, {}), _EXACT),
+}
+# message field -> (values that mean "empty", why anything else is refused)
+_MESSAGE_OFF = {
+    "refusal": ((None, ""), "a refusal is the model's own output; send it as content"),
+    "tool_calls": ((None, []), "tool calls are not supported"),
+    "function_call": ((None,), "function calls are not supported"),
+    "audio": ((None,), "audio is not supported"),
+    "annotations": ((None, []), "annotations are not supported"),
 }
 _TYPE_NAMES = {"str", "int", "float", "bool", "dict", "list", "none"}
 
@@ -175,12 +219,45 @@ def parse(cls: type[_Body], raw: Any) -> _Body:
         value = getattr(body, name, None)
         if name in type(body).model_fields and value not in off:
             raise FieldError(f"{name}={value!r} is not supported (only {off[0]!r}): {instead}", name)
-    if isinstance(body, CompletionRequest) and isinstance(body.prompt, list) and body.prompt and not isinstance(body.prompt[0], int):
-        raise FieldError("prompt: a list of prompts is not supported; send one request per prompt", "prompt")
+    for i, m in enumerate(getattr(body, "messages", None) or ()):
+        for name, (off, why) in _MESSAGE_OFF.items():
+            if getattr(m, name) not in off:
+                raise FieldError(f"messages.{i}.{name}={str(getattr(m, name))[:60]!r}: {why}", f"messages.{i}.{name}")
+    if isinstance(body, TokenizeRequest) and (body.prompt is None) == (body.messages is None):
+        raise FieldError("send either prompt or messages to tokenize", "prompt")
+    if isinstance(body, (TokenizeRequest, DetokenizeRequest)):
+        return body
+    if body.response_format is not None and body.response_format.type != "text":
+        raise FieldError(f"response_format type {body.response_format.type!r} is not supported (only 'text'): constrained "
+                         "decoding is not implemented; ask for JSON in the prompt and parse the text", "response_format")  # fmt: skip
+    top = body.logprobs if isinstance(body, CompletionRequest) else body.top_logprobs
+    if top is not None and not 0 <= top <= MAX_LOGPROBS:
+        name = "logprobs" if isinstance(body, CompletionRequest) else "top_logprobs"
+        raise FieldError(f"{name}={top}: expected 0..{MAX_LOGPROBS} alternatives per token", name)
+    if isinstance(body, ChatCompletionRequest) and body.top_logprobs and not body.logprobs:
+        raise FieldError(f"top_logprobs={body.top_logprobs} needs logprobs=true", "top_logprobs")
+    if isinstance(body, CompletionRequest) and body.max_tokens == 0 and not body.echo:
+        raise FieldError("max_tokens=0 returns nothing without echo=true; ask for 1 or more tokens, or echo the prompt", "max_tokens")
+    if body.n is not None and body.n < 1:
+        raise FieldError(f"n={body.n}: expected an integer >= 1 (choices per prompt)", "n")
+    prompts = len(body.prompt) if isinstance(body, CompletionRequest) and is_list_of_prompts(body.prompt) else 1
+    if prompts * body.choices > MAX_CHOICES:
+        raise FieldError(f"{prompts} prompt(s) x n={body.choices} = {prompts * body.choices} choices; the limit is {MAX_CHOICES}: "
+                         "split the request", "n")  # fmt: skip
     clash = sorted(set(getattr(body, "chat_template_kwargs", None) or ()) & set(RESERVED_TEMPLATE_NAMES))
     if clash:
         raise FieldError(f"chat_template_kwargs: {clash} are set by the request itself; rename or remove them", "chat_template_kwargs")
     return body
+
+
+def is_list_of_prompts(prompt) -> bool:
+    """``prompt`` is a list of prompts (strings or token-id lists), not one prompt of ids."""
+    return isinstance(prompt, list) and bool(prompt) and not isinstance(prompt[0], int)
+
+
+def prompts_of(body: CompletionRequest) -> list:
+    """The request's prompts, each a string or a token-id list."""
+    return list(body.prompt) if is_list_of_prompts(body.prompt) else [body.prompt]
 
 
 def _refuse_too_long(errors: list[dict]) -> None:

@@ -18,7 +18,7 @@ import pytest
 from conftest import KEY
 
 from specdec.serve.limits import MAX_BODY, MAX_DEPTH
-from specdec.serve.protocol import BOUNDS
+from specdec.serve.protocol import BOUNDS, MAX_CHOICES
 
 MiB = 1 << 20
 RSS_TOLERANCE = 50 * MiB  # allocator noise and one transport buffer; the body read in full would be 200 MiB
@@ -144,7 +144,7 @@ LISTS = [  # (endpoint, body, field, bound)
     ("completions", {"logit_bias": {str(i): 1.0 for i in range(over("logit_bias"))}}, "logit_bias", BOUNDS["logit_bias"][0]),
     ("completions", {"prompt": [1] * over("prompt ids")}, "prompt", BOUNDS["prompt ids"][0]),
     ("completions", {"prompt": ["p"] * over("prompt list")}, "prompt", BOUNDS["prompt list"][0]),
-    ("completions", {"n": 2}, "n", 1),
+    ("completions", {"n": MAX_CHOICES + 1}, "n", MAX_CHOICES),
     ("chat/completions", {"messages": [{"role": "user", "content": "x"}] * over("messages")}, "messages", BOUNDS["messages"][0]),
     ("chat/completions", {"messages": [{"role": "user", "content": [{"type": "text", "text": "x"}] * over("content")}]}, "messages.0.content", BOUNDS["content"][0]),
     ("chat/completions", {"chat_template_kwargs": {f"k{i}": 1 for i in range(over("chat_template_kwargs"))}}, "chat_template_kwargs", BOUNDS["chat_template_kwargs"][0]),

@@ -183,7 +183,7 @@ def test_metrics_parse_and_add_up_to_the_requests_sent(server, client):
     completion += nulls.usage.completion_tokens
     drafted += extra(nulls, "speculative")["drafted_tokens"]
     accepted += extra(nulls, "speculative")["accepted_tokens"]
-    for bad in ({"temperature": -1}, {"n": 3}, {"max_tokens": "ten"}):
+    for bad in ({"temperature": -1}, {"n": 0}, {"max_tokens": "ten"}):
         with pytest.raises(openai.BadRequestError):
             client.completions.create(model="tiny", prompt="x", extra_body=bad)
         sent["invalid"] += 1
@@ -200,16 +200,128 @@ def test_metrics_parse_and_add_up_to_the_requests_sent(server, client):
     assert after["specdec_spec_decode_gamma_count"] >= d("specdec_spec_decode_num_drafts_total") > 0
 
 
+def test_prompt_lists_and_n_give_one_choice_each_in_order(client, reference):
+    """A list of prompts (text and token ids) with n = 2: choice i * n + j is prompt i's, each
+    equal to that prompt's greedy output; usage counts each prompt once and every choice's tokens."""
+    ids = client.completions.create(model="tiny", prompt=PROMPTS[2], max_tokens=1, extra_body={"return_token_ids": True})
+    prompt_ids = extra(ids, "prompt_token_ids")
+    prompts = [PROMPTS[0], PROMPTS[1]]
+    r = client.completions.create(model="tiny", prompt=prompts, n=2, max_tokens=20, temperature=0, extra_body={"return_token_ids": True, "ignore_eos": True})
+    assert [c.index for c in r.choices] == [0, 1, 2, 3]
+    for c in r.choices:
+        want = reference(prompts[c.index // 2], 20)
+        assert extra(c, "token_ids") == want.tokens and c.text == want.text
+    assert r.usage.completion_tokens == 80
+    assert r.usage.prompt_tokens == sum(len(extra(r.choices[2 * i], "prompt_token_ids")) for i in range(2))
+    by_ids = client.completions.create(model="tiny", prompt=[prompt_ids, prompt_ids[:3]], max_tokens=12, temperature=0, extra_body={"return_token_ids": True, "ignore_eos": True})
+    assert [extra(c, "token_ids") for c in by_ids.choices] == [reference(prompt_ids, 12).tokens, reference(prompt_ids[:3], 12).tokens]
+
+
+def test_n_seeded_choices_draw_from_seed_plus_j(client):
+    """Sampled with a seed, choice j of n equals a lone request seeded seed + j (reproducible);
+    streamed, the chunks of each index add up to the same choices, each ending once."""
+    kw = dict(model="tiny", prompt=PROMPTS[1], max_tokens=20, temperature=1.0, extra_body={"return_token_ids": True, "ignore_eos": True})
+    r = client.completions.create(n=3, seed=11, **kw)
+    for j, c in enumerate(r.choices):
+        assert extra(c, "token_ids") == extra(client.completions.create(seed=11 + j, **kw).choices[0], "token_ids")
+    chunks = list(client.completions.create(n=3, seed=11, stream=True, **kw))
+    for j, c in enumerate(r.choices):
+        mine = [ch.choices[0] for ch in chunks if ch.choices and ch.choices[0].index == j]
+        assert "".join(x.text for x in mine) == c.text
+        assert [x.finish_reason for x in mine if x.finish_reason] == ["length"]
+
+
+def test_what_clients_send_back_is_accepted(server):
+    """No model (the served one), an assistant message as the openai library dumps it (null
+    refusal, tool_calls, function_call, audio, annotations) and response_format text: all 200."""
+    headers = {"Authorization": f"Bearer {KEY}"}
+    echoed = {"role": "assistant", "content": "Hi.", "refusal": None, "tool_calls": None, "function_call": None, "audio": None, "annotations": []}
+    body = {"messages": [{"role": "user", "content": "hi"}, echoed, {"role": "user", "content": "again"}], "max_tokens": 5,
+            "response_format": {"type": "text"}, "temperature": 0}  # fmt: skip
+    r = httpx.post(server.url + "/v1/chat/completions", json=body, headers=headers, timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.json()["model"] == "tiny" and r.json()["choices"][0]["message"]["content"]
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 3}, headers=headers, timeout=60)
+    assert r.status_code == 200, r.text
+
+
+def test_tokenize_and_detokenize_as_vllm(server, client):
+    """/tokenize gives the ids a completion's prompt becomes (and a chat's, through the
+    template), with count and max_model_len; /detokenize turns ids back into the text."""
+    headers = {"Authorization": f"Bearer {KEY}"}
+    post = lambda route, body: httpx.post(server.url + route, json=body, headers=headers, timeout=30)  # noqa: E731
+    r = client.completions.create(model="tiny", prompt=PROMPTS[4], max_tokens=1, extra_body={"return_token_ids": True})
+    t = post("/tokenize", {"model": "tiny", "prompt": PROMPTS[4]}).json()
+    assert t["tokens"] == extra(r, "prompt_token_ids") and t["count"] == len(t["tokens"]) and t["max_model_len"] == 512
+    bare = post("/tokenize", {"prompt": PROMPTS[4], "add_special_tokens": False}).json()["tokens"]
+    assert post("/detokenize", {"tokens": bare}).json() == {"prompt": PROMPTS[4]}
+    messages = [{"role": "user", "content": "hi there"}]
+    c = client.chat.completions.create(model="tiny", messages=messages, max_tokens=1, extra_body={"return_token_ids": True})
+    assert post("/tokenize", {"messages": messages}).json()["tokens"] == extra(c, "prompt_token_ids")
+    for route, body, status, name in (("/tokenize", {"prompt": "x", "messages": messages}, 400, "either"),
+                                      ("/tokenize", {"prompt": 5}, 400, "prompt"),
+                                      ("/detokenize", {"tokens": [1, 10**6]}, 400, "1000000"),
+                                      ("/detokenize", {"model": "nope", "tokens": [1]}, 404, "nope")):  # fmt: skip
+        check_error(post(route, body), status, name)
+    assert httpx.post(server.url + "/tokenize", json={"prompt": "x"}, timeout=30).status_code == 401
+
+
+def test_logprobs_and_echo_are_the_targets(server, client, chat_bundle):
+    """Completions' logprobs=k and chat's logprobs/top_logprobs, streamed and not: every value is
+    the PyTorch target's log-softmax at that position (1e-4, the export's logits bound), drafted
+    tokens included; echo with logprobs and max_tokens=0 returns the prompt's (the first null),
+    as lm-evaluation-harness's loglikelihood requests read them."""
+    torch = pytest.importorskip("torch")
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(chat_bundle[0]).eval()
+
+    def ref(ids: list[int]) -> np.ndarray:
+        with torch.no_grad():
+            return torch.log_softmax(model(torch.tensor([ids])).logits[0].double(), -1).numpy()  # row t predicts ids[t + 1]
+
+    kw = dict(model="tiny", max_tokens=16, extra_body={"return_token_ids": True, "ignore_eos": True})
+    for temperature in (0, 1.0):
+        r = client.completions.create(prompt=PROMPTS[0], logprobs=2, temperature=temperature, seed=4, **kw)
+        c, prompt = r.choices[0], extra(r, "prompt_token_ids")
+        ids = prompt + extra(c, "token_ids")
+        lp = ref(ids)
+        assert len(c.logprobs.token_logprobs) == len(extra(c, "token_ids")) == 16
+        for j, (tok, v, top) in enumerate(zip(extra(c, "token_ids"), c.logprobs.token_logprobs, c.logprobs.top_logprobs)):
+            row = lp[len(prompt) - 1 + j]
+            best = np.sort(row)[-2:]  # two ids may decode to one string (a byte token: "\ufffd"), so a dict may hold one
+            assert abs(v - row[tok]) < 1e-4 and 1 <= len(top) <= 2 and all(np.abs(best - x).min() < 1e-4 for x in top.values())
+        offsets = c.logprobs.text_offset  # per-token text: a split UTF-8 character decodes to "\ufffd" on its own
+        assert len(c.logprobs.tokens) == 16 and offsets[0] == 0 and all(a <= b for a, b in zip(offsets, offsets[1:]))
+        assert extra(r, "speculative")["accepted_tokens"] > 0 or temperature  # drafted tokens were scored at T=0
+    echo = client.completions.create(model="tiny", prompt=PROMPTS[0], echo=True, logprobs=0, max_tokens=0)
+    c = echo.choices[0]
+    lp = ref(prompt)
+    assert c.text == PROMPTS[0] and c.logprobs.token_logprobs[0] is None and echo.usage.completion_tokens == 0
+    assert np.allclose(c.logprobs.token_logprobs[1:], [lp[t - 1][prompt[t]] for t in range(1, len(prompt))], atol=1e-4)
+    streamed = list(client.completions.create(prompt=PROMPTS[0], logprobs=1, temperature=0, stream=True, **kw))
+    values = [v for ch in streamed if ch.choices and ch.choices[0].logprobs for v in ch.choices[0].logprobs.token_logprobs]
+    greedy = client.completions.create(prompt=PROMPTS[0], logprobs=1, temperature=0, **kw).choices[0]
+    assert np.allclose(values, greedy.logprobs.token_logprobs, atol=1e-6)
+    chat = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], logprobs=True, top_logprobs=3,
+                                          max_tokens=8, temperature=0, extra_body={"return_token_ids": True, "ignore_eos": True})  # fmt: skip
+    ids = extra(chat, "prompt_token_ids") + extra(chat.choices[0], "token_ids")
+    lp = ref(ids)
+    n = len(extra(chat, "prompt_token_ids"))
+    content = chat.choices[0].logprobs.content
+    assert [e.token for e in content] and len(content) == 8 and all(len(e.top_logprobs) == 3 for e in content)
+    assert all(abs(e.logprob - lp[n - 1 + j][t]) < 1e-4 for j, (e, t) in enumerate(zip(content, ids[n:])))
+
+
 # -- bad input -----------------------------------------------------------------------------------
 
 BAD = [  # (body or raw text, status, the field the message must name)
     ("{not json", 400, "JSON"),
     ([1, 2], 400, "object"),
-    ({"prompt": "x"}, 400, "model"),
+    ({"model": 5, "prompt": "x"}, 400, "model"),
     ({"model": "tiny"}, 400, "prompt"),
     ({"model": "nope", "prompt": "x"}, 404, "nope"),
     ({"model": "tiny", "prompt": "x", "max_tokens": "5"}, 400, "max_tokens"),
-    ({"model": "tiny", "prompt": "x", "max_tokens": 0}, 400, "max_new_tokens"),
     ({"model": "tiny", "prompt": "x", "temperature": "hot"}, 400, "temperature"),
     ({"model": "tiny", "prompt": "x", "temperature": -0.5}, 400, "temperature"),
     ({"model": "tiny", "prompt": "x", "top_p": 1.5}, 400, "top_p"),
@@ -218,12 +330,13 @@ BAD = [  # (body or raw text, status, the field the message must name)
     ({"model": "tiny", "prompt": [1, 2, 99999]}, 400, "99999"),
     ({"model": "tiny", "prompt": [1, "a"]}, 400, "prompt"),
     ({"model": "tiny", "prompt": []}, 400, "empty"),
-    ({"model": "tiny", "prompt": ["a", "b"]}, 400, "list of prompts"),
+    ({"model": "tiny", "prompt": ["a"] * 33, "n": 2}, 400, "66 choices"),
     ({"model": "tiny", "prompt": "x", "max_tokens": 600}, 400, "max-seq-len"),
-    ({"model": "tiny", "prompt": "x", "n": 2}, 400, "n=2"),
+    ({"model": "tiny", "prompt": "x", "n": 0}, 400, "n=0"),
+    ({"model": "tiny", "prompt": "x", "response_format": {"type": "json_object"}}, 400, "response_format"),
     ({"model": "tiny", "prompt": "x", "best_of": 3}, 400, "best_of"),
-    ({"model": "tiny", "prompt": "x", "logprobs": 2}, 400, "logprobs"),
-    ({"model": "tiny", "prompt": "x", "echo": True}, 400, "echo"),
+    ({"model": "tiny", "prompt": "x", "logprobs": 21}, 400, "logprobs=21"),
+    ({"model": "tiny", "prompt": "x", "max_tokens": 0}, 400, "echo"),
     ({"model": "tiny", "prompt": "x", "presence_penalty": 0.5}, 400, "presence_penalty"),
     ({"model": "tiny", "prompt": "x", "frobnicate": 1}, 400, "frobnicate"),
     ({"model": "tiny", "prompt": "x", "synthetic_acceptance": 0.9}, 400, "synthetic_acceptance"),  # benchmarks only
@@ -235,7 +348,8 @@ BAD_CHAT = [
     ({"model": "tiny", "messages": [{"role": "wizard", "content": "hi"}]}, 400, "role"),
     ({"model": "tiny", "messages": [{"role": "user", "content": 5}]}, 400, "content"),
     ({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "tools": []}, 400, "tools"),
-    ({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "logprobs": True}, 400, "logprobs"),
+    ({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}, 400, "logprobs=true"),
+    ({"model": "tiny", "messages": [{"role": "assistant", "content": "x", "tool_calls": [{"id": "1"}]}]}, 400, "tool_calls"),
 ]
 
 
@@ -473,8 +587,8 @@ def test_null_fields_mean_their_defaults():
     body = parse(CompletionRequest, {"model": "m", "prompt": "x", "temperature": None, "top_p": None, "n": None, "echo": None,
                                      "presence_penalty": None, "stream": None, "logprobs": None, "best_of": None})  # fmt: skip
     assert body.sampling()["temperature"] == 1.0 and body.sampling()["top_p"] is None and not body.stream
-    with pytest.raises(FieldError, match="n=2"):
-        parse(CompletionRequest, {"model": "m", "prompt": "x", "n": 2})
+    with pytest.raises(FieldError, match="best_of=2"):
+        parse(CompletionRequest, {"model": "m", "prompt": "x", "best_of": 2})
 
 
 def test_encoder_decoder_bundles_are_served(seq2seq_bundle, tmp_path):
