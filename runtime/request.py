@@ -80,12 +80,13 @@ class Request:
         put("gamma", int(gamma))
         self._check_source()
         put("prompt", token_ids(self.prompt, lim.vocab_size))
-        need = len(self.prompt) + par.max_new_tokens + lim.max_gamma
+        # No room is reserved for the γ look-ahead: a step drafts at most the tokens the request may
+        # still emit minus one (``step.schedule``), so its rows never pass prompt + max_new_tokens.
+        need = len(self.prompt) + par.max_new_tokens
         if need > lim.max_seq_len:
             raise InputError(
-                f"prompt ({len(self.prompt)} tokens) + max_new_tokens ({par.max_new_tokens}) + the bundle's gamma "
-                f"({lim.max_gamma}) = {need} exceeds max-seq-len {lim.max_seq_len}; shorten the request or re-export "
-                f"with a larger --max-seq-len"
+                f"prompt ({len(self.prompt)} tokens) + max_new_tokens ({par.max_new_tokens}) = {need} exceeds max-seq-len "
+                f"{lim.max_seq_len}; shorten the request or re-export with a larger --max-seq-len"
             )
         bad = [t for t in par.stop_token_ids if t >= lim.vocab_size]
         if bad:

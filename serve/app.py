@@ -433,7 +433,7 @@ def build_app(state: ServerState, lifespan=None) -> FastAPI:
             for prompt in kind.prompts(state, body):
                 max_tokens = kind.max_tokens(body)
                 if max_tokens is None:  # as much as fits
-                    max_tokens = max(1, state.max_seq_len - len(prompt) - engine.limits.max_gamma)
+                    max_tokens = max(1, state.max_seq_len - len(prompt))
                 max_tokens = max_tokens or 1  # max_tokens=0 with echo: one token decoded and dropped
                 logprobs, prompt_logprobs = kind.logprobs(body)
                 sampling = {**body.sampling(), "logprobs": logprobs, "prompt_logprobs": prompt_logprobs}

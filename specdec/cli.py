@@ -97,7 +97,7 @@ def _plan_trees(rank_acceptance: str, cost: float, tree_cost: Path | None, max_d
 @click.option("--draft", required=True, help="Draft model: a checkpoint folder or hub id sharing the target's tokenizer.")
 @click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path), help="Bundle folder to write.")
 @click.option("--gamma", default=4, show_default=True, type=int, help="Draft tokens per target call; K = gamma + 1.")
-@click.option("--max-seq-len", default=None, type=int, help="KV cache rows: prompt + output + gamma [default: 2048, or the models' positions if fewer].")
+@click.option("--max-seq-len", default=None, type=int, help="KV cache rows: prompt + output tokens of the longest request [default: 2048, or the models' positions if fewer].")
 @click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "float16"]))
 @click.option("--quantize", default=None, type=click.Choice(["int8", "int4", "dynamic-int8"]),
               help="Weight-only int8/int4 in llama.cpp's Q8_0/Q4_1 blocks of 32 (ONNX Runtime MatMulNBits; a GGUF's own "

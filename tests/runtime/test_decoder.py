@@ -149,7 +149,7 @@ BAD = [
     (dict(prompt=[[1, 2]]), InputError, "flat list"),
     (dict(prompt=[[1, 2], [3]]), InputError, "flat list"),
     (dict(max_new_tokens=0), InputError, "max_new_tokens=0"),
-    (dict(max_new_tokens=120), InputError, "exceeds max-seq-len 128"),
+    (dict(max_new_tokens=123), InputError, "= 129 exceeds max-seq-len 128"),
     (dict(temperature=-0.1), SamplingError, "temperature=-0.1"),
     (dict(top_p=0.0), SamplingError, "top_p=0.0"),
     (dict(top_p=1.5), SamplingError, "top_p=1.5"),
@@ -375,3 +375,16 @@ def test_shared_thread_policy_runs_both_models_on_one_pool(llama_bundle):
         grown[mode] = int(res.stdout.split()[-1])
     # two sessions (one per model, each running both shapes): a worker each, vs one pool worker
     assert grown["own"] >= 2 and grown["shared"] < grown["own"], grown
+
+
+@pytest.mark.parametrize("gamma", [4, "auto"])
+def test_a_request_that_fills_the_context_exactly_decodes_exactly(llama_bundle, dec, gamma):
+    """prompt + max_new_tokens = max-seq-len is admitted (no room kept for the γ look-ahead: a
+    step drafts at most what the request may still emit, minus one) and is the target's greedy
+    output to its last token."""
+    from test_decoder_exact import load_model, torch_greedy
+
+    n = 128 - len(PROMPT)
+    res = dec.generate(PROMPT, max_new_tokens=n, ignore_eos=True, gamma=gamma)
+    assert len(res.tokens) == n and res.stats.finish_reason == "length"
+    assert res.tokens == torch_greedy(load_model(llama_bundle[0]), PROMPT, n)
