@@ -182,24 +182,41 @@ class Generation:
         self.stops = StopStrings(stops) if stops else None
         self.finish: str | None = None  # OpenAI finish_reason once ended: "stop", "length" (or "abort")
         self.last: float | None = None
+        self.ids: list[int] = []  # the tokens returned: up to the one that completed a stop string
 
     async def deltas(self) -> AsyncIterator[tuple[str, list[int], list]]:
         """(text, tokens, their TokenLogprobs or None) as the engine accepts them; ``finish`` is
-        set when this ends normally."""
+        set when this ends normally. With stop strings, tokens whose text is held back (an
+        incomplete character, or a possible start of a stop string) are held back with it, so
+        the tokens returned end at the one that completed a stop string, streamed or not."""
         outcome = "abort"
+        held: list[int] = []  # tokens not yet returned, their text held back
+        held_lps: list | None = None
         try:
             async for piece in self.handle:
                 self._time(len(piece.tokens))
                 text = piece.text or ""
+                ids, lps = piece.tokens, piece.logprobs
                 if self.stops:
                     text = self.stops.push(text)
-                if text or piece.tokens:
-                    yield text, piece.tokens, piece.logprobs
+                    ids = held + ids
+                    lps = (held_lps or []) + lps if lps is not None else None
+                    if self.stops.hit:  # keep the tokens up to the one that completed the stop string
+                        k = max(self._tokens_to(self.stops.end, self.ids + ids) - len(self.ids), 0)
+                        ids, lps = ids[:k], lps[:k] if lps is not None else None
+                    elif not text:  # nothing released: hold these tokens back with their text
+                        held, held_lps, ids, lps = ids, lps, [], None
+                    if text or self.stops.hit:
+                        held, held_lps = [], None
+                self.ids += ids
+                if text or ids:
+                    yield text, ids, lps
                 if self.stops and self.stops.hit:
                     self.handle.cancel()  # frees the row at the next iteration
                     break
-            if self.stops and (tail := self.stops.flush()):
-                yield tail, [], None
+            if self.stops and not self.stops.hit and ((tail := self.stops.flush()) or held):
+                self.ids += held
+                yield tail, held, held_lps
             reason = "eos" if self.stops and self.stops.hit else self.handle.stats.finish_reason
             # the engine's reasons in OpenAI's words ("abort" as vLLM: the engine closed under it)
             self.finish = {"eos": "stop", "length": "length"}.get(reason, "abort")
@@ -211,6 +228,22 @@ class Generation:
             if outcome in ("abort", "error"):
                 self.handle.cancel()
             self._record(outcome)
+
+    def _tokens_to(self, end: int, ids: list[int]) -> int:
+        """How many of ``ids`` it takes for their decoded text to reach character ``end``: the
+        token that completed a stop string is the last kept (bisection: decoded length grows
+        with the prefix)."""
+        codec = self.handle.codec
+        if codec is None:
+            return len(ids)
+        lo, hi = 1, len(ids)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if len(codec.decode(ids[:mid])) >= end:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
 
     def _time(self, n: int) -> None:
         if not n:
@@ -227,7 +260,7 @@ class Generation:
         m = self.metrics
         m.requests.labels(outcome).inc()
         m.prompt_tokens.inc(len(self.handle.request.input_ids))
-        m.generation_tokens.inc(len(self.handle.tokens))
+        m.generation_tokens.inc(len(self.ids))
         m.latency.observe(clock() - self.arrival)
 
 
@@ -266,11 +299,11 @@ def speculative(handles: list[Handle]) -> dict:
     }
 
 
-def usage(handles: list[Handle], n: int, kept: bool = True) -> dict:
+def usage(gens: list[Generation], n: int, kept: bool = True) -> dict:
     """Token counts of a request: each prompt once (its n choices share it), every choice's
-    output (none when ``kept`` is False: max_tokens=0 drops the token decoded)."""
-    p = sum(len(h.request.input_ids) for h in handles[::n])
-    c = sum(len(h.tokens) for h in handles) if kept else 0
+    tokens returned (none when ``kept`` is False: max_tokens=0 drops the token decoded)."""
+    p = sum(len(g.handle.request.input_ids) for g in gens[::n])
+    c = sum(len(g.ids) for g in gens) if kept else 0
     return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 
 
@@ -402,10 +435,11 @@ def build_app(state: ServerState, lifespan=None) -> FastAPI:
         choices = []
         for i, g in enumerate(gens):
             echo, echoed = echoed_prompt(body, g.handle)
+            tokens[i], scored[i] = g.ids if keep else [], scored[i][: len(g.ids)]  # a stop string may have taken back a token
             lps = (echoed + scored[i]) if g.handle.logprobs is not None else None
             finish = g.finish if keep else "length"
             choices.append(kind.choice(i, echo + "".join(text[i]), finish, True, False, lps, state.codec))
-        out = {**head, "choices": choices, "usage": usage(handles, body.choices, keep), "speculative": speculative(handles)}
+        out = {**head, "choices": choices, "usage": usage(gens, body.choices, keep), "speculative": speculative(handles)}
         if body.return_token_ids:
             for choice, ids, h in zip(choices, tokens, handles):
                 choice["token_ids"] = ids
@@ -479,7 +513,7 @@ async def sse(gens: list[Generation], kind, body, head: dict, codec: TextCodec |
         if first[i] and i == 0 and body.return_token_ids and len(gens) == body.choices:
             out["prompt_token_ids"] = handles[0].request.input_ids.tolist()
         if every:
-            out["usage"] = usage(handles, body.choices, keep)
+            out["usage"] = usage(gens, body.choices, keep)
         first[i] = False
         return out
 
@@ -515,7 +549,7 @@ async def sse(gens: list[Generation], kind, body, head: dict, codec: TextCodec |
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
     if opts and opts.include_usage:
-        yield event({**head, "choices": [], "usage": usage(handles, body.choices, keep), "speculative": speculative(handles)})
+        yield event({**head, "choices": [], "usage": usage(gens, body.choices, keep), "speculative": speculative(handles)})
     yield "data: [DONE]\n\n"
 
 

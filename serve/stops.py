@@ -14,14 +14,17 @@ class StopStrings:
         self.text = ""
         self.sent = 0  # text[:sent] has been returned
         self.hit = False
+        self.end = 0  # once hit: where the stop string that ended the output ends in text
 
     def push(self, delta: str) -> str:
         """The text that can be sent after ``delta`` arrives; sets ``hit`` at a stop string."""
         self.text += delta
         # A stop string starting before ``sent`` would lie in text already seen whole: search from there.
-        found = [i for s in self.stops if (i := self.text.find(s, self.sent)) >= 0]
-        end = min(found) if found else max(self.sent, len(self.text) - self.hold)
+        found = [(i, i + len(s)) for s in self.stops if (i := self.text.find(s, self.sent)) >= 0]
+        end = min(found)[0] if found else max(self.sent, len(self.text) - self.hold)
         self.hit = bool(found)
+        if found:
+            self.end = min(found)[1]
         out, self.sent = self.text[self.sent : end], end
         return out
 

@@ -32,7 +32,13 @@ def reference(chat_bundle):
     from specdec.runtime.decoder import SpeculativeDecoder
 
     dec = SpeculativeDecoder.load(chat_bundle[1])
-    return lambda prompt, n, **kw: dec.generate(prompt, max_new_tokens=n, **kw)
+
+    def run(prompt, n, ids=None, **kw):
+        if ids is not None:  # the text of these token ids, as the server's tokenizer decodes them
+            return dec.codec.decode(ids)
+        return dec.generate(prompt, max_new_tokens=n, **kw)
+
+    return run
 
 
 def metrics(url: str) -> dict[str, float]:
@@ -153,10 +159,16 @@ def test_stop_strings_and_stop_token_ids(client, reference):
     text, ids = full.text, extra(full, "token_ids")
     stop = text[len(text) // 2 : len(text) // 2 + 3]
     assert stop and text.find(stop) > 0
-    r = client.completions.create(stop=[stop, "\x00never"], **kw).choices[0]
+    whole = client.completions.create(stop=[stop, "\x00never"], **kw)
+    r = whole.choices[0]
     assert r.text == text[: text.find(stop)] and r.finish_reason == "stop"
+    # the tokens end at the one that completed the stop string, and usage bills exactly those
+    end = text.find(stop) + len(stop)
+    k = next(k for k in range(1, len(ids) + 1) if len(reference(PROMPTS[0], 0, ids=ids[:k])) >= end)
+    assert extra(r, "token_ids") == ids[:k] and whole.usage.completion_tokens == k
     streamed = list(client.completions.create(stop=stop, stream=True, **kw))
     assert "".join(c.choices[0].text for c in streamed) == r.text and streamed[-1].choices[0].finish_reason == "stop"
+    assert [t for c in streamed for t in extra(c.choices[0], "token_ids")] == ids[:k]
     at = 10  # a token id that first appears at position `at` ends the request there (kept)
     tok = ids[at]
     first = ids.index(tok)
