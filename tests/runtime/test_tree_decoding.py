@@ -92,7 +92,7 @@ def test_sampled_tree_decoding_follows_the_target(tree_bundle):
 
 def test_near_max_seq_len_the_tree_gives_way_to_plain_steps(tree_bundle, tmp_path):
     """A 32-node tree call writes 32 rows: the last ones of the cache cannot take it (the request
-    limits leave only K = γ + 1 rows), so those steps decode plainly, still exactly."""
+    fills the context to its last row), so those steps decode plainly, still exactly."""
     from specdec.export.pipeline import ExportConfig, export_bundle
 
     target, _, _ = tree_bundle
