@@ -59,6 +59,7 @@ def test_logprobs_are_the_targets_greedy_and_sampled(llama_bundle, drafter):
     assert drafted >= 1, drafted  # accepted draft tokens were scored too
 
 
+@pytest.mark.parametrize("family_bundle", ["llama", "gemma2", "gpt_neox"], indirect=True)  # RoPE + GQA, soft-capping + windows, parallel residual
 def test_logprobs_per_row_in_the_batched_engine(family_bundle):
     """Rows of different lengths in one batched call, each scored against its own sequence;
     a prompt fed in several chunks scores every prompt token."""
