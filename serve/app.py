@@ -353,10 +353,10 @@ def build_app(state: ServerState, lifespan=None) -> FastAPI:
         body = await read(request, TokenizeRequest)
         codec = needs_codec("tokenize")
         if body.messages is not None:
-            if state.chat is None:
-                raise Refused(400, "messages: this bundle has no chat template; send prompt instead", param="messages")
-            messages = [{"role": m.role, "content": m.text(), **({"name": m.name} if m.name else {})} for m in body.messages]
-            ids = codec.encode(state.chat.render(messages, body.add_generation_prompt, **(body.chat_template_kwargs or {})), special=False)
+            try:
+                ids = Chat.prompts(state, body)[0]  # as a chat request's prompt becomes
+            except FieldError as e:
+                raise Refused(400, str(e), param=e.param) from None
         else:
             ids = codec.encode(body.prompt, special=body.add_special_tokens)
         return {"count": len(ids), "max_model_len": state.max_seq_len, "tokens": ids}
