@@ -12,6 +12,7 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
+LOGPROBS_MODES = ("raw", "processed")  # vLLM's raw_logprobs / processed_logprobs
 MAX_LOGPROBS = 20  # alternatives per token (OpenAI's top_logprobs bound; vLLM's default max_logprobs)
 
 
@@ -29,6 +30,17 @@ def score(logits: np.ndarray, tokens: Sequence[int], k: int) -> list[TokenLogpro
     x = np.asarray(logits, dtype=np.float64)  # [n, V]
     lp = x - x.max(axis=-1, keepdims=True)
     lp -= np.log(np.exp(lp).sum(axis=-1, keepdims=True))  # log-softmax [n, V]
+    return _pick(lp, tokens, k)
+
+
+def score_probs(probs: np.ndarray, tokens: Sequence[int], k: int) -> list[TokenLogprob]:
+    """``score`` of the distributions sampled from, probs [n, V] (``logprobs_mode="processed"``):
+    a token the settings exclude has log-probability -inf."""
+    with np.errstate(divide="ignore"):
+        return _pick(np.log(probs), tokens, k)
+
+
+def _pick(lp: np.ndarray, tokens: Sequence[int], k: int) -> list[TokenLogprob]:
     out = []
     for row, token in zip(lp, tokens):
         top = ()

@@ -9,12 +9,13 @@ rest (γ against the verify graph's K, lengths against max-seq-len, ids against 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
 from specdec.errors import InputError
-from specdec.runtime.logprobs import MAX_LOGPROBS
+from specdec.runtime.logprobs import LOGPROBS_MODES, MAX_LOGPROBS
+from specdec.runtime.penalties import Penalties
 from specdec.runtime.sampling import SamplingConfig
 from specdec.runtime.speculative import check_lenience
 
@@ -33,7 +34,11 @@ class SamplingParams:
     ``stop_token_ids``: tokens that end the request besides EOS (``ignore_eos`` drops only EOS),
     as vLLM's field. ``logprobs`` / ``prompt_logprobs``: the target's log-probability of each
     generated / prompt token with that many most likely alternatives (0: the token's own only;
-    None: not computed), from the raw logits (runtime/logprobs.py).
+    None: not computed), from the raw logits, or with ``logprobs_mode="processed"`` from the
+    distribution sampled (after penalties, temperature, top-k, top-p, min-p; runtime/logprobs.py).
+    ``presence_penalty`` / ``frequency_penalty`` (-2..2), ``repetition_penalty`` (> 0, 1 = off),
+    ``logit_bias`` ({token id: -100..100}) and ``min_p`` follow vLLM; they transform the target's
+    and the draft's rows alike, so the output is the target's under them (runtime/penalties.py).
     """
 
     max_new_tokens: int = 128
@@ -47,9 +52,16 @@ class SamplingParams:
     stop_token_ids: Sequence[int] = ()
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    logprobs_mode: str = "raw"
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: Mapping[int, float] | None = None
+    min_p: float = 0.0
 
     def __post_init__(self) -> None:
-        SamplingConfig(self.temperature, self.top_k, self.top_p)  # raises SamplingError on a bad value
+        self.sampling  # raises SamplingError on a bad value
+        self._check_penalties()
         object.__setattr__(self, "lenience", check_lenience(self.lenience))
         if not is_int(self.max_new_tokens) or self.max_new_tokens < 1:
             raise InputError(f"max_new_tokens={self.max_new_tokens!r}: expected an integer >= 1")
@@ -63,6 +75,31 @@ class SamplingParams:
             k = getattr(self, name)
             if k is not None and (not is_int(k) or not 0 <= k <= MAX_LOGPROBS):
                 raise InputError(f"{name}={k!r}: expected an integer in 0..{MAX_LOGPROBS} (alternatives per token) or None")
+        if self.logprobs_mode not in LOGPROBS_MODES:
+            raise InputError(f"logprobs_mode={self.logprobs_mode!r}: expected one of {', '.join(LOGPROBS_MODES)}")
+
+    def _check_penalties(self) -> None:
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and not isinstance(v, bool) and -2.0 <= v <= 2.0):
+                raise InputError(f"{name}={v!r}: expected a number in [-2, 2] (0 = off)")
+        r = self.repetition_penalty
+        if not (isinstance(r, (int, float)) and not isinstance(r, bool) and 0.0 < r < float("inf")):
+            raise InputError(f"repetition_penalty={r!r}: expected a finite number > 0 (1 = off)")
+        bias = self.logit_bias or {}
+        if not isinstance(bias, Mapping):
+            raise InputError(f"logit_bias={bias!r}: expected a mapping of token id to a bias in [-100, 100]")
+        for t, b in bias.items():
+            if not is_int(t) or t < 0 or not (isinstance(b, (int, float)) and not isinstance(b, bool) and -100.0 <= b <= 100.0):
+                raise InputError(f"logit_bias entry {t!r}: {b!r}: expected a token id >= 0 and a bias in [-100, 100]")
+        object.__setattr__(self, "logit_bias", {int(t): float(b) for t, b in sorted(bias.items())} or None)
+
+    @property
+    def penalties(self) -> Penalties | None:
+        """The penalties to apply to raw logits, or None when every one is off."""
+        bias = self.logit_bias or {}
+        pen = Penalties(float(self.presence_penalty), float(self.frequency_penalty), float(self.repetition_penalty), tuple(bias), tuple(bias.values()))
+        return pen if pen.active else None
 
     @classmethod
     def of(cls, **given) -> SamplingParams:
@@ -77,7 +114,7 @@ class SamplingParams:
 
     @property
     def sampling(self) -> SamplingConfig:
-        return SamplingConfig(self.temperature, self.top_k, self.top_p)
+        return SamplingConfig(self.temperature, self.top_k, self.top_p, self.min_p)
 
     @classmethod
     def names(cls) -> tuple[str, ...]:

@@ -60,7 +60,7 @@ class DraftModel:
 
     def propose(self, rows: Sequence[Row], gammas: Sequence[int]) -> list[int]:
         max_seq = self.draft.cache.max_seq
-        fused = [r for r, g in zip(rows, gammas) if g == self.gamma and r.length + g <= max_seq] if self.use_fused else []
+        fused = [r for r, g in zip(rows, gammas) if g == self.gamma and r.length + g <= max_seq and r.req.fusable] if self.use_fused else []
         runner = self.draft.fused(len(fused), all(r.req.sampling.greedy for r in fused)) if fused else None
         if runner is None:
             fused = []
@@ -74,7 +74,8 @@ class DraftModel:
             logits = self.draft.forward([r.slot for r in step], feeds)  # [n, S, V]
             for i, (r, feed) in enumerate(zip(step, feeds)):
                 self.draft.commit(r.slot, len(feed))
-                r.seq[r.length + j] = draw(logits[i, len(feed) - 1], r.req.sampling, r.rng, r.q[j])
+                row = r.req.transform(logits[i, len(feed) - 1 : len(feed)], r.seq, r.length + j)[0]  # [V]: predicts seq[L + j]
+                r.seq[r.length + j] = draw(row, r.req.sampling, r.rng, r.q[j])
         return list(gammas)
 
     def _propose_fused(self, rows: list[Row], runner) -> None:
@@ -200,7 +201,7 @@ class FeatureHead:
         logits = head.forward([s], [r.seq[done:L]], store[s, done:L])[0, L - done - 1]  # [V]: token L
         head.commit(s, L - done)
         for j in range(depth):
-            r.seq[L + j] = choose(j, logits)
+            r.seq[L + j] = choose(j, r.req.transform(logits[None], r.seq, L + j)[0])  # with the penalties of seq[:L + j]
             if j + 1 < depth:
                 logits = head.forward([s], [r.seq[L + j : L + j + 1]], head.features[-1:])[0, 0]  # context: the head's last h
                 head.commit(s, 1)

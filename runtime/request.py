@@ -9,6 +9,7 @@ import numpy as np
 
 from specdec.errors import ConfigError, InputError
 from specdec.runtime.params import SamplingParams, is_int as _is_int
+from specdec.runtime.penalties import Penalties, penalize_chain
 from specdec.runtime.sampling import SamplingConfig
 
 
@@ -64,6 +65,8 @@ class Request:
     gamma: int = field(init=False)
     adaptive: bool = field(init=False)
     stop: frozenset[int] = field(init=False)  # tokens that end the request (kept in the output)
+    penalties: Penalties | None = field(init=False)  # None: raw logits go to sampling as they are
+    prompt_seen: np.ndarray = field(init=False)  # [u] the prompt's distinct ids (the repetition penalty's)
 
     def __post_init__(self) -> None:
         lim, par, put = self.limits, self.params, lambda k, v: object.__setattr__(self, k, v)
@@ -93,6 +96,24 @@ class Request:
             raise InputError(f"stop_token_ids={list(par.stop_token_ids)!r}: expected token ids in [0, {lim.vocab_size})")
         eos = frozenset() if par.ignore_eos else frozenset(lim.eos_token_ids)
         put("stop", eos | frozenset(par.stop_token_ids))
+        bad = [t for t in par.logit_bias or {} if t >= lim.vocab_size]
+        if bad:
+            raise InputError(f"logit_bias token id {bad[0]} is outside the vocabulary [0, {lim.vocab_size}); pass ids from the bundle's tokenizer")
+        put("penalties", par.penalties)
+        put("prompt_seen", np.unique(self.prompt))
+
+    @property
+    def fusable(self) -> bool:
+        """Whether a fused draft graph can propose for it (it samples with temperature, top-k and
+        top-p only)."""
+        return self.penalties is None and not self.sampling.min_p
+
+    def transform(self, logits: np.ndarray, seq: np.ndarray, start: int) -> np.ndarray:
+        """Raw logits [n, V] whose row i predicts seq[start + i], with the request's penalties
+        applied from that row's prefix (a float64 copy), or ``logits`` itself when there are none."""
+        if self.penalties is None:
+            return logits
+        return penalize_chain(logits, self.penalties, self.prompt_seen, seq, len(self.prompt), start)
 
     @property
     def input_ids(self) -> np.ndarray:

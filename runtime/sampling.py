@@ -1,9 +1,9 @@
 """Standardized sampling (paper §2.2): logits -> the distribution actually sampled from.
 
-Argmax, temperature, top-k and top-p all become plain sampling from an adjusted distribution.
+Argmax, temperature, top-k, top-p and min-p all become plain sampling from an adjusted distribution.
 The same function standardizes the target's p and the draft's q, so a draft token's q is
 exactly the distribution it was drawn from. Semantics and order follow Hugging Face
-``generate``: temperature -> top-k -> top-p; temperature 0 means argmax.
+``generate``: temperature -> top-k -> top-p -> min-p; temperature 0 means argmax.
 """
 
 from __future__ import annotations
@@ -17,14 +17,20 @@ from specdec.errors import SamplingError
 
 @dataclass(frozen=True)
 class SamplingConfig:
-    """How tokens are drawn. ``temperature=0`` is argmax; ``top_k``/``top_p`` of None are off."""
+    """How tokens are drawn. ``temperature=0`` is argmax; ``top_k``/``top_p`` of None and
+    ``min_p`` of 0 are off. ``min_p`` keeps the tokens at least that fraction as likely as the
+    most likely one (HF's ``MinPLogitsWarper``, vLLM's ``min_p``)."""
 
     temperature: float = 1.0
     top_k: int | None = None
     top_p: float | None = None
+    min_p: float = 0.0
 
     def __post_init__(self) -> None:
         t, k, p = self.temperature, self.top_k, self.top_p
+        m = self.min_p
+        if not (isinstance(m, (int, float)) and not isinstance(m, bool) and 0.0 <= m <= 1.0):
+            raise SamplingError(f"min_p={m!r}: expected a number in [0, 1] (0 = off)")
         if not (isinstance(t, (int, float)) and np.isfinite(t) and t >= 0):
             raise SamplingError(f"temperature={t!r}: expected a finite number >= 0 (0 = greedy)")
         if k is not None and (isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 0):
@@ -114,8 +120,16 @@ def standardize(logits: np.ndarray, cfg: SamplingConfig) -> np.ndarray:
         drop = _top_p_mask(scores, cfg.top_p, e / e.sum(axis=-1, keepdims=True))
         e[drop] = 0.0
         e /= e.sum(axis=-1, keepdims=True)
-        return e
-    return softmax(scores)
+        return _min_p(e, cfg.min_p)
+    return _min_p(softmax(scores), cfg.min_p)
+
+
+def _min_p(probs: np.ndarray, min_p: float) -> np.ndarray:
+    """Drop the tokens less likely than ``min_p`` x the row's largest, and normalize (in place)."""
+    if min_p > 0:
+        probs[probs < min_p * probs.max(axis=-1, keepdims=True)] = 0.0
+        probs /= probs.sum(axis=-1, keepdims=True)
+    return probs
 
 
 def sample(probs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -142,7 +156,7 @@ def draw(logits: np.ndarray, cfg: SamplingConfig, rng: np.random.Generator, q: n
     standardized row it was drawn from (what Algorithm 1 needs of a draft token)."""
     if cfg.greedy:
         return int(logits.argmax())
-    if cfg.top_k or cfg.top_p is not None and cfg.top_p < 1.0:
+    if cfg.top_k or cfg.top_p is not None and cfg.top_p < 1.0 or cfg.min_p:
         q[:] = standardize(logits, cfg)
     else:  # temperature alone: standardize's operations, in place in q (no temporaries)
         np.copyto(q, logits)

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Callable, NamedTuple, Sequence
 
 import numpy as np
 
-from specdec.runtime.logprobs import score
+from specdec.runtime.logprobs import score, score_probs
+from specdec.runtime.penalties import penalize_tree
 from specdec.runtime.request import Request
 from specdec.runtime.sampling import standardize
 from specdec.runtime.speculative import accept, synthetic_accept
@@ -94,19 +95,29 @@ def speculative_step(rows: Sequence[Row], gammas: Sequence[int], proposer: Propo
     t2 = clock()
     kept = []
     for i, (r, k) in enumerate(zip(rows, ks)):
+        rows_p = r.req.transform(logits[i, : k + 1], r.seq, r.length)  # [k + 1, V]: row j predicts seq[L + j]
         if synthetic is None:
-            n, token = accept(r.seq[r.length : r.length + k], r.q[:k], logits[i, : k + 1], r.req.sampling, r.rng, r.req.lenience)
+            n, token = accept(r.seq[r.length : r.length + k], r.q[:k], rows_p, r.req.sampling, r.rng, r.req.lenience)
         else:
-            n, token = synthetic_accept(r.seq[r.length : r.length + k], r.q[:k], logits[i, : k + 1], r.req.sampling, r.rng, synthetic)
+            n, token = synthetic_accept(r.seq[r.length : r.length + k], r.q[:k], rows_p, r.req.sampling, r.rng, synthetic)
         target.commit(r.slot, n + 1)  # rows for seq[L-1] and x_1..x_n
         r.seq[r.length + n] = token
-        if r.req.params.logprobs is not None:  # row j of the call predicted seq[L + j]
-            r.scored = score(logits[i, : n + 1], r.seq[r.length : r.length + n + 1], r.req.params.logprobs)
+        if r.req.params.logprobs is not None:
+            r.scored = scored(r, logits[i, : n + 1], rows_p[: n + 1], r.seq[r.length : r.length + n + 1])
         kept.append(n)
     proposer.commit(rows, kept, logits)
     t3 = clock()
     draft_calls = proposer.calls - calls
     return [Iteration(k, n, draft_calls, t1 - t0, t2 - t1, t3 - t2) for k, n in zip(ks, kept)]
+
+
+def scored(r: Row, raw: np.ndarray, transformed: np.ndarray, tokens: np.ndarray) -> list:
+    """The logprobs of ``tokens``, row i of raw [n, V] / transformed [n, V] (the same logits with
+    the request's penalties) predicting tokens[i], in the request's ``logprobs_mode``."""
+    k = r.req.params.logprobs
+    if r.req.params.logprobs_mode == "processed":
+        return score_probs(standardize(transformed, r.req.sampling), tokens, k)
+    return score(raw, tokens, k)
 
 
 def tree_step(rows: Sequence[Row], gammas: Sequence[int], proposer, target: Executor) -> list[Iteration]:
@@ -132,6 +143,9 @@ def tree_step(rows: Sequence[Row], gammas: Sequence[int], proposer, target: Exec
             logits = target.forward([r.slot], [r.seq[L - 1 : L]])[0]  # [1, V]
         tb = clock()
         nodes, tree_parents = np.asarray(tokens, dtype=np.int64), np.asarray(parents, dtype=np.int64)
+        raw = logits
+        if r.req.penalties is not None:  # each row with its own node's prefix
+            logits = penalize_tree(raw, r.req.penalties, r.req.prompt_seen, r.seq, len(r.req.prompt), L, tokens, parents)
         if cfg.greedy:
             v = verify_tree_greedy(nodes, tree_parents, logits)
         else:
@@ -143,7 +157,8 @@ def tree_step(rows: Sequence[Row], gammas: Sequence[int], proposer, target: Exec
         r.seq[L : L + len(v.path)] = [tokens[i] for i in v.path]
         r.seq[L + len(v.path)] = v.token
         if r.req.params.logprobs is not None:  # each kept token was predicted by its parent's row (the root's: 0)
-            r.scored = score(logits[[0, *(i + 1 for i in v.path)]], r.seq[L : L + len(v.path) + 1], r.req.params.logprobs)
+            at = [0, *(i + 1 for i in v.path)]
+            r.scored = scored(r, raw[at], logits[at], r.seq[L : L + len(v.path) + 1])
         kept.append(len(v.path))
         sizes.append(max(depths(parents), default=0))  # the positions it drafted
         rank = sibling_ranks(parents)
