@@ -4,12 +4,14 @@
         ─► engine.submit per choice (prompts x n) ─► Handle pieces (async) ─► stop strings (stops)
         ─► one JSON body, or SSE chunks (each naming its choice's index) + [DONE]
     POST /tokenize, /detokenize (vLLM's shapes)
-    GET /v1/models, /health, /metrics
+    GET /v1/models, /health, /metrics, /version
 
 Every failure is an OpenAI-style error body ``{"error": {"message", "type", "param", "code"}}``:
 400 for bad input, 401 without the API key, 404 for an unknown model or route, 413 for a body
-over ``MAX_BODY`` (serve/limits.py), 503 while loading or when the queue is full (with
-Retry-After), 500 only for a server-side failure (no traceback).
+over ``MAX_BODY`` (serve/limits.py), 415 for a POST whose body is not ``application/json``
+(a web page can send text/plain or a form to localhost without a CORS preflight), 503 while
+loading or when the queue is full (with Retry-After), 500 only for a server-side failure (no
+traceback). CORS is off unless ``allowed_origins`` names origins.
 """
 
 from __future__ import annotations
@@ -25,10 +27,12 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 from fastapi import FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException
 
+from specdec import __version__
 from specdec.errors import InputError, QueueFullError
 from specdec.runtime.handles import Handle
 from specdec.runtime.params import SamplingParams
@@ -74,6 +78,8 @@ class ServerState:
     metrics: Metrics | None = None
     failed: str | None = None  # why loading failed
     fingerprint: str | None = None  # OpenAI's system_fingerprint: which server (or Ray replica) answered
+    logprobs_mode: str = "raw"  # "raw" or "processed" (vLLM's --logprobs-mode raw_logprobs / processed_logprobs)
+    allowed_origins: tuple[str, ...] = ()  # CORS origins; none: no CORS headers
     created: int = field(default_factory=lambda: int(time.time()))
 
     def ready(self):
@@ -88,6 +94,19 @@ class ServerState:
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), self.api_key.encode()):
             raise Refused(401, "missing or wrong API key: send the header 'Authorization: Bearer <key>'", code="invalid_api_key")
+
+
+def check_json(request: Request) -> None:
+    """415 unless the body is declared ``application/json`` (any charset parameter)."""
+    kind = request.headers.get("content-type", "")
+    if kind.split(";")[0].strip().lower() != "application/json":
+        raise Refused(415, f"Content-Type {kind or '(none)'!r}: expected 'application/json'; send the body as JSON with that header",
+                      code="unsupported_media_type")  # fmt: skip
+
+
+def finite(v: float) -> float:
+    """A logprob as JSON can carry it: a token the settings exclude (-inf) as vLLM writes it, -9999.0."""
+    return v if v > -9999.0 else -9999.0
 
 
 # -- the two endpoints' differences --------------------------------------------------------------
@@ -125,8 +144,8 @@ class Completions:
         if scored is not None:
             words = [word(codec, tok) for tok, _ in scored]
             offsets = list(itertools.accumulate((len(w) for w in words[:-1]), initial=offset)) if words else []
-            logprobs = {"tokens": words, "token_logprobs": [lp.logprob if lp else None for _, lp in scored],
-                        "top_logprobs": [{word(codec, t): v for t, v in lp.top} if lp else None for _, lp in scored],
+            logprobs = {"tokens": words, "token_logprobs": [finite(lp.logprob) if lp else None for _, lp in scored],
+                        "top_logprobs": [{word(codec, t): finite(v) for t, v in lp.top} if lp else None for _, lp in scored],
                         "text_offset": offsets}  # fmt: skip
         return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
 
@@ -158,7 +177,7 @@ class Chat:
 
         def entry(t: int, v: float) -> dict:
             w = word(codec, t)
-            return {"token": w, "logprob": v, "bytes": list(w.encode())}
+            return {"token": w, "logprob": finite(v), "bytes": list(w.encode())}
 
         logprobs = None
         if scored is not None:
@@ -299,12 +318,26 @@ def speculative(handles: list[Handle]) -> dict:
     }
 
 
-def usage(gens: list[Generation], n: int, kept: bool = True) -> dict:
-    """Token counts of a request: each prompt once (its n choices share it), every choice's
-    tokens returned (none when ``kept`` is False: max_tokens=0 drops the token decoded)."""
-    p = sum(len(g.handle.request.input_ids) for g in gens[::n])
+def usage(gens: list[Generation], rows: int, kept: bool = True) -> dict:
+    """Token counts of a request: each prompt once (its ``rows`` rows share it), every row's
+    tokens (best_of's unreturned ones too, as OpenAI bills them; none when ``kept`` is False:
+    max_tokens=0 drops the token decoded)."""
+    p = sum(len(g.handle.request.input_ids) for g in gens[::rows])
     c = sum(len(g.ids) for g in gens) if kept else 0
     return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+
+
+def best(scored: list[list], rows: int, n: int) -> list[int]:
+    """Which rows to return: of each prompt's ``rows`` (consecutive), the ``n`` with the highest
+    cumulative logprob of their tokens (``scored[i]``: row i's (token, TokenLogprob) pairs), in
+    that order; all of them when rows == n."""
+    if rows == n:
+        return list(range(len(scored)))
+    picked = []
+    for start in range(0, len(scored), rows):
+        group = range(start, start + rows)
+        picked += sorted(group, key=lambda i: -sum(lp.logprob for _, lp in scored[i]))[:n]  # stable: ties keep row order
+    return picked
 
 
 # -- the application ---------------------------------------------------------------------------
@@ -315,6 +348,8 @@ def build_app(state: ServerState, lifespan=None) -> FastAPI:
     app = FastAPI(title="specdec", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
     app.state.specdec = state
     app.add_middleware(BodyLimit, max_body=MAX_BODY)  # 413 while reading, past MAX_BODY (serve/limits.py)
+    if state.allowed_origins:  # opt-in, as vLLM's and llama-server's
+        app.add_middleware(CORSMiddleware, allow_origins=list(state.allowed_origins), allow_methods=["*"], allow_headers=["*"])
 
     @app.exception_handler(Refused)
     async def _refused(request: Request, e: Refused):
@@ -335,6 +370,10 @@ def build_app(state: ServerState, lifespan=None) -> FastAPI:
         if state.engine is None:
             return JSONResponse({"status": "failed" if state.failed else "loading", "reason": state.failed}, status_code=503, headers={"Retry-After": RETRY_AFTER})
         return {"status": "ok"}
+
+    @app.get("/version")
+    async def version():
+        return {"version": __version__}
 
     @app.get("/v1/models")
     async def models(request: Request):
@@ -373,6 +412,7 @@ def build_app(state: ServerState, lifespan=None) -> FastAPI:
     async def read(request: Request, cls):
         """Check the key and the model, parse the body as ``cls``; a ``Refused`` says why not."""
         state.check_key(request)
+        check_json(request)
         state.ready()
         try:
             body = parse(cls, loads(await request.body()))
@@ -432,20 +472,24 @@ def build_app(state: ServerState, lifespan=None) -> FastAPI:
             return Refused(500, f"decoding failed: {e}", "server_error").response()
         finally:
             task.cancel()  # a no-op once done; ends it if this handler is cancelled
-        choices = []
         for i, g in enumerate(gens):
-            echo, echoed = echoed_prompt(body, g.handle)
             tokens[i], scored[i] = g.ids if keep else [], scored[i][: len(g.ids)]  # a stop string may have taken back a token
-            lps = (echoed + scored[i]) if g.handle.logprobs is not None else None
+        picked = best(scored, body.rows, body.choices)
+        returns_logprobs = kind.logprobs(body)[0] is not None
+        choices = []
+        for index, i in enumerate(picked):
+            g = gens[i]
+            echo, echoed = echoed_prompt(body, g.handle)
+            lps = (echoed + scored[i]) if returns_logprobs else None
             finish = g.finish if keep else "length"
-            choices.append(kind.choice(i, echo + "".join(text[i]), finish, True, False, lps, state.codec))
-        out = {**head, "choices": choices, "usage": usage(gens, body.choices, keep), "speculative": speculative(handles)}
+            choices.append(kind.choice(index, echo + "".join(text[i]), finish, True, False, lps, state.codec))
+        out = {**head, "choices": choices, "usage": usage(gens, body.rows, keep), "speculative": speculative(handles)}
         if body.return_token_ids:
-            for choice, ids, h in zip(choices, tokens, handles):
-                choice["token_ids"] = ids
-                if len(handles) > body.choices:  # several prompts: each choice names its own
-                    choice["prompt_token_ids"] = h.request.input_ids.tolist()
-            if len(handles) == body.choices:
+            for choice, i in zip(choices, picked):
+                choice["token_ids"] = tokens[i]
+                if len(handles) > body.rows:  # several prompts: each choice names its own
+                    choice["prompt_token_ids"] = handles[i].request.input_ids.tolist()
+            if len(handles) == body.rows:
                 out["prompt_token_ids"] = handles[0].request.input_ids.tolist()
         return out
 
@@ -454,6 +498,7 @@ def build_app(state: ServerState, lifespan=None) -> FastAPI:
         i * n + j, its seed + j when seeded); a ``Refused`` says why not, and cancels what was
         submitted."""
         state.check_key(request)
+        check_json(request)
         engine = state.ready()
         try:
             raw = loads(await request.body())  # at most MAX_BODY bytes: BodyLimit stops reading there
@@ -470,8 +515,10 @@ def build_app(state: ServerState, lifespan=None) -> FastAPI:
                     max_tokens = max(1, state.max_seq_len - len(prompt))
                 max_tokens = max_tokens or 1  # max_tokens=0 with echo: one token decoded and dropped
                 logprobs, prompt_logprobs = kind.logprobs(body)
-                sampling = {**body.sampling(), "logprobs": logprobs, "prompt_logprobs": prompt_logprobs}
-                for j in range(body.choices):
+                if logprobs is None and body.rows > body.choices:
+                    logprobs = 0  # best_of ranks by them (not returned: the handle keeps them, the choice does not ask)
+                sampling = {**body.sampling(), "logprobs": logprobs, "prompt_logprobs": prompt_logprobs, "logprobs_mode": state.logprobs_mode}
+                for j in range(body.rows):
                     seed = None if sampling["seed"] is None else sampling["seed"] + j
                     handles.append(engine.submit(prompt, SamplingParams(max_new_tokens=max_tokens, gamma=state.gamma, **{**sampling, "seed": seed})))
         except Exception as e:
@@ -513,7 +560,7 @@ async def sse(gens: list[Generation], kind, body, head: dict, codec: TextCodec |
         if first[i] and i == 0 and body.return_token_ids and len(gens) == body.choices:
             out["prompt_token_ids"] = handles[0].request.input_ids.tolist()
         if every:
-            out["usage"] = usage(gens, body.choices, keep)
+            out["usage"] = usage(gens, body.rows, keep)
         first[i] = False
         return out
 
@@ -549,7 +596,7 @@ async def sse(gens: list[Generation], kind, body, head: dict, codec: TextCodec |
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
     if opts and opts.include_usage:
-        yield event({**head, "choices": [], "usage": usage(gens, body.choices, keep), "speculative": speculative(handles)})
+        yield event({**head, "choices": [], "usage": usage(gens, body.rows, keep), "speculative": speculative(handles)})
     yield "data: [DONE]\n\n"
 
 

@@ -1,9 +1,9 @@
 """The OpenAI wire format the server accepts: request bodies checked strictly, refused with the field named.
 
 Fields follow OpenAI's completions and chat completions APIs, with vLLM's extension fields
-(``top_k``, ``ignore_eos``, ``stop_token_ids``, ``return_token_ids``). A field the server does
-not implement is refused (400 naming it) rather than silently ignored, unless its value is the
-one that means "off" (``n=1``, ``echo=false``, ``logprobs=null``, penalties 0, ...), which
+(``top_k``, ``min_p``, ``repetition_penalty``, ``ignore_eos``, ``stop_token_ids``,
+``return_token_ids``). A field the server does not implement is refused (400 naming it) rather
+than silently ignored, unless its value is the one that means "off" (``suffix=null``), which
 clients often send explicitly.
 
 Every list field has a bound (``BOUNDS``; a 400 names the field and the bound beyond it), so the
@@ -39,7 +39,7 @@ BOUNDS = {
     "stop": (16, "OpenAI allows 4 and vLLM any number; every stop string is matched against each streamed piece, and 16 holds any chat format's set"),
     "stop string": (512, "characters of one stop string; a stream holds back as many characters as its longest stop string has"),
     "stop_token_ids": (64, "a model's end tokens are a handful; each accepted token is looked up in them"),
-    "logit_bias": (300, "entries; any non-empty logit_bias is refused anyway, since it would change the target's distribution"),
+    "logit_bias": (300, "entries, as OpenAI's bound"),
     "prompt ids": (1 << 17, "token ids; 128K, the longest context of current models"),
     "prompt list": (64, "prompts in a list; with n, at most MAX_CHOICES choices in all"),
     "messages": (1024, "messages in a chat; the whole conversation must fit the context"),
@@ -84,21 +84,28 @@ class _Sampling(_Body):
     return_token_ids: bool = False
     user: str | None = None  # metadata; not used
     n: int | None = 1  # choices per prompt; choice j of a seeded request draws from seed + j
-    response_format: ResponseFormat | None = None  # only {"type": "text"} (see _OFF)
-    # Accepted only at their "off" value (see ``_OFF``):
+    response_format: ResponseFormat | None = None  # only {"type": "text"} (see ``parse``)
+    # Applied to the target's and the draft's rows alike (runtime/penalties.py), so output stays the target's:
     presence_penalty: float | None = 0.0
     frequency_penalty: float | None = 0.0
-    logit_bias: Annotated[dict[str, float], _LEN["logit_bias"]] | None = None
+    repetition_penalty: float | None = 1.0  # vLLM's extension
+    min_p: float | None = 0.0  # vLLM's extension
+    logit_bias: Annotated[dict[str, float], _LEN["logit_bias"]] | None = None  # token id (as a string) -> -100..100
 
     def sampling(self) -> dict[str, Any]:
-        """Keyword arguments of ``BatchEngine.submit`` (the engine checks their values)."""
+        """Keyword arguments of ``SamplingParams`` (it checks their values)."""
         return dict(
             temperature=1.0 if self.temperature is None else self.temperature,
             top_p=None if self.top_p in (None, 1.0) else self.top_p,
             top_k=None if self.top_k in (None, 0, -1) else self.top_k,
-            seed=self.seed,
+            seed=None if self.seed is None else self.seed % 2**64,  # a negative seed (vLLM takes any int64) as its bits
             ignore_eos=self.ignore_eos,
             stop_token_ids=tuple(self.stop_token_ids or ()),
+            presence_penalty=self.presence_penalty or 0.0,
+            frequency_penalty=self.frequency_penalty or 0.0,
+            repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
+            min_p=self.min_p or 0.0,
+            logit_bias={_token_key(k): v for k, v in self.logit_bias.items()} if self.logit_bias else None,
         )
 
     @property
@@ -109,11 +116,24 @@ class _Sampling(_Body):
     def choices(self) -> int:
         return 1 if self.n is None else self.n
 
+    @property
+    def rows(self) -> int:
+        """Rows decoded per prompt: ``best_of`` of them when asked (the best ``n`` returned)."""
+        return getattr(self, "best_of", None) or self.choices
+
+
+def _token_key(key: str) -> int:
+    """A logit_bias key: a token id written as a string, as JSON object keys are."""
+    try:
+        return int(key)
+    except ValueError:
+        raise FieldError(f"logit_bias key {key[:40]!r}: expected a token id (an integer, as a string)", "logit_bias") from None
+
 
 class CompletionRequest(_Sampling):
     prompt: str | _Ids | Annotated[list[str], _LEN["prompt list"]] | Annotated[list[_Ids], _LEN["prompt list"]]
     max_tokens: int | None = 16  # OpenAI's default for completions
-    best_of: int | None = None
+    best_of: int | None = None  # rows decoded per prompt; the n with the highest cumulative logprob are returned
     logprobs: int | None = None  # the target's log-probability of each token, with this many alternatives
     echo: bool | None = False  # the prompt before the completion (and, with logprobs, its tokens' logprobs)
     suffix: str | None = None
@@ -168,15 +188,11 @@ class DetokenizeRequest(_Body):
     tokens: _Ids
 
 
-_EXACT = "it would change the target's distribution, which specdec keeps exact"
 # field -> (values that mean "off", what to do instead)
 _OFF = {
-    "best_of": ((None, 1), "ask for n choices and pick"),
     "suffix": ((None,), "insertion is not supported"),
-    "presence_penalty": ((0.0, None), _EXACT),
-    "frequency_penalty": ((0.0, None), _EXACT),
-    "logit_bias": ((None, {}), _EXACT),
 }
+SEED_RANGE = (-(2**63), 2**63 - 1)  # vLLM's: a 64-bit signed integer
 # message field -> (values that mean "empty", why anything else is refused)
 _MESSAGE_OFF = {
     "refusal": ((None, ""), "a refusal is the model's own output; send it as content"),
@@ -240,10 +256,21 @@ def parse(cls: type[_Body], raw: Any) -> _Body:
         raise FieldError("max_tokens=0 returns nothing without echo=true; ask for 1 or more tokens, or echo the prompt", "max_tokens")
     if body.n is not None and body.n < 1:
         raise FieldError(f"n={body.n}: expected an integer >= 1 (choices per prompt)", "n")
+    best_of = getattr(body, "best_of", None)
+    if best_of is not None and best_of < body.choices:
+        raise FieldError(f"best_of={best_of} is less than n={body.choices}: best_of rows are decoded and the best n returned; "
+                         "ask for best_of >= n", "best_of")  # fmt: skip
+    if best_of is not None and best_of > body.choices and body.stream:
+        raise FieldError(f"best_of={best_of} with stream=true: the best choices are known only at the end; stream without best_of", "best_of")
+    if body.stream_options is not None and not body.stream:
+        raise FieldError("stream_options is only allowed with stream=true", "stream_options")
+    if body.seed is not None and not SEED_RANGE[0] <= body.seed <= SEED_RANGE[1]:
+        raise FieldError(f"seed={body.seed}: expected a 64-bit signed integer [{SEED_RANGE[0]}, {SEED_RANGE[1]}]", "seed")
     prompts = len(body.prompt) if isinstance(body, CompletionRequest) and is_list_of_prompts(body.prompt) else 1
-    if prompts * body.choices > MAX_CHOICES:
-        raise FieldError(f"{prompts} prompt(s) x n={body.choices} = {prompts * body.choices} choices; the limit is {MAX_CHOICES}: "
-                         "split the request", "n")  # fmt: skip
+    if prompts * body.rows > MAX_CHOICES:
+        what = f"best_of={body.rows}" if best_of else f"n={body.choices}"
+        raise FieldError(f"{prompts} prompt(s) x {what} = {prompts * body.rows} {'rows' if best_of else 'choices'}; the limit is {MAX_CHOICES}: "
+                         "split the request", "best_of" if best_of else "n")  # fmt: skip
     clash = sorted(set(getattr(body, "chat_template_kwargs", None) or ()) & set(RESERVED_TEMPLATE_NAMES))
     if clash:
         raise FieldError(f"chat_template_kwargs: {clash} are set by the request itself; rename or remove them", "chat_template_kwargs")

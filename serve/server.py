@@ -49,6 +49,11 @@ class ServeConfig:
     api_key: str | None = None
     grace_period: float = 30.0  # seconds SIGTERM waits for requests in flight
     log_level: str = "info"
+    logprobs_mode: str = "raw_logprobs"  # vLLM's names: raw_logprobs, or processed_logprobs (the distribution sampled)
+    allowed_origins: tuple[str, ...] = ()  # CORS origins ("*": any); none: no CORS headers
+
+
+LOGPROBS_MODES = {"raw_logprobs": "raw", "processed_logprobs": "processed"}  # vLLM's --logprobs-mode -> SamplingParams.logprobs_mode
 
 
 def is_loopback(host: str) -> bool:
@@ -84,8 +89,11 @@ def prepare(cfg: ServeConfig, bind: bool = True) -> ServerState:
     Request([0], Limits.of(m), SamplingParams(max_new_tokens=1, gamma=cfg.gamma), [0] if m.seq2seq else None)  # the --gamma every request will carry
     model = cfg.served_model_name or Path(cfg.bundle).resolve().name
     fingerprint = f"specdec-{__version__}"
+    if cfg.logprobs_mode not in LOGPROBS_MODES:
+        raise ConfigError(f"--logprobs-mode {cfg.logprobs_mode!r}: expected one of {', '.join(LOGPROBS_MODES)}")
     return ServerState(model=model, max_seq_len=m.max_seq_len, codec=codec, chat=chat, gamma=cfg.gamma, api_key=cfg.api_key,
-                       fingerprint=fingerprint, manifest=m)  # the manifest is opened and verified once
+                       fingerprint=fingerprint, manifest=m, logprobs_mode=LOGPROBS_MODES[cfg.logprobs_mode],
+                       allowed_origins=tuple(cfg.allowed_origins))  # the manifest is opened and verified once
 
 
 def load_engine(cfg: ServeConfig, state: ServerState):

@@ -502,6 +502,9 @@ def _numbers(option: str, text: str, kind: type) -> list:
 @click.option("--threads", default=None, type=int, help="ONNX Runtime intra-op threads per session [default: one per core].")
 @click.option("--api-key", default=None, envvar="SPECDEC_API_KEY", help="Require 'Authorization: Bearer KEY' on every route but /health [env: SPECDEC_API_KEY].")
 @click.option("--grace-period", default=30.0, show_default=True, type=float, help="Seconds SIGTERM lets requests in flight finish.")
+@click.option("--logprobs-mode", default="raw_logprobs", show_default=True, type=click.Choice(["raw_logprobs", "processed_logprobs"]),
+              help="Logprobs from the raw logits, or from the distribution sampled (after penalties, temperature, top-k/p, min-p), as vLLM's.")
+@click.option("--allowed-origins", multiple=True, help="Allow browsers from this origin (CORS; repeat, or '*'); off by default.")
 @click.option("--log-level", default="info", show_default=True, type=click.Choice(["critical", "error", "warning", "info", "debug"]))
 @click.option("--ray", "use_ray", is_flag=True, help="Serve on Ray Serve: replicas behind Ray's HTTP proxy (the ray extra).")
 @click.option("--replicas", default=1, show_default=True, type=int, help="With --ray: replicas, each loading the bundle once.")

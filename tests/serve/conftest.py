@@ -50,8 +50,9 @@ def chat_bundle(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def server(chat_bundle, tmp_path_factory):
-    """The shared server: the chat bundle, 4 rows, an API key, model name "tiny"."""
+    """The shared server: the chat bundle, 4 rows, an API key, model name "tiny", CORS for one origin."""
     s = Server(chat_bundle[1], "--max-batch", "4", "--max-queue", "16", "--served-model-name", "tiny", "--api-key", KEY,
+               "--allowed-origins", "http://localhost:3000",
                log=tmp_path_factory.mktemp("logs") / "server.log")  # fmt: skip
     yield s
     s.close()

@@ -325,6 +325,82 @@ def test_logprobs_and_echo_are_the_targets(server, client, chat_bundle):
     assert all(abs(e.logprob - lp[n - 1 + j][t]) < 1e-4 for j, (e, t) in enumerate(zip(content, ids[n:])))
 
 
+PENALTIES = [  # vLLM's fields, each applied (the runtime's tests check them against PyTorch)
+    dict(repetition_penalty=1.8),
+    dict(frequency_penalty=1.5, presence_penalty=2.0),
+    dict(min_p=0.3, temperature=1.0, seed=5),
+]
+
+
+def test_penalties_bias_and_min_p_are_applied_exactly(client, reference):
+    """Each sampling field the official client sends gives what the decoder gives with the same
+    settings, token for token, and changes the output (so it is applied, not ignored)."""
+    prompt = PROMPTS[1]
+    plain = reference(prompt, 24, ignore_eos=True).tokens
+    for kw in [*PENALTIES, dict(logit_bias={plain[0]: -100.0, plain[2]: -5.0})]:
+        sampling = {"temperature": 0, **kw}
+        std = {k: sampling.pop(k) for k in ("frequency_penalty", "presence_penalty", "logit_bias", "seed", "temperature") if k in sampling}
+        if "logit_bias" in std:
+            std["logit_bias"] = {str(t): b for t, b in std["logit_bias"].items()}
+        r = client.completions.create(model="tiny", prompt=prompt, max_tokens=24, **std, extra_body={"return_token_ids": True, "ignore_eos": True, **sampling})
+        want = reference(prompt, 24, ignore_eos=True, **kw).tokens
+        assert extra(r.choices[0], "token_ids") == want, kw
+        if "min_p" not in kw:
+            assert want != plain, f"{kw} does not change this output: the test would not see it ignored"
+    chat = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=12, temperature=0, presence_penalty=2.0,
+                                          frequency_penalty=1.0, extra_body={"return_token_ids": True, "ignore_eos": True})  # fmt: skip
+    ids = extra(chat, "prompt_token_ids")
+    assert extra(chat.choices[0], "token_ids") == reference(ids, 12, ignore_eos=True, presence_penalty=2.0, frequency_penalty=1.0).tokens
+
+
+def test_best_of_returns_the_highest_cumulative_logprob(client):
+    """best_of=4, n=2, seeded: the rows are the lone requests seeded seed + j, and the two
+    returned are those with the highest sum of token logprobs, best first; usage bills all four."""
+    kw = dict(model="tiny", prompt=PROMPTS[3], max_tokens=12, temperature=1.0, extra_body={"return_token_ids": True, "ignore_eos": True})
+    rows = [client.completions.create(seed=7 + j, logprobs=0, **kw).choices[0] for j in range(4)]
+    sums = [sum(c.logprobs.token_logprobs) for c in rows]
+    order = sorted(range(4), key=lambda j: -sums[j])
+    r = client.completions.create(seed=7, n=2, best_of=4, **kw)
+    assert [extra(c, "token_ids") for c in r.choices] == [extra(rows[j], "token_ids") for j in order[:2]]
+    assert [c.index for c in r.choices] == [0, 1] and all(c.logprobs is None for c in r.choices)  # not asked: not returned
+    assert r.usage.completion_tokens == 48
+    with_lps = client.completions.create(seed=7, n=1, best_of=4, logprobs=1, **kw).choices[0]
+    assert extra(with_lps, "token_ids") == extra(rows[order[0]], "token_ids") and len(with_lps.logprobs.top_logprobs) == 12
+
+
+def test_browser_safety_json_only_cors_opt_in_and_version(server, small_server):
+    """A POST not declared application/json gets 415 (a web page can send text/plain or a form
+    to localhost without a preflight); CORS headers only for the origins named by
+    --allowed-origins (none on a server without it); /version."""
+    body = json.dumps({"model": "tiny", "prompt": "x", "max_tokens": 2})
+    auth = {"Authorization": f"Bearer {KEY}"}
+    for kind in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x", None):
+        r = httpx.post(server.url + "/v1/completions", content=body, headers={**auth, **({"Content-Type": kind} if kind else {})}, timeout=30)
+        check_error(r, 415, "application/json")
+    r = httpx.post(server.url + "/v1/completions", content=body, headers={**auth, "Content-Type": "application/json; charset=utf-8"}, timeout=30)
+    assert r.status_code == 200, r.text
+    preflight = {"Origin": "http://localhost:3000", "Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "content-type"}
+    r = httpx.options(server.url + "/v1/completions", headers=preflight, timeout=30)
+    assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "http://localhost:3000"
+    r = httpx.options(server.url + "/v1/completions", headers={**preflight, "Origin": "http://evil.example"}, timeout=30)
+    assert "access-control-allow-origin" not in r.headers
+    r = httpx.get(small_server.url + "/health", headers={"Origin": "http://localhost:3000"}, timeout=30)
+    assert r.status_code == 200 and "access-control-allow-origin" not in r.headers
+    from specdec import __version__
+
+    assert httpx.get(server.url + "/version", timeout=30).json() == {"version": __version__}
+
+
+def test_processed_logprobs_mode(small_server):
+    """--logprobs-mode processed_logprobs: the distribution sampled, so at top_k=1 every token's
+    logprob is 0 and its alternatives past the first are excluded (-9999.0, vLLM's -inf)."""
+    c = openai.OpenAI(base_url=small_server.url + "/v1", api_key="x", max_retries=0, timeout=60)
+    r = c.completions.create(model="small", prompt=[5, 6, 7], max_tokens=6, temperature=1.0, logprobs=2, extra_body={"top_k": 1, "ignore_eos": True})
+    lps = r.choices[0].logprobs
+    assert lps.token_logprobs == [0.0] * 6
+    assert all(0.0 in top.values() and set(top.values()) <= {0.0, -9999.0} for top in lps.top_logprobs)  # two ids may share a string
+
+
 # -- bad input -----------------------------------------------------------------------------------
 
 BAD = [  # (body or raw text, status, the field the message must name)
@@ -338,7 +414,7 @@ BAD = [  # (body or raw text, status, the field the message must name)
     ({"model": "tiny", "prompt": "x", "temperature": -0.5}, 400, "temperature"),
     ({"model": "tiny", "prompt": "x", "top_p": 1.5}, 400, "top_p"),
     ({"model": "tiny", "prompt": "x", "top_k": -3}, 400, "top_k"),
-    ({"model": "tiny", "prompt": "x", "seed": -1}, 400, "seed"),
+    ({"model": "tiny", "prompt": "x", "seed": 2**63}, 400, "seed"),
     ({"model": "tiny", "prompt": [1, 2, 99999]}, 400, "99999"),
     ({"model": "tiny", "prompt": [1, "a"]}, 400, "prompt"),
     ({"model": "tiny", "prompt": []}, 400, "empty"),
@@ -346,10 +422,20 @@ BAD = [  # (body or raw text, status, the field the message must name)
     ({"model": "tiny", "prompt": "x", "max_tokens": 600}, 400, "max-seq-len"),
     ({"model": "tiny", "prompt": "x", "n": 0}, 400, "n=0"),
     ({"model": "tiny", "prompt": "x", "response_format": {"type": "json_object"}}, 400, "response_format"),
-    ({"model": "tiny", "prompt": "x", "best_of": 3}, 400, "best_of"),
+    ({"model": "tiny", "prompt": "x", "best_of": 1, "n": 2}, 400, "best_of=1 is less than n=2"),
+    ({"model": "tiny", "prompt": "x", "best_of": 3, "stream": True}, 400, "best_of=3 with stream"),
+    ({"model": "tiny", "prompt": ["a"] * 20, "best_of": 4}, 400, "80 rows"),
+    ({"model": "tiny", "prompt": "x", "stream_options": {"include_usage": True}}, 400, "stream_options"),
+    ({"model": "tiny", "prompt": "x", "logit_bias": {"99999": 1}}, 400, "99999"),
+    ({"model": "tiny", "prompt": "x", "logit_bias": {"abc": 1}}, 400, "logit_bias key 'abc'"),
+    ({"model": "tiny", "prompt": "x", "logit_bias": {"5": 101}}, 400, "logit_bias entry 5"),
+    ({"model": "tiny", "prompt": "x", "repetition_penalty": 0}, 400, "repetition_penalty"),
+    ({"model": "tiny", "prompt": "x", "frequency_penalty": -2.5}, 400, "frequency_penalty"),
+    ({"model": "tiny", "prompt": "x", "min_p": 1.5}, 400, "min_p"),
     ({"model": "tiny", "prompt": "x", "logprobs": 21}, 400, "logprobs=21"),
     ({"model": "tiny", "prompt": "x", "max_tokens": 0}, 400, "echo"),
-    ({"model": "tiny", "prompt": "x", "presence_penalty": 0.5}, 400, "presence_penalty"),
+    ({"model": "tiny", "prompt": "x", "presence_penalty": 2.5}, 400, "presence_penalty"),
+    ({"model": "tiny", "prompt": "x", "suffix": "y"}, 400, "suffix"),
     ({"model": "tiny", "prompt": "x", "frobnicate": 1}, 400, "frobnicate"),
     ({"model": "tiny", "prompt": "x", "synthetic_acceptance": 0.9}, 400, "synthetic_acceptance"),  # benchmarks only
     ({"model": "tiny", "prompt": "x", "stop_token_ids": [-1]}, 400, "stop_token_ids"),
@@ -415,8 +501,9 @@ def test_api_key_guards_every_route_but_health(server):
 @pytest.fixture(scope="module")
 def small_server(slow_bundle, tmp_path_factory):
     """One row, one queue place, plain decoding of the slow bundle (~1 ms a token: requests
-    overlap and a disconnect lands mid-request); the bundle has no chat template."""
-    s = Server(slow_bundle, "--max-batch", "1", "--max-queue", "1", "--gamma", "0", "--served-model-name", "small",
+    overlap and a disconnect lands mid-request); the bundle has no chat template. Its logprobs
+    are the processed distribution's (--logprobs-mode processed_logprobs)."""
+    s = Server(slow_bundle, "--max-batch", "1", "--max-queue", "1", "--gamma", "0", "--served-model-name", "small", "--logprobs-mode", "processed_logprobs",
                log=tmp_path_factory.mktemp("logs") / "small.log")  # fmt: skip
     yield s
     s.close()
@@ -594,13 +681,17 @@ def test_chat_template_renders_as_transformers_does(chat_bundle):
 
 def test_null_fields_mean_their_defaults():
     """Some clients send null for unset fields: the defaults apply, and "off" fields stay off."""
+    from specdec.runtime.params import SamplingParams
     from specdec.serve.protocol import CompletionRequest, FieldError, parse
 
     body = parse(CompletionRequest, {"model": "m", "prompt": "x", "temperature": None, "top_p": None, "n": None, "echo": None,
-                                     "presence_penalty": None, "stream": None, "logprobs": None, "best_of": None})  # fmt: skip
-    assert body.sampling()["temperature"] == 1.0 and body.sampling()["top_p"] is None and not body.stream
-    with pytest.raises(FieldError, match="best_of=2"):
-        parse(CompletionRequest, {"model": "m", "prompt": "x", "best_of": 2})
+                                     "presence_penalty": None, "frequency_penalty": None, "repetition_penalty": None, "min_p": None,
+                                     "logit_bias": None, "stream": None, "logprobs": None, "best_of": None})  # fmt: skip
+    got = body.sampling()
+    assert got["temperature"] == 1.0 and got["top_p"] is None and not body.stream and body.rows == 1
+    assert SamplingParams(**got).penalties is None and got["min_p"] == 0.0
+    with pytest.raises(FieldError, match="suffix"):
+        parse(CompletionRequest, {"model": "m", "prompt": "x", "suffix": "y"})
 
 
 def test_encoder_decoder_bundles_are_served(seq2seq_bundle, tmp_path):
