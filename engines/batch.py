@@ -55,6 +55,18 @@ class SlotCache:
         """Forget slot ``s``'s rows from ``n`` on; O(1)."""
         self.views[s].rewind_to(n)
 
+    def copy(self, src: int, dst: int, stop: int) -> bool:
+        """Slot ``dst`` takes slot ``src``'s rows [length(dst), stop) and commits them (a prompt
+        both slots share, fed once). False, with nothing done, where the buffers are not host
+        arrays (a CUDA cache: the caller feeds the rows instead)."""
+        start = self.views[dst].length
+        if not hasattr(self, "keys") or stop > self.views[src].length or start > stop:
+            return False
+        for buf in (*self.keys, *self.values):
+            buf[dst, :, start:stop] = buf[src, :, start:stop]  # [kvH, stop - start, D]
+        self.views[dst].append(stop - start)
+        return True
+
     def keep(self, s: int, rows: Sequence[int]) -> None:
         """Commit the uncommitted rows ``rows`` (absolute positions, ascending, each at or past the
         committed length) of slot ``s``, moved in place to follow the committed ones: how a

@@ -217,6 +217,16 @@ class Executor:
     def rewind_to(self, s: int, n: int) -> None:
         self.cache.rewind_to(s, n)
 
+    def copy(self, src: int, dst: int, stop: int) -> bool:
+        """Slot ``dst`` takes ``src``'s committed rows from its own length up to ``stop`` (the
+        stored features too) instead of computing them; False where it cannot (``SlotCache.copy``)."""
+        start = self.cache.length(dst)
+        if not self.cache.copy(src, dst, stop):
+            return False
+        if self.store is not None:
+            self.store[dst, start + 1 : stop + 1] = self.store[src, start + 1 : stop + 1]
+        return True
+
     def keep(self, s: int, rows: Sequence[int]) -> None:
         """Commit rows at these positions (ascending, past the committed ones), moved into place
         (the stored features too)."""

@@ -72,6 +72,7 @@ class Engine:
         self.acceptances: dict[tuple, Acceptance] = {}  # (sampling, lenience) -> α, shared across graph sizes
         self.occupancy: Counter = Counter()  # decoding rows per step -> steps
         self.observer: Callable[[list[Iteration]], None] | None = None
+        self.shared_tokens = 0  # prompt tokens copied from a row that fed the same ones in the same step
         self.synthetic: float | None = None  # benchmarks only (specdec.bench.synthetic): outputs are then NOT the target's
 
     def free_slot(self) -> int | None:
@@ -104,8 +105,13 @@ class Engine:
         for row in [r for r in self.rows.values() if r.sink.cancelled.is_set()]:
             self.free(row, "cancelled")
         plan = schedule(list(self.rows.values()), self.target.length, self.prefill_chunk, self._width)
+        fed: dict[bytes, Row] = {}  # this step's prompt chunks: the tokens up to a chunk's end -> the row that fed them
         for slot, start, stop in plan.prefill:
-            self._prefill(self.rows[slot], start, stop)
+            r = self.rows[slot]
+            key = r.seq[:stop].tobytes()
+            if not (key in fed and self._share(fed[key], r, start, stop)):
+                self._prefill(r, start, stop)
+                fed[key] = r
         rows = [self.rows[s] for s, _ in plan.decode]
         for r in rows:
             if not r.ready:
@@ -155,6 +161,24 @@ class Engine:
                 r.sink.prompt_logprobs += score(logits[0, : stop - start], r.seq[start + 1 : stop + 1], r.req.params.prompt_logprobs)
             model.commit(r.slot, stop - start)
         r.stats.prefill_seconds += clock() - t0
+
+    def _share(self, src: Row, r: Row, start: int, stop: int) -> bool:
+        """Give row ``r`` the prompt rows [start, stop) that ``src`` fed this step for the same
+        tokens (n choices of one prompt prefill it once): every model's KV rows are copied, as
+        are the prompt logprobs. False where they cannot be (an encoder-decoder's source, other
+        prompt-logprob settings, a device cache): the row is then fed."""
+        if r.req.source is not None or r.req.params.prompt_logprobs != src.req.params.prompt_logprobs:
+            return False
+        t0 = clock()
+        if not all(model.copy(src.slot, r.slot, stop) for model in self.models):
+            for model in self.models:
+                model.rewind_to(r.slot, start)  # a model that copied forgets it: the row is fed whole
+            return False
+        if r.sink.prompt_logprobs is not None:
+            r.sink.prompt_logprobs += src.sink.prompt_logprobs[start + 1 : stop + 1]
+        self.shared_tokens += stop - start
+        r.stats.prefill_seconds += clock() - t0
+        return True
 
     def _emit(self, r: Row, n: int) -> None:
         """Push what the row's iteration kept (clipped to its budget and at a stop token)."""

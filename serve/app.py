@@ -3,7 +3,7 @@
     POST /v1/completions, /v1/chat/completions ─► parse (protocol) ─► token ids per prompt
         ─► engine.submit per choice (prompts x n) ─► Handle pieces (async) ─► stop strings (stops)
         ─► one JSON body, or SSE chunks (each naming its choice's index) + [DONE]
-    POST /tokenize, /detokenize (vLLM's shapes)
+    POST /tokenize, /detokenize, GET /tokenizer_info (vLLM's shapes)
     GET /v1/models, /health, /metrics, /version
 
 Every failure is an OpenAI-style error body ``{"error": {"message", "type", "param", "code"}}``:
@@ -399,6 +399,17 @@ def build_app(state: ServerState, lifespan=None) -> FastAPI:
         else:
             ids = codec.encode(body.prompt, special=body.add_special_tokens)
         return {"count": len(ids), "max_model_len": state.max_seq_len, "tokens": ids}
+
+    @app.get("/tokenizer_info")
+    async def tokenizer_info(request: Request):
+        """vLLM's: the tokenizer's special tokens and chat template, what a client that
+        tokenizes through the server reads (lm-evaluation-harness's remote tokenizer)."""
+        state.check_key(request)
+        codec, m = needs_codec("tokenizer_info"), state.ready() and state.manifest
+        name = lambda i: codec.tokenizer.id_to_token(i) if i is not None else None  # noqa: E731
+        return {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": name(m.bos_token_id),
+                "eos_token": name(m.eos_token_ids[0] if m.eos_token_ids else None), "pad_token": name(m.pad_token_id),
+                "model_max_length": state.max_seq_len, "chat_template": state.chat.source if state.chat else None}  # fmt: skip
 
     @app.post("/detokenize")
     async def detokenize(request: Request):

@@ -25,7 +25,7 @@ class ChatTemplate:
         except TemplateError as e:
             raise BundleError(f"chat template {origin} does not parse ({e}); fix it or pass another with --chat-template") from None
         self.special = {"bos_token": bos_token or "", "eos_token": eos_token or ""}
-        self.origin = origin
+        self.origin, self.source = origin, source
 
     @classmethod
     def from_file(cls, path: Path, bos_token: str | None, eos_token: str | None) -> ChatTemplate:

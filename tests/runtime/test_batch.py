@@ -221,3 +221,31 @@ def test_per_size_batch_graphs_still_decode_exactly(llama_bundle, tmp_path):
         assert res.tokens == torch_greedy(model, prompt, n)
     with pytest.raises(ConfigError, match="--batch-graphs 'some'"):
         ExportConfig(str(target), str(draft), out, max_batch=2, batch_graphs="some")
+
+
+@pytest.mark.parametrize("family_bundle", ["llama"], indirect=True)
+@pytest.mark.parametrize("drafter", ["model", "hierarchical"])
+def test_choices_of_one_prompt_share_its_prefill(family_bundle, drafter):
+    """Four rows of one prompt (3 prefill chunks) submitted together feed it once: the other
+    three copy its KV rows and prompt logprobs. Each row's output is what it gives alone:
+    greedy, the target's argmax loop; seeded and sampled, the same tokens and logprobs."""
+    family, target, _, out, _ = family_bundle
+    prompt = [(5 * i) % 290 + 4 for i in range(2 * PREFILL_CHUNK + 9)]
+    kw = dict(max_new_tokens=24, ignore_eos=True, logprobs=1, prompt_logprobs=2, gamma=3)
+    with BatchEngine(out, drafter=drafter) as engine:
+        for sampled in (False, True):
+            settings = [dict(temperature=1.0, seed=40 + j) if sampled else dict(temperature=0) for j in range(4)]
+            before = engine.engine.shared_tokens
+            together = [h.result(timeout=300) for h in [engine.submit(prompt, **kw, **s) for s in settings]]
+            assert engine.engine.shared_tokens - before == 3 * (len(prompt) - 1)  # fed once, copied three times
+            alone = [engine.submit(prompt, **kw, **s).result(timeout=300) for s in settings]
+            for a, b in zip(together, alone):
+                assert a.tokens == b.tokens
+                # a row in a 4-row call and alone: two bodies of the rows graph, equal to 1e-4 (the export's bound)
+                assert [x.token for x in a.logprobs] == [x.token for x in b.logprobs]
+                assert np.allclose([x.logprob for x in a.logprobs], [x.logprob for x in b.logprobs], atol=1e-4, rtol=0)
+                assert a.prompt_logprobs == b.prompt_logprobs and len(a.prompt_logprobs) == len(prompt)  # the same 1-row calls, copied
+            if not sampled:
+                assert together[0].tokens == torch_greedy(load_model(target), prompt, 24)
+            else:
+                assert len({tuple(r.tokens) for r in together}) > 1  # the rows draw from their own seeds

@@ -259,7 +259,8 @@ def test_what_clients_send_back_is_accepted(server):
 
 def test_tokenize_and_detokenize_as_vllm(server, client):
     """/tokenize gives the ids a completion's prompt becomes (and a chat's, through the
-    template), with count and max_model_len; /detokenize turns ids back into the text."""
+    template), with count and max_model_len; /detokenize turns ids back into the text;
+    /tokenizer_info names the special tokens and the chat template."""
     headers = {"Authorization": f"Bearer {KEY}"}
     post = lambda route, body: httpx.post(server.url + route, json=body, headers=headers, timeout=30)  # noqa: E731
     r = client.completions.create(model="tiny", prompt=PROMPTS[4], max_tokens=1, extra_body={"return_token_ids": True})
@@ -276,6 +277,11 @@ def test_tokenize_and_detokenize_as_vllm(server, client):
                                       ("/detokenize", {"model": "nope", "tokens": [1]}, 404, "nope")):  # fmt: skip
         check_error(post(route, body), status, name)
     assert httpx.post(server.url + "/tokenize", json={"prompt": "x"}, timeout=30).status_code == 401
+    info = httpx.get(server.url + "/tokenizer_info", headers=headers, timeout=30).json()  # what lm-eval's remote tokenizer reads
+    from conftest import TEMPLATE
+
+    assert info["chat_template"] == TEMPLATE and info["model_max_length"] == 512
+    assert post("/tokenize", {"prompt": info["eos_token"], "add_special_tokens": False}).json()["tokens"] == [1]  # the llama pair's EOS id
 
 
 def test_logprobs_and_echo_are_the_targets(server, client, chat_bundle):
