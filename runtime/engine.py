@@ -105,13 +105,10 @@ class Engine:
         for row in [r for r in self.rows.values() if r.sink.cancelled.is_set()]:
             self.free(row, "cancelled")
         plan = schedule(list(self.rows.values()), self.target.length, self.prefill_chunk, self._width)
-        fed: dict[bytes, Row] = {}  # this step's prompt chunks: the tokens up to a chunk's end -> the row that fed them
         for slot, start, stop in plan.prefill:
             r = self.rows[slot]
-            key = r.seq[:stop].tobytes()
-            if not (key in fed and self._share(fed[key], r, start, stop)):
+            if not any(self._share(src, r, start, stop) for src in self._donors(r)):
                 self._prefill(r, start, stop)
-                fed[key] = r
         rows = [self.rows[s] for s, _ in plan.decode]
         for r in rows:
             if not r.ready:
@@ -162,12 +159,19 @@ class Engine:
             model.commit(r.slot, stop - start)
         r.stats.prefill_seconds += clock() - t0
 
+    def _donors(self, r: Row) -> list[Row]:
+        """The rows in flight with ``r``'s very prompt (the n choices of one prompt): they feed it
+        in the same chunks, so the KV rows they hold are the ones ``r`` would compute, bit for bit."""
+        if r.req.source is not None:  # an encoder-decoder's rows depend on its source too
+            return []
+        return [d for d in self.rows.values() if d is not r and d.req.source is None and np.array_equal(d.req.prompt, r.req.prompt)]
+
     def _share(self, src: Row, r: Row, start: int, stop: int) -> bool:
-        """Give row ``r`` the prompt rows [start, stop) that ``src`` fed this step for the same
-        tokens (n choices of one prompt prefill it once): every model's KV rows are copied, as
-        are the prompt logprobs. False where they cannot be (an encoder-decoder's source, other
-        prompt-logprob settings, a device cache): the row is then fed."""
-        if r.req.source is not None or r.req.params.prompt_logprobs != src.req.params.prompt_logprobs:
+        """Give row ``r`` the prompt rows [start, stop) that ``src`` has fed already (n choices of
+        one prompt prefill it once): every model's KV rows are copied, as are the prompt logprobs.
+        False where they cannot be (``src`` is not that far, other prompt-logprob settings, a
+        device cache): the row is then fed."""
+        if r.req.params.prompt_logprobs != src.req.params.prompt_logprobs or self.target.length(src.slot) < stop:
             return False
         t0 = clock()
         if not all(model.copy(src.slot, r.slot, stop) for model in self.models):

@@ -39,6 +39,7 @@ class SamplingParams:
     ``presence_penalty`` / ``frequency_penalty`` (-2..2), ``repetition_penalty`` (> 0, 1 = off),
     ``logit_bias`` ({token id: -100..100}) and ``min_p`` follow vLLM; they transform the target's
     and the draft's rows alike, so the output is the target's under them (runtime/penalties.py).
+    ``min_tokens`` (vLLM's) keeps EOS and ``stop_token_ids`` from being drawn before that many tokens.
     """
 
     max_new_tokens: int = 128
@@ -58,10 +59,10 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     logit_bias: Mapping[int, float] | None = None
     min_p: float = 0.0
+    min_tokens: int = 0
 
     def __post_init__(self) -> None:
         self.sampling  # raises SamplingError on a bad value
-        self._check_penalties()
         object.__setattr__(self, "lenience", check_lenience(self.lenience))
         if not is_int(self.max_new_tokens) or self.max_new_tokens < 1:
             raise InputError(f"max_new_tokens={self.max_new_tokens!r}: expected an integer >= 1")
@@ -77,12 +78,16 @@ class SamplingParams:
                 raise InputError(f"{name}={k!r}: expected an integer in 0..{MAX_LOGPROBS} (alternatives per token) or None")
         if self.logprobs_mode not in LOGPROBS_MODES:
             raise InputError(f"logprobs_mode={self.logprobs_mode!r}: expected one of {', '.join(LOGPROBS_MODES)}")
+        self._check_penalties()
 
     def _check_penalties(self) -> None:
         for name in ("presence_penalty", "frequency_penalty"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and not isinstance(v, bool) and -2.0 <= v <= 2.0):
                 raise InputError(f"{name}={v!r}: expected a number in [-2, 2] (0 = off)")
+        m = self.min_tokens
+        if not is_int(m) or not 0 <= m <= self.max_new_tokens:
+            raise InputError(f"min_tokens={m!r}: expected an integer in 0..max_new_tokens ({self.max_new_tokens})")
         r = self.repetition_penalty
         if not (isinstance(r, (int, float)) and not isinstance(r, bool) and 0.0 < r < float("inf")):
             raise InputError(f"repetition_penalty={r!r}: expected a finite number > 0 (1 = off)")

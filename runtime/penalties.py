@@ -10,6 +10,7 @@ the output law is the target's under these settings (Algorithm 1 holds for any p
 
 Order and semantics follow vLLM's sampler (``vllm/model_executor/layers/utils.py``):
 
+    min_tokens       the stop tokens' logits = -inf while fewer tokens were generated   (vLLM)
     logit_bias       logits[id] += bias                                  (OpenAI)
     repetition       a token in the prompt or the output: l / r if l > 0 else l * r   (CTRL, HF)
     frequency        logits -= frequency * count in the output
@@ -32,15 +33,19 @@ class Penalties:
     repetition: float = 1.0
     bias_ids: tuple[int, ...] = ()
     bias: tuple[float, ...] = ()
+    min_tokens: int = 0  # the stop tokens are excluded until this many tokens were generated
+    stop_ids: tuple[int, ...] = ()  # what min_tokens excludes: EOS (unless ignored) and stop_token_ids
 
     @property
     def active(self) -> bool:
-        return bool(self.presence or self.frequency or self.repetition != 1.0 or self.bias_ids)
+        return bool(self.presence or self.frequency or self.repetition != 1.0 or self.bias_ids or (self.min_tokens and self.stop_ids))
 
 
 def penalize(row: np.ndarray, pen: Penalties, prompt_seen: np.ndarray, output: np.ndarray) -> None:
     """Transform one logits row [V] (float64) in place. ``prompt_seen``: the prompt's distinct
     ids (sorted); ``output``: the tokens generated before this row's position."""
+    if len(output) < pen.min_tokens and pen.stop_ids:
+        row[list(pen.stop_ids)] = -np.inf
     if pen.bias_ids:
         row[list(pen.bias_ids)] += pen.bias
     ids, counts = np.unique(output, return_counts=True)  # [u], [u]

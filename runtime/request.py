@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 import numpy as np
@@ -99,7 +99,10 @@ class Request:
         bad = [t for t in par.logit_bias or {} if t >= lim.vocab_size]
         if bad:
             raise InputError(f"logit_bias token id {bad[0]} is outside the vocabulary [0, {lim.vocab_size}); pass ids from the bundle's tokenizer")
-        put("penalties", par.penalties)
+        pen = par.penalties
+        if par.min_tokens and self.stop:  # the stop tokens are the request's: known here
+            pen = replace(pen or Penalties(), min_tokens=par.min_tokens, stop_ids=tuple(sorted(self.stop)))
+        put("penalties", pen)
         put("prompt_seen", np.unique(self.prompt))
 
     @property

@@ -16,15 +16,16 @@ from specdec.serve.server import free_port
 class ServerProcess:
     """``specdec serve BUNDLE ARGS --host 127.0.0.1 --port <free>``, output to ``log``.
     ``wait_ready`` polls /health (bounded); ``stop`` sends SIGTERM and returns the exit status;
-    ``close`` ends it whatever its state."""
+    ``close`` ends it whatever its state. ``cwd``: where it runs (``python -m`` puts it first on
+    the path: a benchmark runs another tree's ``specdec`` from there)."""
 
-    def __init__(self, bundle: Path, *args: str, log: Path, env: dict | None = None):
+    def __init__(self, bundle: Path, *args: str, log: Path, env: dict | None = None, cwd: Path | None = None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
         cmd = [sys.executable, "-m", "specdec", "serve", str(bundle), "--host", "127.0.0.1", "--port", str(self.port), *args]
         with open(log, "w") as out:
-            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd)
 
     def wait_ready(self, timeout: float = 300.0) -> None:
         """Return once /health answers 200; ``RuntimeError`` with the log if the server exits or

@@ -1,7 +1,7 @@
 """The OpenAI wire format the server accepts: request bodies checked strictly, refused with the field named.
 
 Fields follow OpenAI's completions and chat completions APIs, with vLLM's extension fields
-(``top_k``, ``min_p``, ``repetition_penalty``, ``ignore_eos``, ``stop_token_ids``,
+(``top_k``, ``min_p``, ``min_tokens``, ``repetition_penalty``, ``ignore_eos``, ``stop_token_ids``,
 ``return_token_ids``). A field the server does not implement is refused (400 naming it) rather
 than silently ignored, unless its value is the one that means "off" (``suffix=null``), which
 clients often send explicitly.
@@ -90,6 +90,7 @@ class _Sampling(_Body):
     frequency_penalty: float | None = 0.0
     repetition_penalty: float | None = 1.0  # vLLM's extension
     min_p: float | None = 0.0  # vLLM's extension
+    min_tokens: int | None = 0  # vLLM's extension: no EOS / stop_token_ids before this many tokens
     logit_bias: Annotated[dict[str, float], _LEN["logit_bias"]] | None = None  # token id (as a string) -> -100..100
 
     def sampling(self) -> dict[str, Any]:
@@ -105,6 +106,7 @@ class _Sampling(_Body):
             frequency_penalty=self.frequency_penalty or 0.0,
             repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
             min_p=self.min_p or 0.0,
+            min_tokens=self.min_tokens or 0,
             logit_bias={_token_key(k): v for k, v in self.logit_bias.items()} if self.logit_bias else None,
         )
 

@@ -11,6 +11,10 @@ drifts).
 
     python tools/bench_serve.py BUNDLE [--concurrency 1,4,8,16] [--requests 32] [--out docs/bench/serve]
 
+``--old DIR``: also one server per mode from another tree (DIR holds its ``specdec`` package,
+e.g. a ``git worktree`` of an earlier commit with its subpackages linked in, as for
+tools/bench_ab.py), interleaved with this tree's at every concurrency: old/new on one machine.
+
 Every run is bounded (request count and --timeout); the servers are stopped at the end.
 """
 
@@ -19,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -126,6 +131,8 @@ def main() -> None:
     ap.add_argument("--overhead-rounds", type=int, default=3, help="rounds of the single-request HTTP overhead comparison")
     ap.add_argument("--overhead-requests", type=int, default=16, help="requests per round of that comparison")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--old", type=Path, default=None, help="a folder whose specdec package is another tree: its servers run beside these")
+    ap.add_argument("--no-overhead", action="store_true", help="skip the HTTP-layer comparison")
     a = ap.parse_args()
 
     m = load_manifest(a.bundle)
@@ -137,33 +144,39 @@ def main() -> None:
     names = {g: ("plain (γ=0)" if g == "0" else "adaptive γ" if g == "auto" else f"γ={g}") for g in modes}
     logs = Path(tempfile.mkdtemp(prefix="specdec-bench-serve-"))  # the servers' logs
     print(f"server logs in {logs}", file=sys.stderr)
-    servers = {g: ServerProcess(a.bundle, "--gamma", g, "--max-queue", str(max(levels) * 2), "--served-model-name", "bench", "--log-level", "warning",
-                                log=logs / f"server-gamma-{g}.log") for g in modes}  # fmt: skip
+    args = lambda g: (a.bundle, "--gamma", g, "--max-queue", str(max(levels) * 2), "--served-model-name", "bench", "--log-level", "warning")  # noqa: E731
+    servers = {g: ServerProcess(*args(g), log=logs / f"server-gamma-{g}.log") for g in modes}
+    old = {}
+    if a.old:
+        env = {**os.environ, "PYTHONPATH": str(a.old.resolve())}
+        old = {g: ServerProcess(*args(g), log=logs / f"old-gamma-{g}.log", env=env, cwd=a.old) for g in modes}
+        names.update({f"old {g}": f"{names[g]} (old)" for g in modes})
     rows = []
     try:
-        for s in servers.values():
+        for s in (*servers.values(), *old.values()):
             s.wait_ready()
         for c in levels:
-            for g, s in servers.items():
+            for g, s in [x for g in modes for x in ((g, servers[g]), *(((f"old {g}", old[g]),) if old else ()))]:
                 mode = names[g]
                 asyncio.run(served_load(s.url, mode, c, work[:c], a.tokens, a.temperature, a.timeout))  # warm-up
                 rows.append(asyncio.run(served_load(s.url, f"served {mode}", c, work, a.tokens, a.temperature, a.timeout)).row())
                 r = rows[-1]
                 print(f"{r['mode']:>22} c={c:<3} {r['tok_s']:7.0f} tok/s {r['req_s']:6.2f} req/s  TTFT p50 {r['ttft_p50_ms']:.1f} ms  "
                       f"ITL p99 {r['itl_p99_ms']:.2f} ms  errors {r['errors']}", file=sys.stderr)  # fmt: skip
-        overhead = http_overhead(a, servers, names, work[: a.overhead_requests])
+        overhead = [] if a.no_overhead else http_overhead(a, servers, names, work[: a.overhead_requests])
     finally:
-        for s in servers.values():
+        for s in (*servers.values(), *old.values()):
             s.close()
 
     header = (f"bundle {a.bundle}: max-batch {m.max_batch}, γ {m.gamma}; {a.requests} streamed requests per run of {a.prompt_tokens} prompt + "
               f"{a.tokens} new tokens (held-out stdlib prompts), EOS ignored, T={a.temperature:g}; one server per mode on 127.0.0.1, "
               "modes interleaved at each concurrency; latencies measured by the client from the SSE chunks")  # fmt: skip
     md = markdown(rows, header)
-    md += ("\n\nHTTP layer, one request at a time: per round, the same requests on the in-process BatchEngine, then served streamed "
+    if overhead:
+        md += ("\n\nHTTP layer, one request at a time: per round, the same requests on the in-process BatchEngine, then served streamed "
            "(SSE), then served as one JSON body, back to back; served / in-process tok/s, median (range) over the rounds:\n\n"
            "| mode | in-process tok/s (median) | served streamed / in-process | served whole / in-process |\n|---|---:|---:|---:|\n")
-    md += "".join(f"| {o['mode']} | {statistics.median(x[0] for x in o['rounds']):.0f} | {span(o['streamed_ratio'])} | {span(o['whole_ratio'])} |\n" for o in overhead)
+        md += "".join(f"| {o['mode']} | {statistics.median(x[0] for x in o['rounds']):.0f} | {span(o['streamed_ratio'])} | {span(o['whole_ratio'])} |\n" for o in overhead)
     print(md)
     if a.out:
         a.out.mkdir(parents=True, exist_ok=True)

@@ -219,6 +219,7 @@ def test_processed_logprobs_are_the_sampled_distribution(family_bundle):
         (dict(logit_bias={-1: 1}), "logit_bias entry -1"),
         (dict(logit_bias=[1, 2]), "logit_bias=\\[1, 2\\]"),
         (dict(logprobs_mode="logits"), "logprobs_mode='logits'"),
+        (dict(max_new_tokens=4, min_tokens=5), "min_tokens=5"),
     ],
 )
 def test_bad_values_are_refused(kw, match):
@@ -231,3 +232,24 @@ def test_bias_outside_the_vocabulary_is_refused(family_bundle):
     dec = SpeculativeDecoder.load(family_bundle[3])
     with pytest.raises(InputError, match="logit_bias token id 100000 is outside the vocabulary"):
         dec.generate([5, 6], max_new_tokens=4, logit_bias={100000: 1.0})
+
+
+@LLAMA
+def test_min_tokens_holds_back_the_stop_tokens(family_bundle):
+    """min_tokens (vLLM's): EOS and stop_token_ids cannot end the output before that many
+    tokens, in the target's and the draft's rows alike; greedy against the PyTorch loop."""
+    _, target, _, out, _ = family_bundle
+    model = load_model(target)
+    dec = SpeculativeDecoder.load(out)
+    for prompt in PROMPTS:
+        stop = [dec.generate(prompt, max_new_tokens=16, ignore_eos=True).tokens[2]]  # a token the plain output reaches at once
+        assert len(dec.generate(prompt, max_new_tokens=16, ignore_eos=True, stop_token_ids=stop).tokens) <= 3
+        ref: list[int] = []
+        with torch.no_grad():
+            while len(ref) < 16 and not (ref and ref[-1] in stop):
+                logits = model(torch.tensor([prompt + ref])).logits[0, -1].double()
+                if len(ref) < 8:
+                    logits[stop] = -float("inf")
+                ref.append(int(logits.argmax()))
+        res = dec.generate(prompt, max_new_tokens=16, ignore_eos=True, stop_token_ids=stop, min_tokens=8)
+        assert res.tokens == ref and len(res.tokens) >= 8, (prompt, res.tokens, ref)

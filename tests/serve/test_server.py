@@ -335,6 +335,7 @@ PENALTIES = [  # vLLM's fields, each applied (the runtime's tests check them aga
     dict(repetition_penalty=1.8),
     dict(frequency_penalty=1.5, presence_penalty=2.0),
     dict(min_p=0.3, temperature=1.0, seed=5),
+    dict(min_tokens=20, stop_token_ids=None),  # stop_token_ids: the plain output's third token (filled in below)
 ]
 
 
@@ -344,6 +345,8 @@ def test_penalties_bias_and_min_p_are_applied_exactly(client, reference):
     prompt = PROMPTS[1]
     plain = reference(prompt, 24, ignore_eos=True).tokens
     for kw in [*PENALTIES, dict(logit_bias={plain[0]: -100.0, plain[2]: -5.0})]:
+        if "stop_token_ids" in kw:
+            kw = {**kw, "stop_token_ids": [plain[2]]}
         sampling = {"temperature": 0, **kw}
         std = {k: sampling.pop(k) for k in ("frequency_penalty", "presence_penalty", "logit_bias", "seed", "temperature") if k in sampling}
         if "logit_bias" in std:
@@ -438,6 +441,7 @@ BAD = [  # (body or raw text, status, the field the message must name)
     ({"model": "tiny", "prompt": "x", "repetition_penalty": 0}, 400, "repetition_penalty"),
     ({"model": "tiny", "prompt": "x", "frequency_penalty": -2.5}, 400, "frequency_penalty"),
     ({"model": "tiny", "prompt": "x", "min_p": 1.5}, 400, "min_p"),
+    ({"model": "tiny", "prompt": "x", "max_tokens": 4, "min_tokens": 5}, 400, "min_tokens=5"),
     ({"model": "tiny", "prompt": "x", "logprobs": 21}, 400, "logprobs=21"),
     ({"model": "tiny", "prompt": "x", "max_tokens": 0}, 400, "echo"),
     ({"model": "tiny", "prompt": "x", "presence_penalty": 2.5}, 400, "presence_penalty"),
