@@ -18,9 +18,15 @@ def test_generate_json_matches_the_api(llama_bundle):
     res = run("generate", str(out), "--prompt-ids", "5,17,42", "--max-new-tokens", "12", "--ignore-eos", "--json")
     assert res.returncode == 0, res.stderr
     got = json.loads(res.stdout)
-    ref = SpeculativeDecoder.load(out).generate([5, 17, 42], max_new_tokens=12, ignore_eos=True)
+    dec = SpeculativeDecoder.load(out)
+    ref = dec.generate([5, 17, 42], max_new_tokens=12, ignore_eos=True)
     assert got["tokens"] == ref.tokens and got["text"] == ref.text
     assert got["stats"]["new_tokens"] == 12 and got["stats"]["gamma"] == 4
+    pen = dict(repetition_penalty=1.5, presence_penalty=1.0, frequency_penalty=0.5, min_p=0.1)
+    res = run("generate", str(out), "--prompt-ids", "5,17,42", "--max-new-tokens", "12", "--ignore-eos", "--json",
+              *[x for k, v in pen.items() for x in (f"--{k.replace('_', '-')}", str(v))])  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["tokens"] == dec.generate([5, 17, 42], max_new_tokens=12, ignore_eos=True, **pen).tokens != ref.tokens
 
 
 def test_generate_text_streams_to_stdout_and_stats_to_stderr(llama_bundle):
@@ -41,6 +47,8 @@ def test_generate_text_streams_to_stdout_and_stats_to_stderr(llama_bundle):
         (["--prompt-ids", "1", "--temperature", "-1"], "temperature=-1"),
         (["--prompt-ids", "1", "--top-p", "0"], "top_p=0"),
         (["--prompt-ids", "1", "--top-k", "-2"], "top_k=-2"),
+        (["--prompt-ids", "1", "--presence-penalty", "3"], "presence_penalty=3"),
+        (["--prompt-ids", "1", "--min-p", "2"], "min_p=2"),
         (["--prompt-ids", "1", "--gamma", "7"], "gamma must be 0..4"),
         (["--prompt-ids", "1", "--max-new-tokens", "500"], "exceeds max-seq-len"),
         (["--prompt", "a", "--prompt-ids", "1"], "exactly one of"),

@@ -125,7 +125,14 @@ def test_streaming_chunks_add_up_to_the_completion(client):
     last = [c for c in chunks if c.choices][-1]
     assert last.choices[0].finish_reason == "length" and extra(last, "speculative")["drafted_tokens"] > 0
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 50
+    assert chunks[-1].usage.model_dump() == whole.usage.model_dump()  # the usage chunk's totals are the whole response's
     assert extra(chunks[0], "prompt_token_ids") == extra(whole, "prompt_token_ids")
+    # n = 2 with a stop string (tokens past it are neither returned nor billed), streamed and not
+    kw = {**kw, "n": 2, "temperature": 1.0, "seed": 3, "stop": ["\n"]}
+    whole = client.completions.create(**kw)
+    chunks = list(client.completions.create(stream=True, stream_options={"include_usage": True}, **kw))
+    assert chunks[-1].usage.model_dump() == whole.usage.model_dump()
+    assert whole.usage.completion_tokens == sum(len(extra(c, "token_ids")) for c in whole.choices)
 
 
 def test_chat_uses_the_bundles_template(server, client, chat_bundle, reference):
