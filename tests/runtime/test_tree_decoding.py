@@ -241,3 +241,22 @@ def test_feature_tree_sampled_follows_the_target(feature_tree_bundle):
         assert counts[i][p == 0].sum() == 0
         assert chi_square_p(counts[i], p) > 1e-4, f"token {i + 1} differs from the target"
         assert chi_square_p(counts[i], np.full(len(p), 1 / len(p))) < 1e-6, "no power"
+
+
+@pytest.mark.parametrize("kw", [dict(frequency_penalty=0.3, presence_penalty=0.2), dict(repetition_penalty=1.2)])
+def test_greedy_tree_decoding_with_penalties_is_the_targets(tree_bundle, kw):
+    """Penalties on a tree: each node's row is penalized with its own path's counts (siblings
+    differ), greedy against the PyTorch loop with the same penalties; mild ones, so that the
+    repeats prompt lookup proposes are still accepted now and then."""
+    from test_penalties import ref_greedy
+
+    target, out, _ = tree_bundle
+    model, dec = load_model(target), SpeculativeDecoder.load(out, drafter="lookup-tree")
+    accepted = changed = 0
+    for prompt in REPEATS:
+        ref = ref_greedy(model, prompt, 40, kw)
+        res = dec.generate(prompt, max_new_tokens=40, ignore_eos=True, **kw)
+        assert res.tokens == ref, f"{kw} prompt={prompt}: first difference at {first_diff(res.tokens, ref)}"
+        accepted += res.stats.accepted
+        changed += res.tokens != dec.generate(prompt, max_new_tokens=40, ignore_eos=True).tokens
+    assert accepted >= 5 and changed >= 1, (accepted, changed)
