@@ -87,9 +87,11 @@ class Executor:
     """One model ("target" or "draft") of a bundle over ``slots`` cache slots."""
 
     def __init__(self, bundle: Path, manifest: Manifest, model: str, sessions: dict, provider: str = "cpu", slots: int = 1,
-                 single: int | None = None):  # fmt: skip
+                 single: int | None = None, rows: int | None = None):  # fmt: skip
         """``single``: the most tokens a lone row feeds in a call (a prompt chunk; None: any
-        length), for a rows graph's 1-row body."""
+        length), for a rows graph's 1-row body. ``rows``: the most rows a call runs (default:
+        ``slots``; fewer when the engine keeps more cache slots than it decodes rows)."""
+        rows = slots if rows is None else rows
         m, spec = manifest, getattr(manifest, model)
         self.model, self.device, self.slots = model, DEVICE[provider], slots
         self.cache = SlotCache(spec.num_layers, spec.num_kv_heads, m.max_seq_len, spec.head_dim, m.dtype, slots, self.device)
@@ -99,12 +101,12 @@ class Executor:
         self.dynamic = self.static = None
         if merged:
             runner = BatchRunner(sessions[merged[0]], *merged, self.cache, m.k, single or m.max_seq_len)
-            self.batched = {b: runner for b in runner.sizes if b <= self.rows_cap(runner.sizes, slots)}
+            self.batched = {b: runner for b in runner.sizes if b <= self.rows_cap(runner.sizes, rows)}
         else:
             name, g = m.graph(model, "dynamic")
             self.dynamic: GraphRunner = runner_for(bundle, name, g, view, session=sessions[name])  # any length
             self.static: GraphRunner = runner_for(bundle, name, g, view, session=sessions[name], tokens=fixed_tokens(m, model))
-            for b in batched_sizes(m, slots) if model != "head" else ():
+            for b in batched_sizes(m, rows) if model != "head" else ():
                 name, g = m.graph(model, "dynamic", batch=b)
                 self.batched[b] = BatchRunner(sessions[name], name, g, self.cache, m.k)
         self.fused_runners: dict[tuple[int, bool], FusedRunner] = {}  # (graph rows, argmax only) -> runner

@@ -34,6 +34,7 @@ from specdec.runtime.request import Limits, make_request
 from specdec.runtime.stats import Stats
 from specdec.runtime.text import TextCodec
 
+MAX_CACHE_SLOTS = 64  # KV slots a BatchEngine may allocate (each a full max-seq-len cache per model)
 PREFILL_CHUNK = 32  # prompt tokens a joining row feeds per iteration (a 32-token call: a few ms on the demo target)
 
 
@@ -52,15 +53,21 @@ class BatchEngine:
     """
 
     def __init__(self, bundle: str | Path, max_batch: int | None = None, drafter="model", threads: ThreadPolicy | int | None = None,
-                 max_queue: int = 64, provider: str = "cpu", manifest: Manifest | None = None, verify: str = "full"):  # fmt: skip
+                 max_queue: int = 64, provider: str = "cpu", manifest: Manifest | None = None, verify: str = "full",
+                 prefix_reuse: bool = True, cache_slots: int | None = None):  # fmt: skip
         """``manifest``: the bundle's, when the caller has loaded (and verified) it already;
-        ``verify``: how ``load_manifest`` checks the bundle otherwise ("full" or "size")."""
+        ``verify``: how ``load_manifest`` checks the bundle otherwise ("full" or "size").
+        ``prefix_reuse``: a request takes the idle slot holding the longest prefix of its prompt
+        and feeds only the rest (a finished request's KV stays in its slot until evicted, least
+        recently used first). ``cache_slots``: KV slots allocated at load, >= ``max_batch`` (the
+        rows decoded together); more slots keep more conversations' prefixes [default: max_batch]."""
         bundle = Path(bundle)
         m = self.manifest = manifest or load_manifest(bundle, verify)
-        self.max_batch = self.check_options(m, max_batch, drafter, max_queue)
+        self.max_batch = self.check_options(m, max_batch, drafter, max_queue, cache_slots)
+        self.cache_slots = slots = self.max_batch if cache_slots is None else cache_slots
         self.limits, self.codec, self.threads = Limits.of(m), TextCodec.from_bundle(bundle, m), ThreadPolicy.of(threads)
         sessions = open_sessions(bundle, m, graph_names(m, models_for(drafter), self.max_batch, fused=True, tree=needs_tree(drafter)), provider, self.threads)
-        self.engine = Engine(bundle, m, sessions, drafter, self.max_batch, provider, prefill_chunk=PREFILL_CHUNK)
+        self.engine = Engine(bundle, m, sessions, drafter, slots, provider, prefill_chunk=PREFILL_CHUNK, reuse=prefix_reuse, rows=self.max_batch)
         self.drafter_name = self.engine.proposer.name
         self.waiting: queue.Queue = queue.Queue(maxsize=max_queue)
         self.max_queue = max_queue
@@ -69,12 +76,15 @@ class BatchEngine:
         self._thread.start()
 
     @staticmethod
-    def check_options(m: Manifest, max_batch: int | None, drafter, max_queue: int) -> int:
+    def check_options(m: Manifest, max_batch: int | None, drafter, max_queue: int, cache_slots: int | None = None) -> int:
         """Refuse options this bundle cannot run (a ``ConfigError``); returns the row count."""
         rows = m.max_batch if max_batch is None else max_batch
         ok_batch = isinstance(rows, int) and not isinstance(rows, bool) and 1 <= rows <= m.max_batch
         if not ok_batch or isinstance(max_queue, bool) or not isinstance(max_queue, int) or max_queue < 1:
             raise ConfigError(f"max_batch={max_batch!r}, max_queue={max_queue!r}: expected 1..{m.max_batch} rows (the bundle's --max-batch) and a queue >= 1")
+        slots = rows if cache_slots is None else cache_slots
+        if not isinstance(slots, int) or isinstance(slots, bool) or not rows <= slots <= MAX_CACHE_SLOTS:
+            raise ConfigError(f"cache_slots={cache_slots!r}: expected {rows}..{MAX_CACHE_SLOTS} (at least max_batch, the rows decoded together)")
         check_drafter(drafter)
         return rows
 
@@ -161,7 +171,7 @@ class BatchEngine:
     def _admit(self) -> None:
         """Fill free slots from the queue (waiting briefly when nothing runs)."""
         engine = self.engine
-        while (slot := engine.free_slot()) is not None:
+        while len(engine.rows) < self.max_batch and engine.free_slot() is not None:
             try:
                 handle = self.waiting.get(timeout=0.05) if not engine.rows else self.waiting.get_nowait()
             except queue.Empty:
@@ -169,6 +179,7 @@ class BatchEngine:
             if handle.cancelled.is_set():
                 handle._finish("cancelled")
                 continue
+            slot = engine.slot_for(handle.request)
             try:
                 engine.start(handle.request, handle, slot)
             except Exception as e:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 from specdec.engines.executor import graph_names, open_sessions
 from specdec.engines.threads import ThreadPolicy
@@ -28,6 +28,9 @@ from specdec.runtime.params import SamplingParams
 from specdec.runtime.request import Limits, Request, make_request
 from specdec.runtime.stats import Stats
 from specdec.runtime.text import TextCodec
+
+if TYPE_CHECKING:
+    from specdec.runtime.session import Session
 
 __all__ = ["GenerationResult", "Piece", "SpeculativeDecoder", "Stream", "clip"]
 clock = time.perf_counter
@@ -138,9 +141,18 @@ class SpeculativeDecoder:
         """
         return Stream(self, self.request(prompt, params, source=source, **fields))
 
-    def run(self, req: Request, incremental_text: bool = True) -> Stream:
-        """A ``Stream`` of an already built ``Request`` (e.g. one checked ahead of time)."""
-        return Stream(self, req, incremental_text)
+    def run(self, req: Request, incremental_text: bool = True, reuse: bool = False) -> Stream:
+        """A ``Stream`` of an already built ``Request`` (e.g. one checked ahead of time).
+        ``reuse``: keep the prefix of its prompt that the cache holds from the last request
+        (what a ``Session`` does)."""
+        return Stream(self, req, incremental_text, reuse)
+
+    def session(self, tokens: str | Sequence[int] = ()) -> Session:
+        """A live sequence that grows turn by turn without re-reading its history
+        (``runtime/session.py``): ``append``, ``generate``, ``stream``, ``rewind_to``, ``tokens``."""
+        from specdec.runtime.session import Session
+
+        return Session(self, tokens)
 
     # -- holding the decoder ----------------------------------------------------------------
 
@@ -169,14 +181,14 @@ class Stream:
     the last reference goes), and ``close()`` does it explicitly.
     """
 
-    def __init__(self, decoder: SpeculativeDecoder, req: Request, incremental_text: bool = True):
+    def __init__(self, decoder: SpeculativeDecoder, req: Request, incremental_text: bool = True, reuse: bool = False):
         stats = Stats(gamma=req.gamma, prompt_tokens=len(req.prompt), drafter=decoder.engine.proposer.name,
                       adaptive=req.adaptive, lenience=req.lenience, threads=decoder.threads.label)  # fmt: skip
         self.decoder, self.request, self.stats = decoder, req, stats
         self.handle = Handle(req, decoder.codec if incremental_text else None, stats, pump=decoder.engine.step)
         # The generator must not reference this object, or the two would form a cycle that
         # only the garbage collector frees, holding the decoder's lock until then.
-        self._gen = _pieces(decoder, self.handle)
+        self._gen = _pieces(decoder, self.handle, reuse)
 
     @property
     def tokens(self) -> list[int]:
@@ -199,13 +211,13 @@ class Stream:
         return GenerationResult(list(self.tokens), codec.decode(self.tokens) if codec else None, self.stats, h.logprobs, h.prompt_logprobs)
 
 
-def _pieces(dec: SpeculativeDecoder, handle: Handle) -> Iterator[Piece]:
+def _pieces(dec: SpeculativeDecoder, handle: Handle, reuse: bool = False) -> Iterator[Piece]:
     """Run ``handle``'s request in slot 0 of ``dec``'s engine under its lock, yielding its pieces."""
     engine = dec.engine
     dec.acquire()
     start = clock()
     try:
-        engine.start(handle.request, handle, 0)
+        engine.start(handle.request, handle, 0, reuse)
         yield from handle
     finally:
         handle.stats.total_seconds = clock() - start

@@ -49,17 +49,20 @@ def clip(tokens: np.ndarray, budget: int, stop: frozenset[int]) -> tuple[list[in
 class Engine:
     """``slots`` requests in flight over one bundle's sessions (``sessions``: graph name -> session).
 
-    ``prefill_chunk``: prompt tokens a joining row feeds per step (None: the whole prompt at
+    ``rows``: the most rows decoded together (default: ``slots``; ``reuse`` may keep more cache
+    slots than that). ``reuse``: a request may keep the prefix of its prompt that its slot holds
+    (``start``). ``prefill_chunk``: prompt tokens a joining row feeds per step (None: the whole prompt at
     once, as one request alone does); a chunk runs alone through the batch-1 graphs, so a long
     prompt stalls the rows in flight for one chunk per step. ``observer``, when set, is called
     after each step with one ``Iteration`` per decoded row (what a metrics exporter counts).
     """
 
     def __init__(self, bundle: Path, manifest: Manifest, sessions: dict, drafter, slots: int = 1, provider: str = "cpu",
-                 prefill_chunk: int | None = None):  # fmt: skip
+                 prefill_chunk: int | None = None, reuse: bool = False, rows: int | None = None):  # fmt: skip
         self.manifest, self.slots, self.prefill_chunk = manifest, slots, prefill_chunk
-        self.target = Executor(bundle, manifest, "target", sessions, provider, slots, prefill_chunk)
-        self.draft = Executor(bundle, manifest, "draft", sessions, provider, slots, prefill_chunk) if needs_draft_model(drafter) else None
+        self.reuse = reuse and not manifest.seq2seq  # an encoder-decoder's rows depend on its source too
+        self.target = Executor(bundle, manifest, "target", sessions, provider, slots, prefill_chunk, rows)
+        self.draft = Executor(bundle, manifest, "draft", sessions, provider, slots, prefill_chunk, rows) if needs_draft_model(drafter) else None
         self.head = Executor(bundle, manifest, "head", sessions, provider, slots) if "head" in models_for(drafter) else None
         self.proposer = make_proposer(drafter, bundle, manifest, self.draft, slots, self.target, self.head)
         if getattr(self.proposer, "tree", False) and self.target.tree_runner is None:
@@ -72,24 +75,60 @@ class Engine:
         self.acceptances: dict[tuple, Acceptance] = {}  # (sampling, lenience) -> α, shared across graph sizes
         self.occupancy: Counter = Counter()  # decoding rows per step -> steps
         self.observer: Callable[[list[Iteration]], None] | None = None
-        self.shared_tokens = 0  # prompt tokens copied from a row that fed the same ones in the same step
+        self.shared_tokens = 0  # prompt tokens copied from a row in flight with the same prompt
+        # Prefix reuse: a slot keeps its KV rows and tokens (seqs[slot]) when its request ends
+        self.last_used = [-1] * slots  # per slot, the start count when a request last took it (least recently used: lowest)
+        self.starts = 0
+        self.prefix_queries = self.prefix_hits = self.evictions = 0  # prompt tokens asked, prompt tokens reused; slots overwritten
         self.synthetic: float | None = None  # benchmarks only (specdec.bench.synthetic): outputs are then NOT the target's
 
     def free_slot(self) -> int | None:
         return next((s for s in range(self.slots) if s not in self.rows), None)
 
+    def held(self, slot: int) -> int:
+        """How many of seqs[slot]'s tokens every model's cache in the slot still holds."""
+        return min(model.length(slot) for model in self.models)
+
+    def reusable(self, req: Request, slot: int) -> int:
+        """Rows of ``slot`` that ``req`` can keep: the tokens its prompt shares with what the slot
+        holds, short of the prompt's last token (fed by the first decoding call)."""
+        if req.source is not None or req.params.prompt_logprobs is not None:  # prompt logprobs come from feeding it
+            return 0
+        n = min(self.held(slot), len(req.prompt) - 1)
+        diff = np.flatnonzero(self.seqs[slot, :n] != req.prompt[:n])
+        return int(diff[0]) if diff.size else n
+
+    def slot_for(self, req: Request) -> int | None:
+        """A free slot for ``req``: with reuse, the one holding the longest prefix of its prompt,
+        else the least recently used (what it held is evicted); None when every slot is taken."""
+        free = [s for s in range(self.slots) if s not in self.rows]
+        if not free:
+            return None
+        lru = min(free, key=lambda s: self.last_used[s])
+        if not self.reuse:
+            return lru
+        best = max(free, key=lambda s: (self.reusable(req, s), -self.last_used[s]))
+        return best if self.reusable(req, best) else lru
     def check(self, req: Request) -> None:
         """Refuse a request this engine's drafter cannot serve as asked (a ``ConfigError``)."""
         if getattr(self.proposer, "tree", False) and req.lenience < 1.0:
             raise ConfigError(f"lenience={req.lenience}: drafter {self.proposer.name!r} verifies trees exactly; pass lenience=1 or use a chain drafter")
 
-    def start(self, req: Request, sink: Handle, slot: int) -> Row:
-        """Give ``req`` the slot: caches emptied, an encoder-decoder's source encoded by each
-        model (its time counts as prefill); the prompt is fed by the next steps."""
+    def start(self, req: Request, sink: Handle, slot: int, reuse: bool | None = None) -> Row:
+        """Give ``req`` the slot: caches emptied, or with ``reuse`` (default: the engine's) rolled
+        back to the prefix of its prompt they hold; an encoder-decoder's source encoded by each
+        model (its time counts as prefill); the rest of the prompt is fed by the next steps."""
         t0, L = clock(), len(req.prompt)
         self.check(req)
+        keep = self.reusable(req, slot) if (self.reuse if reuse is None else reuse) else 0
+        if self.held(slot) > keep and not keep and self.last_used[slot] >= 0:
+            self.evictions += 1  # another prefix was held here
+        self.prefix_queries += L
+        self.prefix_hits += keep
+        self.starts += 1
+        self.last_used[slot] = self.starts
         for model in self.models:
-            model.reset(slot)
+            model.rewind_to(slot, keep)  # 0: emptied; else the prompt's first ``keep`` rows are kept
             if req.source is not None:
                 model.encode(slot, req.source)
         seq = self.seqs[slot]
@@ -181,6 +220,7 @@ class Engine:
         if r.sink.prompt_logprobs is not None:
             r.sink.prompt_logprobs += src.sink.prompt_logprobs[start + 1 : stop + 1]
         self.shared_tokens += stop - start
+        self.prefix_hits += stop - start
         r.stats.prefill_seconds += clock() - t0
         return True
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily
 
 from specdec.runtime.stats import Iteration
 
@@ -70,6 +71,10 @@ class Metrics:
             t = self.totals
             self.totals = (t[0] + drafts, t[1] + drafted, t[2] + accepted)
 
+    def prefix_cache(self, engine) -> None:
+        """Export the engine's prefix-reuse counts (``Engine.prefix_*``), read at each scrape."""
+        self.registry.register(_PrefixCache(engine))
+
     def replica(self, name: str) -> None:
         """Label this registry with the Ray Serve replica it belongs to."""
         Gauge("specdec_replica_info", "The Ray Serve replica these metrics are from", ["replica"], registry=self.registry).labels(name).set(1)
@@ -85,3 +90,18 @@ class Metrics:
     def text(self) -> bytes:
         return generate_latest(self.registry)
 
+
+
+class _PrefixCache:
+    """vLLM's prefix-cache counters over an ``Engine``'s own counts (the engine thread adds to
+    them; a scrape reads ints)."""
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def collect(self):
+        e = self.engine
+        for name, doc, value in (("queries", "Prompt tokens of requests started", e.prefix_queries),
+                                 ("hits", "Prompt tokens not fed: kept in a slot from an earlier request, or copied from a row in flight with the same prompt", e.prefix_hits),
+                                 ("evictions", "Cached prefixes overwritten by another request (least recently used first)", e.evictions)):  # fmt: skip
+            yield CounterMetricFamily(f"specdec_prefix_cache_{name}", doc, value=value)

@@ -51,6 +51,8 @@ class ServeConfig:
     log_level: str = "info"
     logprobs_mode: str = "raw_logprobs"  # vLLM's names: raw_logprobs, or processed_logprobs (the distribution sampled)
     allowed_origins: tuple[str, ...] = ()  # CORS origins ("*": any); none: no CORS headers
+    prefix_reuse: bool = True  # a request keeps the prefix of its prompt an idle slot holds
+    cache_slots: int | None = None  # KV slots (>= max_batch); None: max_batch
 
 
 LOGPROBS_MODES = {"raw_logprobs": "raw", "processed_logprobs": "processed"}  # vLLM's --logprobs-mode -> SamplingParams.logprobs_mode
@@ -85,7 +87,7 @@ def prepare(cfg: ServeConfig, bind: bool = True) -> ServerState:
         check_bind(cfg.host, cfg.port)
     codec = TextCodec.from_bundle(cfg.bundle, m)
     chat = bundle_template(cfg.bundle, m, codec, cfg.chat_template)
-    BatchEngine.check_options(m, cfg.max_batch, cfg.drafter, cfg.max_queue)
+    BatchEngine.check_options(m, cfg.max_batch, cfg.drafter, cfg.max_queue, cfg.cache_slots)
     Request([0], Limits.of(m), SamplingParams(max_new_tokens=1, gamma=cfg.gamma), [0] if m.seq2seq else None)  # the --gamma every request will carry
     model = cfg.served_model_name or Path(cfg.bundle).resolve().name
     fingerprint = f"specdec-{__version__}"
@@ -99,7 +101,7 @@ def prepare(cfg: ServeConfig, bind: bool = True) -> ServerState:
 def load_engine(cfg: ServeConfig, state: ServerState):
     """Load the batched engine, warm every graph it will run, then attach the metrics."""
     engine = BatchEngine(cfg.bundle, max_batch=cfg.max_batch, drafter=cfg.drafter, threads=cfg.threads, max_queue=cfg.max_queue,
-                         provider=cfg.provider, manifest=state.manifest)
+                         provider=cfg.provider, manifest=state.manifest, prefix_reuse=cfg.prefix_reuse, cache_slots=cfg.cache_slots)
     try:
         warm = [0] * 4  # token 0 exists in every vocabulary
         n = max(engine.limits.max_gamma * 2, 4)
@@ -111,6 +113,7 @@ def load_engine(cfg: ServeConfig, state: ServerState):
         engine.close()
         raise
     state.metrics = Metrics(engine.manifest.gamma, engine.max_batch, lambda: engine.active, engine.waiting.qsize)
+    state.metrics.prefix_cache(engine.engine)
     engine.observer = state.metrics.observe_iteration
     return engine
 

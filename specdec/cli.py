@@ -509,6 +509,8 @@ def _numbers(option: str, text: str, kind: type) -> list:
 @click.option("--logprobs-mode", default="raw_logprobs", show_default=True, type=click.Choice(["raw_logprobs", "processed_logprobs"]),
               help="Logprobs from the raw logits, or from the distribution sampled (after penalties, temperature, top-k/p, min-p), as vLLM's.")
 @click.option("--allowed-origins", multiple=True, help="Allow browsers from this origin (CORS; repeat, or '*'); off by default.")
+@click.option("--prefix-reuse/--no-prefix-reuse", default=True, show_default=True, help="A request keeps the prefix of its prompt that an idle KV slot holds (multi-turn chat).")
+@click.option("--cache-slots", default=None, type=int, help="KV slots allocated at load, >= --max-batch: more keep more conversations [default: --max-batch].")
 @click.option("--log-level", default="info", show_default=True, type=click.Choice(["critical", "error", "warning", "info", "debug"]))
 @click.option("--ray", "use_ray", is_flag=True, help="Serve on Ray Serve: replicas behind Ray's HTTP proxy (the ray extra).")
 @click.option("--replicas", default=1, show_default=True, type=int, help="With --ray: replicas, each loading the bundle once.")
