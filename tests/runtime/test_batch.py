@@ -50,7 +50,8 @@ def test_batched_greedy_matches_target_per_row(family_bundle, drafter):
 
 @pytest.mark.parametrize("family_bundle", ["llama"], indirect=True)
 def test_batched_sampling_follows_the_target(family_bundle):
-    """4000 seeded requests, four in flight at a time and joining as others leave."""
+    """4000 seeded requests, four in flight at a time and joining as others leave; each finds
+    the prompt in its slot (prefix reuse, on by default) or copies it from a row in flight."""
     family, target, draft, out, manifest = family_bundle
     runs, prompt, kw = 4000, PROMPTS[2], dict(temperature=1.0)
     p1, p2 = exact_first_two(load_model(target), prompt, SamplingConfig(1.0))
@@ -59,6 +60,7 @@ def test_batched_sampling_follows_the_target(family_bundle):
         handles = [engine.submit(prompt, max_new_tokens=5 + seed % 3, seed=seed, ignore_eos=True, **kw) for seed in range(runs)]
         results = [h.result(timeout=600) for h in handles]
         assert engine.occupancy[4] > runs / 8, engine.occupancy  # most calls ran full batches
+        assert engine.engine.prefix_hits > runs * (len(prompt) - 2)  # the law holds with the prompt kept from slot to slot (prefix reuse)
     counts = check_first_two(results, p1, p2, (0.1, 0.9), "batched")
     assert counts[0].max() < 0.95 * runs  # power: not a constant
 
