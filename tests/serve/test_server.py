@@ -346,6 +346,26 @@ PENALTIES = [  # vLLM's fields, each applied (the runtime's tests check them aga
 ]
 
 
+def test_a_chat_reuses_its_history_and_stays_exact(server, client, reference):
+    """Three chat turns, each reply sent back: every reply equals the decoder on the turn's
+    rendered prompt, and the prefix-cache counters show turns 2 and 3 kept their history."""
+    messages = [{"role": "user", "content": "def add(a, b):"}]
+    before = metrics(server.url)
+    kept = 0
+    for turn in ("now subtract", "and multiply", "and divide"):
+        r = client.chat.completions.create(model="tiny", messages=messages, max_tokens=16, temperature=0,
+                                           extra_body={"return_token_ids": True, "ignore_eos": True})  # fmt: skip
+        prompt = extra(r, "prompt_token_ids")
+        assert extra(r.choices[0], "token_ids") == reference(prompt, 16, ignore_eos=True).tokens
+        kept += len(prompt) if len(messages) > 1 else 0
+        messages += [{"role": "assistant", "content": r.choices[0].message.content}, {"role": "user", "content": turn}]
+    after = metrics(server.url)
+    hits = after["specdec_prefix_cache_hits_total"] - before["specdec_prefix_cache_hits_total"]
+    queries = after["specdec_prefix_cache_queries_total"] - before["specdec_prefix_cache_queries_total"]
+    assert queries > 0 and hits >= 0.5 * kept > 0, (hits, queries, kept)  # the template re-renders the reply: most of the history is kept
+    assert "specdec_prefix_cache_evictions_total" in after
+
+
 def test_penalties_bias_and_min_p_are_applied_exactly(client, reference):
     """Each sampling field the official client sends gives what the decoder gives with the same
     settings, token for token, and changes the output (so it is applied, not ignored)."""
@@ -672,6 +692,7 @@ def test_serve_cli_refuses_bad_options_in_one_line(llama_bundle, tmp_path):
         ([bundle, "--max-queue", "0"], "max_queue=0"),
         ([bundle, "--chat-template", str(tmp_path / "none.jinja")], "none.jinja"),
         ([bundle, "--port", "70000"], "--port"),
+        ([bundle, "--cache-slots", "0"], "cache_slots=0"),
     ]
     for args, names in cases:
         r = subprocess.run([sys.executable, "-m", "specdec", "serve", *args], capture_output=True, text=True, timeout=60)
