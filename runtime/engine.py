@@ -109,6 +109,7 @@ class Engine:
             return lru
         best = max(free, key=lambda s: (self.reusable(req, s), -self.last_used[s]))
         return best if self.reusable(req, best) else lru
+
     def check(self, req: Request) -> None:
         """Refuse a request this engine's drafter cannot serve as asked (a ``ConfigError``)."""
         if getattr(self.proposer, "tree", False) and req.lenience < 1.0:
@@ -120,8 +121,9 @@ class Engine:
         model (its time counts as prefill); the rest of the prompt is fed by the next steps."""
         t0, L = clock(), len(req.prompt)
         self.check(req)
-        keep = self.reusable(req, slot) if (self.reuse if reuse is None else reuse) else 0
-        if self.held(slot) > keep and not keep and self.last_used[slot] >= 0:
+        use = self.reuse if reuse is None else reuse
+        keep = self.reusable(req, slot) if use else 0
+        if use and not keep and self.held(slot) and self.last_used[slot] >= 0:
             self.evictions += 1  # another prefix was held here
         self.prefix_queries += L
         self.prefix_hits += keep

@@ -133,13 +133,15 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--old", type=Path, default=None, help="a folder whose specdec package is another tree: its servers run beside these")
     ap.add_argument("--no-overhead", action="store_true", help="skip the HTTP-layer comparison")
+    ap.add_argument("--distinct", action="store_true", help="every request its own prompt, warm-ups included (single-turn traffic: nothing to reuse)")
     a = ap.parse_args()
 
     m = load_manifest(a.bundle)
     codec = TextCodec.from_bundle(a.bundle, m)
-    prompts = held_out_prompts(codec.encode, 8, a.prompt_tokens)
-    work = [prompts[i % len(prompts)] for i in range(a.requests)]
     levels = [int(x) for x in a.concurrency.split(",")]
+    prompts = held_out_prompts(codec.encode, a.requests + max(levels) if a.distinct else 8, a.prompt_tokens)
+    work = prompts[: a.requests] if a.distinct else [prompts[i % len(prompts)] for i in range(a.requests)]
+    warm = prompts[a.requests :] if a.distinct else work  # --distinct: no prompt sent twice (nothing for prefix reuse to keep)
     modes = (a.modes or f"{m.gamma},auto,0").split(",")
     names = {g: ("plain (γ=0)" if g == "0" else "adaptive γ" if g == "auto" else f"γ={g}") for g in modes}
     logs = Path(tempfile.mkdtemp(prefix="specdec-bench-serve-"))  # the servers' logs
@@ -158,7 +160,7 @@ def main() -> None:
         for c in levels:
             for g, s in [x for g in modes for x in ((g, servers[g]), *(((f"old {g}", old[g]),) if old else ()))]:
                 mode = names[g]
-                asyncio.run(served_load(s.url, mode, c, work[:c], a.tokens, a.temperature, a.timeout))  # warm-up
+                asyncio.run(served_load(s.url, mode, c, warm[:c], a.tokens, a.temperature, a.timeout))  # warm-up
                 rows.append(asyncio.run(served_load(s.url, f"served {mode}", c, work, a.tokens, a.temperature, a.timeout)).row())
                 r = rows[-1]
                 print(f"{r['mode']:>22} c={c:<3} {r['tok_s']:7.0f} tok/s {r['req_s']:6.2f} req/s  TTFT p50 {r['ttft_p50_ms']:.1f} ms  "
