@@ -179,7 +179,7 @@ def test_feature_tree_shape(feature_tree_bundle):
     dec = SpeculativeDecoder.load(out, drafter="feature-tree")
     proposer, prompt = dec.engine.proposer, corpus_prompts(dec)[0]
     dec.engine.target.forward([0], [np.array(prompt[:-1])])  # the target's features of the prompt, as a prefill writes them
-    row = SimpleNamespace(slot=0, length=len(prompt), seq=np.array(prompt + [0] * 8, dtype=np.int64), req=SimpleNamespace(sampling=SamplingConfig(0.0)))
+    row = SimpleNamespace(slot=0, length=len(prompt), seq=np.array(prompt + [0] * 8, dtype=np.int64), req=dec.request(prompt, temperature=0.0, max_new_tokens=8))
     for depth, width in ((2, 3), (3, 2), (4, 1)):
         proposer.start(row)
         tokens, parents, q = proposer.tree_for(row, depth)
@@ -199,8 +199,8 @@ def test_sampled_feature_tree_draws_siblings_without_replacement(feature_tree_bu
     dec = SpeculativeDecoder.load(out, drafter="feature-tree")
     proposer, prompt = dec.engine.proposer, corpus_prompts(dec)[0]
     dec.engine.target.forward([0], [np.array(prompt[:-1])])
-    cfg = SamplingConfig(1.5)  # flat enough that siblings differ from the top tokens
-    row = SimpleNamespace(slot=0, length=len(prompt), seq=np.array(prompt + [0] * 8, dtype=np.int64), req=SimpleNamespace(sampling=cfg),
+    # T = 1.5: flat enough that siblings differ from the top tokens
+    row = SimpleNamespace(slot=0, length=len(prompt), seq=np.array(prompt + [0] * 8, dtype=np.int64), req=dec.request(prompt, temperature=1.5, max_new_tokens=8),
                           rng=np.random.default_rng(0))
     not_top = 0
     for _ in range(20):
