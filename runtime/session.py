@@ -72,14 +72,17 @@ class Session:
 
     def stream(self, **fields) -> Iterator[Piece]:
         """``generate`` as pieces; the tokens join the sequence as they come (also when the
-        stream is closed early)."""
-        yield from self._run(fields, incremental_text=True)
+        stream is closed early). The request is checked here, before any work."""
+        return self._run(fields, incremental_text=True)
 
-    def _run(self, fields: dict, incremental_text: bool):
+    def _run(self, fields: dict, incremental_text: bool) -> Iterator[Piece]:
+        """Check the turn's request now; decode it as the returned iterator is read."""
         if not self._tokens:
             raise InputError("the session is empty: append a prompt before generating")
         req = self.decoder.request(self._tokens, **fields)
-        stream = self.decoder.run(req, incremental_text, reuse=True)
+        return self._pieces(self.decoder.run(req, incremental_text, reuse=True))
+
+    def _pieces(self, stream) -> Iterator[Piece]:
         try:
             for piece in stream:
                 self._tokens += piece.tokens

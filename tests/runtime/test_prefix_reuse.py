@@ -116,6 +116,8 @@ def test_session_misuse_is_refused(llama_bundle):
     s = dec.session()
     with pytest.raises(InputError, match="session is empty"):
         s.generate(max_new_tokens=2)
+    with pytest.raises(InputError, match="session is empty"):
+        s.stream(max_new_tokens=2)  # checked when called, as decoder.stream is
     s.append([5, 6])
     with pytest.raises(InputError, match="rewind_to\\(3\\)"):
         s.rewind_to(3)
