@@ -71,7 +71,7 @@ async def turn(client: httpx.AsyncClient, a, history, chat: bool) -> tuple[float
 
 
 async def conversation(client, a, users: list[list[int]], codec, chat: bool, ttfts: list[list[float]]) -> None:
-    history: list = [] if chat else []
+    history: list = []  # messages (--chat) or token ids
     for t, user in enumerate(users):
         if chat:
             history.append({"role": "user", "content": codec.decode(user)})

@@ -30,8 +30,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 LM_EVAL = "lm-eval[api]==0.4.13"  # pinned: the request shapes checked here are this version's
 TORCH = "torch==2.13.0"  # a CPU wheel (an unpinned torch pulls CUDA)
 TOL = 1e-4  # the export's own bound on logits against PyTorch; a sum over a few tokens stays well inside it
@@ -204,5 +202,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    np.set_printoptions(precision=6)
     sys.exit(main())
