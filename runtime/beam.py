@@ -62,45 +62,62 @@ def _best(scores: np.ndarray, k: int) -> np.ndarray:
     return np.argsort(-scores, kind="stable")[:k]
 
 
+class BeamState:
+    """One prompt's search: ``running`` beams (generated tokens, as tuples) and their scores, the
+    finished set, and ``over``. ``step(lp)`` advances it by one token from the next-token
+    log-softmax of each running beam [w, V]. It never sees a model: the plain search feeds it the
+    target's rows, the speculative one (runtime/beam_search.py) rows the target verified."""
+
+    def __init__(self, cfg: BeamConfig):
+        w = cfg.num_beams
+        self.cfg, self.eos, self.k = cfg, frozenset(cfg.eos_token_ids), max(2, 1 + len(cfg.eos_token_ids)) * w
+        self.running: list[tuple[int, ...]] = [() for _ in range(w)]
+        self.run_scores = np.full(w, NEG, dtype=np.float32)  # [w]
+        self.run_scores[0] = 0.0
+        self.done: list[tuple[int, ...]] = [() for _ in range(w)]
+        self.done_scores = np.full(w, NEG, dtype=np.float32)  # [w]
+        self.finished = np.zeros(w, dtype=bool)  # [w]
+        self.improvable = True
+        self.length = 0  # tokens generated so far
+        self.over = False
+
+    def step(self, lp: np.ndarray) -> None:
+        cfg, w = self.cfg, self.cfg.num_beams
+        lp = np.asarray(lp, dtype=np.float32)  # [w, V]
+        vocab = lp.shape[-1]
+        acc = (lp + self.run_scores[:, None]).reshape(-1)  # [w * V]
+        top = _best(acc, self.k)
+        top_scores = acc[top]
+        cands = [self.running[i // vocab] + (int(i % vocab),) for i in top]
+        hits = np.array([c[-1] in self.eos or self.length + 1 >= cfg.max_new_tokens for c in cands])  # EOS or max length
+        blocked = top_scores + hits * NEG
+        nxt = _best(blocked, w)
+        self.running, self.run_scores = [cands[i] for i in nxt], blocked[nxt]
+        new = top_scores / np.float32((self.length + 1) ** cfg.length_penalty)
+        just = hits & (np.arange(self.k) < w)
+        new = new + np.where(just, np.float32(0), NEG)  # (HF also closes the set once the search may stop: one prompt stops then)
+        merged_scores = np.concatenate([self.done_scores, new.astype(np.float32)])
+        keep = _best(merged_scores, w)
+        merged, merged_finished = self.done + cands, np.concatenate([self.finished, just])
+        self.done, self.done_scores, self.finished = [merged[i] for i in keep], merged_scores[keep], merged_finished[keep]
+        self.length += 1
+        if self.improvable:
+            horizon = cfg.max_new_tokens if cfg.early_stopping == "never" and cfg.length_penalty > 0 else self.length
+            best_running = self.run_scores[0] / np.float32(horizon**cfg.length_penalty)
+            worst_done = self.done_scores.min() if self.finished.all() else NEG
+            self.improvable = bool(best_running > worst_done)
+        self.over = not self.improvable or (self.finished.all() and cfg.early_stopping is True) or bool(hits.all())
+
+    def result(self) -> list[Beam]:
+        """The ``num_return_sequences`` best finished beams, best first."""
+        return [Beam(list(self.done[i]), float(self.done_scores[i])) for i in range(self.cfg.num_return_sequences)]
+
+
 def search(prompt: Sequence[int], score: Callable[[list[list[int]]], np.ndarray], cfg: BeamConfig) -> list[Beam]:
     """The ``num_return_sequences`` best finished beams of ``prompt``, best first.
     ``score(sequences)``: for each running sequence (prompt + generated), the log-softmax of
     the next token [len, V]."""
-    w, eos = cfg.num_beams, set(cfg.eos_token_ids)
-    k = max(2, 1 + len(eos)) * w
-    prompt = list(prompt)
-    running: list[list[int]] = [[] for _ in range(w)]
-    run_scores = np.full(w, NEG, dtype=np.float32)
-    run_scores[0] = 0.0
-    done: list[list[int]] = [[] for _ in range(w)]
-    done_scores = np.full(w, NEG, dtype=np.float32)
-    finished = np.zeros(w, dtype=bool)
-    improvable = True
-    length = 0  # tokens generated so far
-    while True:
-        lp = np.asarray(score([prompt + r for r in running]), dtype=np.float32)  # [w, V]
-        vocab = lp.shape[-1]
-        acc = (lp + run_scores[:, None]).reshape(-1)  # [w * V]
-        top = _best(acc, k)
-        top_scores = acc[top]
-        cands = [running[i // vocab] + [int(i % vocab)] for i in top]
-        hits = np.array([c[-1] in eos or length + 1 >= cfg.max_new_tokens for c in cands])  # EOS or max length
-        nxt = _best(top_scores + hits * NEG, w)
-        running, run_scores = [cands[i] for i in nxt], (top_scores + hits * NEG)[nxt]
-        new = top_scores / np.float32((length + 1) ** cfg.length_penalty)
-        just = hits & (np.arange(k) < w)
-        new = new + np.where(just, np.float32(0), NEG)  # (HF also closes the set once the search may stop: one prompt stops then)
-        merged_scores = np.concatenate([done_scores, new.astype(np.float32)])
-        keep = _best(merged_scores, w)
-        merged = done + cands
-        merged_finished = np.concatenate([finished, just])
-        done, done_scores, finished = [merged[i] for i in keep], merged_scores[keep], merged_finished[keep]
-        length += 1
-        if improvable:
-            horizon = cfg.max_new_tokens if cfg.early_stopping == "never" and cfg.length_penalty > 0 else length
-            best_running = run_scores[0] / np.float32(horizon**cfg.length_penalty)
-            worst_done = done_scores.min() if finished.all() else NEG
-            improvable = bool(best_running > worst_done)
-        if not improvable or (finished.all() and cfg.early_stopping is True) or hits.all():
-            break
-    return [Beam(done[i], float(done_scores[i])) for i in range(cfg.num_return_sequences)]
+    state, prompt = BeamState(cfg), list(prompt)
+    while not state.over:
+        state.step(score([prompt + list(r) for r in state.running]))
+    return state.result()

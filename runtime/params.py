@@ -14,10 +14,14 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from specdec.errors import InputError
+from specdec.runtime.beam import BeamConfig
 from specdec.runtime.logprobs import LOGPROBS_MODES, MAX_LOGPROBS
 from specdec.runtime.penalties import Penalties
 from specdec.runtime.sampling import SamplingConfig
 from specdec.runtime.speculative import check_lenience
+
+
+MAX_BEAMS = 32  # beams a search keeps (each holds a KV slot per model)
 
 
 def is_int(x) -> bool:
@@ -124,3 +128,54 @@ class SamplingParams:
     @classmethod
     def names(cls) -> tuple[str, ...]:
         return tuple(f.name for f in fields(cls))
+
+
+@dataclass(frozen=True)
+class BeamParams:
+    """How one beam search runs (``SpeculativeDecoder.beam_search``), in Hugging Face's terms.
+
+    ``num_beams`` w, ``length_penalty`` (scores are divided by length ** it), ``early_stopping``
+    (True, False or "never"), ``num_return_sequences`` (1..w), ``max_new_tokens``; EOS (unless
+    ``ignore_eos``) and ``stop_token_ids`` finish a beam. ``gamma``: draft beam steps a target call
+    verifies (0: plain beam search with the target alone; None: the bundle's γ), and
+    ``draft_width`` u >= 1 (None: w): the draft's beam width (the paper's App. A.4). The result
+    is the same for every gamma and draft_width; only the time differs.
+    """
+
+    num_beams: int = 4
+    max_new_tokens: int = 128
+    length_penalty: float = 1.0
+    early_stopping: bool | str = False
+    num_return_sequences: int = 1
+    ignore_eos: bool = False
+    stop_token_ids: Sequence[int] = ()
+    gamma: int | None = None
+    draft_width: int | None = None
+
+    def __post_init__(self) -> None:
+        if not is_int(self.num_beams) or not 1 <= self.num_beams <= MAX_BEAMS:
+            raise InputError(f"num_beams={self.num_beams!r}: expected an integer in 1..{MAX_BEAMS}")
+        lp = self.length_penalty
+        if not (isinstance(lp, (int, float)) and not isinstance(lp, bool) and abs(lp) < float("inf")):
+            raise InputError(f"length_penalty={lp!r}: expected a finite number (1: scores per token, 0: sums)")
+        for name in ("gamma", "draft_width"):
+            v = getattr(self, name)
+            if v is not None and (not is_int(v) or v < (0 if name == "gamma" else 1) or v > MAX_BEAMS * 2):
+                raise InputError(f"{name}={v!r}: expected an integer {'0' if name == 'gamma' else '1'}..{MAX_BEAMS * 2} or None")
+        # the rest (early_stopping, num_return_sequences, max_new_tokens) as BeamConfig checks them
+        SamplingParams(max_new_tokens=self.max_new_tokens, stop_token_ids=self.stop_token_ids)
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        self.config(())
+
+    def config(self, eos: Sequence[int]) -> BeamConfig:
+        """The search's semantics, with ``eos``: the tokens that finish a beam."""
+        return BeamConfig(int(self.num_beams), int(self.max_new_tokens), float(self.length_penalty), self.early_stopping,
+                          int(self.num_return_sequences), tuple(sorted(set(eos))))  # fmt: skip
+
+    @classmethod
+    def of(cls, **given) -> BeamParams:
+        known = [f.name for f in fields(cls)]
+        for name, value in given.items():
+            if name not in known:
+                raise InputError(f"{name}={value!r}: not a beam search field; expected one of {', '.join(known)}")
+        return cls(**given)

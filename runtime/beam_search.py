@@ -1,0 +1,161 @@
+"""Beam search over a bundle: the target's own, or speculative (the paper's Appendix A.4); both the same search.
+
+    BeamSearcher(bundle, manifest, sessions, provider, slots, rows)
+      target, draft       a PrefixScorer each (runtime/prefixes.py) over its KV slots
+      search(prompt, cfg, width, gamma, source)  -> (beams, BeamStats)
+
+The search itself is ``BeamState`` (runtime/beam.py, Hugging Face's semantics); what differs
+is where its rows come from.
+
+Plain (``gamma=0``): each step, one batched target call over the distinct running beams.
+
+Speculative (``gamma`` γ >= 1, ``width`` u >= 1), per round:
+    1. the draft runs its own beam search of width u for γ steps from the running beams
+       (scores start at theirs; EOS is never proposed: a finished beam never runs on);
+    2. one target call feeds each leaf of the draft's beams (its u final beams, and any beam a
+       later step dropped, or root none continued) from its root, so every beam the draft kept
+       at every step is scored;
+    3. the target's beam steps replay from the verified rows for as long as every running beam
+       is among the scored prefixes (top_w(M_p) ⊆ the draft's candidates): from 1 up to γ + 1
+       steps a round. A step only ever uses the target's own log-softmax, so the result is
+       plain beam search's, token for token.
+A round costs γ draft calls of up to u rows and a target call over up to w + uγ positions (A.4's
+cost), in rows of up to γ + 1 tokens, against one target call of w rows of one token per plain step.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from specdec.engines.executor import Executor
+from specdec.manifest import Manifest
+from specdec.runtime.beam import NEG, Beam, BeamConfig, BeamState, _best
+from specdec.runtime.prefixes import PrefixScorer
+
+clock = time.perf_counter
+
+
+@dataclass
+class BeamStats:
+    steps: int = 0  # beam steps (tokens the longest beam got)
+    rounds: int = 0  # target calls that advanced the search (plain: one per step)
+    target_calls: int = 0  # forward calls, prompt included
+    draft_calls: int = 0
+    target_tokens: int = 0  # positions the target computed (the prompt's, then each call's feeds)
+    copied_rows: int = 0  # KV rows copied slot to slot (both models)
+    prefill_seconds: float = 0.0
+    total_seconds: float = 0.0
+    steps_per_round: list[int] = field(default_factory=list)
+
+    @property
+    def mean_steps(self) -> float:
+        """Beam steps a target call advanced (1 for plain search; up to γ + 1)."""
+        return self.steps / max(self.rounds, 1)
+
+
+@dataclass
+class BeamOutput:
+    tokens: list[int]  # generated (the prompt excluded), its last an EOS or stop token if one ended it
+    score: float  # the sum of the target's log-probs / (len(tokens) ** length_penalty), as Hugging Face's sequences_scores
+    text: str | None = None
+
+
+@dataclass
+class BeamResult:
+    sequences: list[BeamOutput]  # num_return_sequences of them, best first
+    stats: BeamStats
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.sequences[0].tokens
+
+    @property
+    def text(self) -> str | None:
+        return self.sequences[0].text
+
+
+class BeamSearcher:
+    """A bundle's target (and draft) over ``slots`` cache slots each, for beam search."""
+
+    def __init__(self, bundle: Path, manifest: Manifest, sessions: dict, provider: str, slots: tuple[int, int], rows: int):
+        """``slots``: the target's and the draft's (a round scores up to w + uγ target paths,
+        the draft's steps up to max(w, u))."""
+        self.manifest, self.slots = manifest, slots
+        self.target = PrefixScorer(Executor(bundle, manifest, "target", sessions, provider, slots[0], None, min(rows, slots[0])))
+        self.draft = PrefixScorer(Executor(bundle, manifest, "draft", sessions, provider, slots[1], None, min(rows, slots[1])))
+
+    def search(self, prompt: np.ndarray, cfg: BeamConfig, width: int = 0, gamma: int = 0,
+               source: np.ndarray | None = None) -> tuple[list[Beam], BeamStats]:  # fmt: skip
+        """The best ``cfg.num_return_sequences`` beams of ``prompt`` (after the prompt: the
+        generated tokens); ``gamma`` 0: plain, else speculative with draft width ``width``."""
+        t0, stats = clock(), BeamStats()
+        models = (self.target, self.draft) if gamma else (self.target,)
+        before = [(m.model.calls, m.fed, m.copied) for m in models]
+        for m in models:
+            m.start(prompt, source)
+        stats.prefill_seconds = clock() - t0
+        state = BeamState(cfg)
+        while not state.over:
+            g = min(gamma, cfg.max_new_tokens - state.length - 1)  # the draft never passes the budget
+            n = self._round(state, prompt, width, g) if g > 0 else self._plain(state, prompt)
+            stats.rounds += 1
+            stats.steps_per_round.append(n)
+        stats.steps = state.length
+        (tc, tf, tcp), *rest = [(m.model.calls - c, m.fed - f, m.copied - cp) for m, (c, f, cp) in zip(models, before)]
+        stats.target_calls, stats.target_tokens = tc, tf
+        stats.draft_calls = rest[0][0] if rest else 0
+        stats.copied_rows = tcp + (rest[0][2] if rest else 0)
+        stats.total_seconds = clock() - t0
+        return state.result(), stats
+
+    def _plain(self, state: BeamState, prompt: np.ndarray) -> int:
+        """One step from the target's rows at the running beams."""
+        roots = list(dict.fromkeys(state.running))  # distinct (the first step's w beams are one)
+        rows = self.target.run([_seq(prompt, r) for r in roots], [1] * len(roots))
+        known = {r: lp[0] for r, lp in zip(roots, rows)}
+        state.step(np.stack([known[r] for r in state.running]))
+        return 1
+
+    def _round(self, state: BeamState, prompt: np.ndarray, width: int, gamma: int) -> int:
+        """Draft γ steps of width u, verify them in one target call, replay the target's steps."""
+        scores: dict[tuple[int, ...], np.float32] = {}
+        for r, s in zip(state.running, state.run_scores):
+            scores[r] = max(scores.get(r, NEG), s)
+        roots = list(scores)
+        beams, acc_scores = roots, np.array([scores[r] for r in roots], dtype=np.float32)
+        eos = np.fromiter(state.eos, dtype=np.int64)
+        leaves = []  # the draft's beams no later step continued (they are scored too), then its last step's
+        for _ in range(gamma):
+            lp = np.stack([x[0] for x in self.draft.run([_seq(prompt, b) for b in beams], [1] * len(beams))])  # [n, V]
+            acc = lp + acc_scores[:, None]
+            acc[:, eos] = NEG  # an EOS candidate finishes: it needs no continuation
+            flat = acc.reshape(-1)
+            top = _best(flat, width)
+            vocab = lp.shape[-1]
+            parents = set(int(i) // vocab for i in top)
+            leaves += [b for i, b in enumerate(beams) if i not in parents]
+            beams, acc_scores = [beams[i // vocab] + (int(i % vocab),) for i in top], flat[top]
+        length = state.length
+        paths = beams + leaves  # every prefix the draft kept, each on one path from its root
+        spans = [len(p) - length + 1 for p in paths]
+        rows = self.target.run([_seq(prompt, p) for p in paths], spans)
+        known = {}
+        for p, span, lp in zip(paths, spans, rows):
+            for j in range(span):
+                known[p[: len(p) - span + 1 + j]] = lp[j]
+        steps = 0
+        while not state.over and steps <= gamma:
+            found = [known.get(r) for r in state.running]
+            if any(x is None for x in found):
+                break  # a beam the draft did not keep: the next round starts from here
+            state.step(np.stack(found))
+            steps += 1
+        return steps
+
+
+def _seq(prompt: np.ndarray, generated: tuple[int, ...]) -> np.ndarray:
+    return np.concatenate([prompt, np.asarray(generated, dtype=np.int64)]) if generated else prompt
