@@ -29,7 +29,8 @@ from specdec.manifest import Manifest, load_manifest
 from specdec.runtime.drafters import check_drafter, models_for, needs_tree
 from specdec.runtime.engine import Engine
 from specdec.runtime.handles import Handle
-from specdec.runtime.params import SamplingParams
+from specdec.runtime.beam_search import BeamResult, BeamRunner
+from specdec.runtime.params import BeamParams, SamplingParams
 from specdec.runtime.request import Limits, make_request
 from specdec.runtime.stats import Stats
 from specdec.runtime.text import TextCodec
@@ -67,6 +68,7 @@ class BatchEngine:
         self.cache_slots = slots = self.max_batch if cache_slots is None else cache_slots
         self.limits, self.codec, self.threads = Limits.of(m), TextCodec.from_bundle(bundle, m), ThreadPolicy.of(threads)
         sessions = open_sessions(bundle, m, graph_names(m, models_for(drafter), self.max_batch, fused=True, tree=needs_tree(drafter)), provider, self.threads)
+        self.beams = BeamRunner(bundle, m, sessions, provider, self.threads, self.codec)  # beam searches, beside the rows in flight
         self.engine = Engine(bundle, m, sessions, drafter, slots, provider, prefill_chunk=PREFILL_CHUNK, reuse=prefix_reuse, rows=self.max_batch)
         self.drafter_name = self.engine.proposer.name
         self.waiting: queue.Queue = queue.Queue(maxsize=max_queue)
@@ -124,6 +126,16 @@ class BatchEngine:
         except queue.Full:
             raise QueueFullError(f"{self.max_queue} requests are already waiting for {self.max_batch} slots; retry later") from None
         return handle
+
+    def beam_search(self, prompt: str | Sequence[int] | None = None, params: BeamParams | None = None, *,
+                    source: str | Sequence[int] | None = None, **fields) -> BeamResult:  # fmt: skip
+        """``SpeculativeDecoder.beam_search`` on this engine's sessions, on the caller's thread: its
+        own KV slots, beside the rows the engine thread decodes (one search at a time)."""
+        params = params if params is not None else BeamParams.of(**fields)
+        m = self.manifest
+        sampling = SamplingParams(max_new_tokens=params.max_new_tokens, ignore_eos=params.ignore_eos, stop_token_ids=params.stop_token_ids)
+        req = make_request(prompt, sampling, self.limits, self.codec, source, m.decoder_start_token_id if m.seq2seq else None)
+        return self.beams.run(req, params)
 
     def generate_many(self, prompts: Sequence[str | Sequence[int]], **kw) -> list:
         """Decode every prompt (all in flight together, up to max_batch at a time); waits for all."""

@@ -25,16 +25,22 @@ cost), in rows of up to γ + 1 tokens, against one target call of w rows of one 
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from specdec.engines.executor import Executor
+from specdec.engines.executor import Executor, graph_names, open_sessions
+from specdec.engines.threads import ThreadPolicy
+from specdec.errors import ConfigError
 from specdec.manifest import Manifest
 from specdec.runtime.beam import NEG, Beam, BeamConfig, BeamState, _best
+from specdec.runtime.params import BeamParams
 from specdec.runtime.prefixes import PrefixScorer
+from specdec.runtime.request import Request
+from specdec.runtime.text import TextCodec
 
 clock = time.perf_counter
 
@@ -155,6 +161,40 @@ class BeamSearcher:
             state.step(np.stack(found))
             steps += 1
         return steps
+
+
+class BeamRunner:
+    """Beam searches over a loaded bundle's sessions (``SpeculativeDecoder.beam_search``,
+    ``BatchEngine.beam_search``), one at a time: its own lock and KV slots, allocated on the
+    first search and grown when a wider one comes. Sessions it needs that the owner did not open
+    (a batched engine with another drafter: the draft's graphs) are opened then and kept."""
+
+    def __init__(self, bundle: Path, manifest: Manifest, sessions: dict, provider: str, threads: ThreadPolicy, codec: TextCodec | None):
+        self.bundle, self.manifest, self.sessions, self.provider, self.threads, self.codec = bundle, manifest, sessions, provider, threads, codec
+        self.searcher: BeamSearcher | None = None
+        self.lock = threading.Lock()
+
+    def run(self, req: Request, params: BeamParams) -> BeamResult:
+        """Search ``req``'s prompt (and source); its stop tokens finish beams. Blocks while
+        another search runs."""
+        m = self.manifest
+        gamma = m.gamma if params.gamma is None else params.gamma
+        if gamma > m.gamma:
+            raise ConfigError(f"gamma={gamma}: this bundle verifies up to {m.gamma} draft steps a call; pass 0..{m.gamma}")
+        w = params.num_beams
+        width = w if params.draft_width is None else params.draft_width
+        need = (w + width * gamma, w + width) if gamma else (w, 1)  # target paths a round scores; draft beams
+        with self.lock:
+            if self.searcher is None or any(a < b for a, b in zip(self.searcher.slots, need)):
+                slots = tuple(max(a, b) for a, b in zip(need, self.searcher.slots if self.searcher else need))
+                rows = min(m.max_batch, max(slots)) if m.max_batch > 1 else 1
+                missing = [n for n in graph_names(m, ("target", "draft"), rows, fused=False) if n not in self.sessions]
+                self.sessions.update(open_sessions(self.bundle, m, missing, self.provider, self.threads))
+                self.searcher = None  # the old slots go before the new ones are allocated
+                self.searcher = BeamSearcher(self.bundle, m, self.sessions, self.provider, slots, rows)
+            beams, stats = self.searcher.search(req.prompt, params.config(req.stop), width, gamma, req.source)
+        decode = self.codec.decode if self.codec else (lambda ids: None)
+        return BeamResult([BeamOutput(b.tokens, b.score, decode(b.tokens)) for b in beams], stats)
 
 
 def _seq(prompt: np.ndarray, generated: tuple[int, ...]) -> np.ndarray:

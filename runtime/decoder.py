@@ -18,13 +18,13 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 
 from specdec.engines.executor import graph_names, open_sessions
 from specdec.engines.threads import ThreadPolicy
-from specdec.errors import BusyError, ConfigError
+from specdec.errors import BusyError
 from specdec.manifest import Manifest, load_manifest
 from specdec.runtime.adaptive import AdaptiveGamma
 from specdec.runtime.drafters import Drafter, check_drafter, models_for, needs_tree
 from specdec.runtime.engine import Engine, clip
 from specdec.runtime.handles import GenerationResult, Handle, Piece
-from specdec.runtime.beam_search import BeamOutput, BeamResult, BeamSearcher
+from specdec.runtime.beam_search import BeamResult, BeamRunner
 from specdec.runtime.params import BeamParams, SamplingParams
 from specdec.runtime.request import Limits, Request, make_request
 from specdec.runtime.stats import Stats
@@ -60,7 +60,7 @@ class SpeculativeDecoder:
         self.engine = Engine(bundle, manifest, sessions, drafter, slots=1, provider=provider)
         self._lock = threading.Lock()
         self._owner: int | None = None
-        self._beams: BeamSearcher | None = None  # opened on the first beam search
+        self._beams: BeamRunner | None = None  # made on the first beam search
 
     @classmethod
     def load(cls, bundle: str | Path, provider: str = "cpu", threads: ThreadPolicy | int | None = None,
@@ -152,27 +152,15 @@ class SpeculativeDecoder:
         ``length_penalty=``, ``early_stopping=``, ``num_return_sequences=``, ``ignore_eos=``,
         ``stop_token_ids=``, ``gamma=``, ``draft_width=``). Inputs as ``request``."""
         params = params if params is not None else BeamParams.of(**fields)
-        gamma = self.manifest.gamma if params.gamma is None else params.gamma
-        if gamma > self.manifest.gamma:
-            raise ConfigError(f"gamma={gamma}: this bundle verifies up to {self.manifest.gamma} draft steps a call; pass 0..{self.manifest.gamma}")
-        width = params.num_beams if params.draft_width is None else params.draft_width
         sampling = SamplingParams(max_new_tokens=params.max_new_tokens, ignore_eos=params.ignore_eos, stop_token_ids=params.stop_token_ids)
         req = self.request(prompt, sampling, source=source)
-        w = params.num_beams
-        slots = (w + width * gamma, w + width) if gamma else (w, 1)
+        if self._beams is None:
+            self._beams = BeamRunner(self.bundle, self.manifest, self.sessions, self.provider, self.threads, self.codec)
         self.acquire()
         try:
-            if self._beams is None or any(a < b for a, b in zip(self._beams.slots, slots)):
-                slots = tuple(max(a, b) for a, b in zip(slots, self._beams.slots if self._beams else slots))
-                rows = min(self.manifest.max_batch, max(slots)) if self.manifest.max_batch > 1 else 1
-                missing = [n for n in graph_names(self.manifest, ("target", "draft"), rows, fused=False) if n not in self.sessions]
-                self.sessions = {**self.sessions, **open_sessions(self.bundle, self.manifest, missing, self.provider, self.threads)}
-                self._beams = BeamSearcher(self.bundle, self.manifest, self.sessions, self.provider, slots, rows)
-            beams, stats = self._beams.search(req.prompt, params.config(req.stop), width, gamma, req.source)
+            return self._beams.run(req, params)
         finally:
             self.release()
-        decode = self.codec.decode if self.codec else (lambda ids: None)
-        return BeamResult([BeamOutput(b.tokens, b.score, decode(b.tokens)) for b in beams], stats)
 
     def run(self, req: Request, incremental_text: bool = True, reuse: bool = False) -> Stream:
         """A ``Stream`` of an already built ``Request`` (e.g. one checked ahead of time).

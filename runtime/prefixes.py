@@ -46,12 +46,15 @@ class PrefixScorer:
         self.chunk = min((r.max_tokens for r in runners), default=self.max_seq)  # tokens a row feeds in a call of several
         one = executor.dynamic is not None or not runners  # a batch-1 graph takes any length
         self.single = self.max_seq if one else max(runners[0].single, self.chunk)  # tokens one row feeds alone in a call
+        self.prompt_len = 1
         self.fed = 0  # tokens fed (what the search cost), copied rows excluded
         self.copied = 0
 
     def start(self, prompt: np.ndarray, source: np.ndarray | None = None) -> None:
         """A new search: every slot emptied (an encoder-decoder's ``source`` encoded into each),
-        and the prompt but its last token fed into slot 0, which the first paths then share."""
+        and the prompt but its last token fed into slot 0, which the first paths then share.
+        Every path ``run`` scores until the next ``start`` must begin with this prompt."""
+        self.prompt_len = len(prompt)
         for s in range(self.slots):
             self.model.reset(s)
             if source is not None:
@@ -60,9 +63,12 @@ class PrefixScorer:
             self._feed_alone(0, prompt, 0, len(prompt) - 1)
 
     def _match(self, s: int, path: np.ndarray, cap: int) -> int:
+        """Rows of slot ``s`` that ``path`` can keep (at most ``cap``). Every path extends the
+        prompt and every slot holds a prefix of it, so the comparison starts past it."""
         n = min(self.model.length(s), cap)
-        diff = np.flatnonzero(self.tokens[s, :n] != path[:n])
-        return int(diff[0]) if diff.size else n
+        lo = min(n, self.prompt_len - 1)
+        diff = np.flatnonzero(self.tokens[s, lo:n] != path[lo:n])
+        return lo + int(diff[0]) if diff.size else n
 
     def run(self, paths: Sequence[np.ndarray], spans: Sequence[int]) -> list[np.ndarray]:
         """For path i (prompt + generated, distinct), the next-token log-softmax after each of its
@@ -71,8 +77,9 @@ class PrefixScorer:
         if n > self.slots:
             raise InputError(f"{n} sequences to score at once; this scorer has {self.slots} slots")
         for p, sp in zip(paths, spans):
-            if not 1 <= sp <= min(len(p), self.chunk) or len(p) > self.max_seq:
-                raise InputError(f"a path of {len(p)} tokens scored at its last {sp}: expected 1..{min(len(p), self.chunk)} positions within max-seq-len {self.max_seq}")
+            if not 1 <= sp <= min(len(p) - self.prompt_len + 1, self.chunk) or len(p) > self.max_seq:
+                raise InputError(f"a path of {len(p)} tokens scored at its last {sp}: expected 1..{min(len(p) - self.prompt_len + 1, self.chunk)} "
+                                 f"positions past the prompt, within max-seq-len {self.max_seq}")  # fmt: skip
         match = np.array([[self._match(s, p, len(p) - sp) for s in range(self.slots)] for p, sp in zip(paths, spans)])  # [n, slots]
         slot = self._assign(match)
         keep = self._copy(paths, match, slot)

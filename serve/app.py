@@ -35,7 +35,7 @@ from starlette.exceptions import HTTPException
 from specdec import __version__
 from specdec.errors import InputError, QueueFullError
 from specdec.runtime.handles import Handle
-from specdec.runtime.params import SamplingParams
+from specdec.runtime.params import BeamParams, SamplingParams
 from specdec.runtime.text import TextCodec
 from specdec.serve.chat import ChatTemplate
 from specdec.serve.limits import MAX_BODY, BodyLimit, loads
@@ -449,7 +449,10 @@ def build_app(state: ServerState, lifespan=None) -> FastAPI:
     async def generate(request: Request, cls, kind):
         arrival = clock()
         try:
-            handles, body = await admit(request, cls, kind)
+            body = await read(request, cls)
+            if body.use_beam_search:
+                return await beam_search(body, kind)
+            handles = admit(body, kind)
         except Refused as e:
             if state.metrics:
                 state.metrics.requests.labels(e.outcome).inc()
@@ -504,22 +507,45 @@ def build_app(state: ServerState, lifespan=None) -> FastAPI:
                 out["prompt_token_ids"] = handles[0].request.input_ids.tolist()
         return out
 
-    async def admit(request: Request, cls, kind) -> tuple[list[Handle], Any]:
-        """Parse, check and submit a request, one handle per choice (prompt i's choice j at
+    async def beam_search(body, kind):
+        """Each prompt's beam search (width best_of, else n; the best n returned), on a worker
+        thread beside the engine's rows (runtime/beam_search.py: one search at a time)."""
+        engine = state.ready()
+        width = getattr(body, "best_of", None) or body.choices
+        choices, p_tokens, c_tokens = [], 0, 0
+        try:
+            for i, prompt in enumerate(kind.prompts(state, body)):
+                max_tokens = kind.max_tokens(body) or max(1, state.max_seq_len - len(prompt))
+                params = BeamParams(num_beams=width, max_new_tokens=max_tokens, length_penalty=1.0 if body.length_penalty is None else body.length_penalty,
+                                    early_stopping=body.early_stopping or False, num_return_sequences=body.choices, ignore_eos=body.ignore_eos,
+                                    stop_token_ids=tuple(body.stop_token_ids or ()), gamma=None if state.gamma in (None, "auto") else state.gamma)  # fmt: skip
+                res = await asyncio.to_thread(engine.beam_search, prompt, params)
+                p_tokens += len(prompt)
+                stop = set(body.stop_token_ids or ()) | (set() if body.ignore_eos else set(state.manifest.eos_token_ids))
+                for j, b in enumerate(res.sequences):
+                    finish = "stop" if b.tokens and b.tokens[-1] in stop else "length"
+                    choice = kind.choice(i * body.choices + j, b.text if b.text is not None else "", finish, True, False)
+                    if body.return_token_ids:
+                        choice["token_ids"] = b.tokens
+                    choices.append(choice)
+                    c_tokens += len(b.tokens)
+        except (FieldError, ValueError) as e:
+            raise Refused(400, str(e), param=getattr(e, "param", None)) from None
+        if state.metrics:
+            state.metrics.requests.labels(choices[0]["finish_reason"]).inc()
+            state.metrics.prompt_tokens.inc(p_tokens)
+            state.metrics.generation_tokens.inc(c_tokens)
+        head = {"id": f"{kind.id_prefix}-{uuid.uuid4().hex}", "object": kind.object, "created": int(time.time()), "model": state.model,
+                "system_fingerprint": state.fingerprint}  # fmt: skip
+        return {**head, "choices": choices, "usage": {"prompt_tokens": p_tokens, "completion_tokens": c_tokens, "total_tokens": p_tokens + c_tokens}}
+
+    def admit(body, kind) -> list[Handle]:
+        """Submit a parsed request (``read``), one handle per choice (prompt i's choice j at
         i * n + j, its seed + j when seeded); a ``Refused`` says why not, and cancels what was
         submitted."""
-        state.check_key(request)
-        check_json(request)
         engine = state.ready()
-        try:
-            raw = loads(await request.body())  # at most MAX_BODY bytes: BodyLimit stops reading there
-        except InputError as e:
-            raise Refused(400, str(e)) from None
         handles: list[Handle] = []
         try:
-            body = parse(cls, raw)
-            if body.model is not None and body.model != state.model:
-                raise Refused(404, f"model {body.model!r} is not served here; this server serves {state.model!r}", param="model", code="model_not_found")
             for prompt in kind.prompts(state, body):
                 max_tokens = kind.max_tokens(body)
                 if max_tokens is None:  # as much as fits
@@ -540,7 +566,7 @@ def build_app(state: ServerState, lifespan=None) -> FastAPI:
             if isinstance(e, (FieldError, ValueError)):  # every specdec input error is a ValueError
                 raise Refused(400, str(e), param=getattr(e, "param", None)) from None
             raise
-        return handles, body
+        return handles
 
     return app
 

@@ -92,6 +92,10 @@ class _Sampling(_Body):
     min_p: float | None = 0.0  # vLLM's extension
     min_tokens: int | None = 0  # vLLM's extension: no EOS / stop_token_ids before this many tokens
     logit_bias: Annotated[dict[str, float], _LEN["logit_bias"]] | None = None  # token id (as a string) -> -100..100
+    # Beam search (vLLM's use_beam_search; Hugging Face's semantics): width best_of (else n), the best n returned
+    use_beam_search: bool = False
+    length_penalty: float | None = 1.0
+    early_stopping: bool | Literal["never"] | None = False
 
     def sampling(self) -> dict[str, Any]:
         """Keyword arguments of ``SamplingParams`` (it checks their values)."""
@@ -273,10 +277,35 @@ def parse(cls: type[_Body], raw: Any) -> _Body:
         what = f"best_of={body.rows}" if best_of else f"n={body.choices}"
         raise FieldError(f"{prompts} prompt(s) x {what} = {prompts * body.rows} {'rows' if best_of else 'choices'}; the limit is {MAX_CHOICES}: "
                          "split the request", "best_of" if best_of else "n")  # fmt: skip
+    _check_beam_fields(body)
     clash = sorted(set(getattr(body, "chat_template_kwargs", None) or ()) & set(RESERVED_TEMPLATE_NAMES))
     if clash:
         raise FieldError(f"chat_template_kwargs: {clash} are set by the request itself; rename or remove them", "chat_template_kwargs")
     return body
+
+
+# Fields beam search does not use, and their "off" values: a beam request setting one gets a 400.
+BEAM_OFF = {"stream": (False, None), "logprobs": (None, False), "top_logprobs": (None,), "echo": (False, None), "top_p": (1.0, None),
+            "top_k": (None, 0, -1), "min_p": (0.0, None), "min_tokens": (0, None), "presence_penalty": (0.0, None),
+            "frequency_penalty": (0.0, None), "repetition_penalty": (1.0, None), "logit_bias": (None,), "stop": (None, [])}  # fmt: skip
+
+
+def _check_beam_fields(body) -> None:
+    """Beam search's own fields only with it; with it, no field it would ignore."""
+    if not body.use_beam_search:
+        for name, off in (("length_penalty", (1.0, None)), ("early_stopping", (False, None))):
+            if getattr(body, name) not in off:
+                raise FieldError(f"{name}={getattr(body, name)!r} applies to beam search only; add use_beam_search=true or drop it", name)
+        return
+    for name, off in BEAM_OFF.items():
+        if hasattr(body, name) and getattr(body, name) not in off:
+            why = "stream=false: beam search returns its beams when it ends" if name == "stream" else "drop it (beam search ranks by the model's own log-probs)"
+            raise FieldError(f"{name}={str(getattr(body, name))[:60]!r} is not supported with use_beam_search; {why}", name)
+    if body.temperature not in (None, 0.0, 1.0):
+        raise FieldError(f"temperature={body.temperature}: beam search is deterministic and scores the model's own distribution; "
+                         "send 0, 1 or none with use_beam_search", "temperature")  # fmt: skip
+    if body.length_penalty is not None and not abs(body.length_penalty) < float("inf"):
+        raise FieldError(f"length_penalty={body.length_penalty}: expected a finite number", "length_penalty")
 
 
 def is_list_of_prompts(prompt) -> bool:

@@ -265,22 +265,38 @@ def inspect_cmd(bundle: Path, as_json: bool) -> None:
               help="Check the bundle's files: full digests (once per unchanged file), or sizes only for a bundle you trust (changed bytes would run as another model).")
 @click.option("--threads", default=None, type=int, help="ONNX Runtime intra-op threads per model session [default: one per core].")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with tokens, text and stats.")
+@click.option("--num-beams", default=1, show_default=True, type=int,
+              help="Beam search of this width (Hugging Face's semantics; deterministic): with --gamma > 0 the draft's beams are verified "
+                   "several steps a target call (paper App. A.4), the same result.")  # fmt: skip
+@click.option("--draft-width", default=None, type=int, help="Beam search: the draft's beam width u [default: --num-beams].")
+@click.option("--length-penalty", default=1.0, show_default=True, type=float, help="Beam search: scores are divided by length ** this.")
+@click.option("--early-stopping", default="false", show_default=True, type=click.Choice(["true", "false", "never"]),
+              help="Beam search: stop when num-beams beams finished (true), when none can improve (false), or never before max length.")
+@click.option("--num-return-sequences", default=1, show_default=True, type=int, help="Beam search: the best this many, one per line.")
 def generate_cmd(bundle: Path, prompt: str | None, prompt_ids: str | None, source: str | None, source_ids: str | None, provider: str,
                  verify: str, threads: int | None, as_json: bool, drafter: str, lookup_ngram: int, lookup_max_tokens: int | None, gamma: str | None,
+                 num_beams: int, draft_width: int | None, length_penalty: float, early_stopping: str, num_return_sequences: int,
                  **kw) -> None:  # fmt: skip
     """Decode with a bundle: text (or token ids) to stdout as accepted, a stats line to stderr.
 
-    An encoder-decoder bundle (T5, BART, Marian) takes --source (or --prompt as its source)."""
+    An encoder-decoder bundle (T5, BART, Marian) takes --source (or --prompt as its source).
+    With --num-beams > 1, beam search: the best sequences, one per line, when it ends."""
     from specdec.errors import InputError
     from specdec.runtime.decoder import SpeculativeDecoder
     from specdec.runtime.drafters import LookupDrafter
-    from specdec.runtime.params import SamplingParams
+    from specdec.runtime.params import BeamParams, SamplingParams
 
     params = SamplingParams(gamma=_gamma(gamma), **kw)  # the options map one to one onto its fields
     prompt = _text_or_ids("--prompt", prompt, prompt_ids)
     source = _text_or_ids("--source", source, source_ids)
     if prompt is None and source is None:
         raise InputError("give exactly one of --prompt TEXT and --prompt-ids 1,2,3 (an encoder-decoder bundle: --source TEXT or --source-ids 1,2,3)")
+    beam_only = {"--draft-width": draft_width is not None, "--length-penalty": length_penalty != 1.0, "--early-stopping": early_stopping != "false",
+                 "--num-return-sequences": num_return_sequences != 1}  # fmt: skip
+    if num_beams != 1 or any(beam_only.values()):
+        beams = BeamParams(num_beams, params.max_new_tokens, length_penalty, {"true": True, "false": False}.get(early_stopping, early_stopping),
+                           num_return_sequences, params.ignore_eos, params.stop_token_ids, None if gamma is None else _int_gamma(gamma), draft_width)  # fmt: skip
+        return _beam_search(bundle, prompt, source, beams, params, drafter, provider, threads, verify, as_json)
     lookup = LookupDrafter(max_ngram=lookup_ngram, max_tokens=lookup_max_tokens)  # checked whatever the drafter
     spec = lookup if drafter == "lookup" else drafter
     dec = SpeculativeDecoder.load(bundle, provider=provider, threads=_threads(threads), drafter=spec, verify=verify)
@@ -295,6 +311,43 @@ def generate_cmd(bundle: Path, prompt: str | None, prompt_ids: str | None, sourc
     else:
         click.echo("")
         click.echo(res.stats.line(), err=True)
+
+
+def _int_gamma(gamma: str) -> int:
+    from specdec.errors import InputError
+
+    g = _gamma(gamma)
+    if not isinstance(g, int):
+        raise InputError(f"--gamma {gamma}: beam search takes a fixed number of draft steps (0..the bundle's gamma), not auto")
+    return g
+
+
+def _beam_search(bundle: Path, prompt, source, beams, params, drafter: str, provider: str, threads: int | None, verify: str, as_json: bool) -> None:
+    """``generate --num-beams``: refuse the sampling options beam search does not use, then print the best sequences."""
+    from specdec.errors import InputError
+    from specdec.runtime.decoder import SpeculativeDecoder
+    from specdec.runtime.params import SamplingParams
+
+    used = {"max_new_tokens", "ignore_eos", "stop_token_ids", "gamma"}
+    default = SamplingParams()
+    for name in SamplingParams.names():
+        if name not in used and getattr(params, name) != getattr(default, name):
+            flag = "--" + name.replace("_", "-")
+            raise InputError(f"{flag} {getattr(params, name)}: beam search is deterministic and takes no sampling options; drop it or pass --num-beams 1")
+    if drafter != "model":
+        raise InputError(f"--drafter {drafter}: beam search drafts with the draft model's own beams; drop --drafter or pass --num-beams 1")
+    dec = SpeculativeDecoder.load(bundle, provider=provider, threads=_threads(threads), verify=verify)
+    res = dec.beam_search(prompt, beams, source=source)
+    s = res.stats
+    if as_json:
+        seqs = [{"tokens": b.tokens, "text": b.text, "score": b.score} for b in res.sequences]
+        click.echo(json.dumps({"sequences": seqs, "stats": {"steps": s.steps, "rounds": s.rounds, "target_calls": s.target_calls,
+                                                             "draft_calls": s.draft_calls, "seconds": s.total_seconds}}))  # fmt: skip
+        return
+    for b in res.sequences:
+        click.echo(b.text if b.text is not None else " ".join(map(str, b.tokens)))
+    click.echo(f"{len(res.sequences)} of {beams.num_beams} beams | {s.steps} steps in {s.rounds} target rounds ({s.mean_steps:.2f} a round) | "
+               f"{s.target_calls} target calls, {s.draft_calls} draft calls | {s.total_seconds:.2f} s", err=True)  # fmt: skip
 
 
 SYNTHETIC_OPTION = click.option(

