@@ -49,10 +49,12 @@ clock = time.perf_counter
 class BeamStats:
     steps: int = 0  # beam steps (tokens the longest beam got)
     rounds: int = 0  # target calls that advanced the search (plain: one per step)
-    target_calls: int = 0  # forward calls, prompt included
+    target_calls: int = 0  # forward calls after the prompt's
     draft_calls: int = 0
-    target_tokens: int = 0  # positions the target computed (the prompt's, then each call's feeds)
+    target_tokens: int = 0  # positions the target computed after the prompt (each call's feeds)
     copied_rows: int = 0  # KV rows copied slot to slot (both models)
+    target_seconds: float = 0.0  # in the target's calls (and their slot work), after the prompt
+    draft_seconds: float = 0.0
     prefill_seconds: float = 0.0
     total_seconds: float = 0.0
     steps_per_round: list[int] = field(default_factory=list)
@@ -100,9 +102,9 @@ class BeamSearcher:
         generated tokens); ``gamma`` 0: plain, else speculative with draft width ``width``."""
         t0, stats = clock(), BeamStats()
         models = (self.target, self.draft) if gamma else (self.target,)
-        before = [(m.model.calls, m.fed, m.copied) for m in models]
         for m in models:
             m.start(prompt, source)
+        before = [(m.model.calls, m.fed, m.copied, m.seconds) for m in models]  # the search's own, the prompt excluded
         stats.prefill_seconds = clock() - t0
         state = BeamState(cfg)
         while not state.over:
@@ -111,10 +113,12 @@ class BeamSearcher:
             stats.rounds += 1
             stats.steps_per_round.append(n)
         stats.steps = state.length
-        (tc, tf, tcp), *rest = [(m.model.calls - c, m.fed - f, m.copied - cp) for m, (c, f, cp) in zip(models, before)]
-        stats.target_calls, stats.target_tokens = tc, tf
-        stats.draft_calls = rest[0][0] if rest else 0
-        stats.copied_rows = tcp + (rest[0][2] if rest else 0)
+        (tc, tf, tcp, ts), *rest = [(m.model.calls - c, m.fed - f, m.copied - cp, m.seconds - sec) for m, (c, f, cp, sec) in zip(models, before)]
+        stats.target_calls, stats.target_tokens, stats.target_seconds = tc, tf, ts
+        if rest:
+            stats.draft_calls, _, dcp, stats.draft_seconds = rest[0]
+            tcp += dcp
+        stats.copied_rows = tcp
         stats.total_seconds = clock() - t0
         return state.result(), stats
 

@@ -18,6 +18,7 @@ device cache) is fed instead, so the result never depends on which slot served a
 
 from __future__ import annotations
 
+import time
 from typing import Sequence
 
 import numpy as np
@@ -49,6 +50,7 @@ class PrefixScorer:
         self.prompt_len = 1
         self.fed = 0  # tokens fed (what the search cost), copied rows excluded
         self.copied = 0
+        self.seconds = 0.0  # in run
 
     def start(self, prompt: np.ndarray, source: np.ndarray | None = None) -> None:
         """A new search: every slot emptied (an encoder-decoder's ``source`` encoded into each),
@@ -73,6 +75,7 @@ class PrefixScorer:
     def run(self, paths: Sequence[np.ndarray], spans: Sequence[int]) -> list[np.ndarray]:
         """For path i (prompt + generated, distinct), the next-token log-softmax after each of its
         last ``spans[i]`` prefixes [spans[i], V]: row j follows path[: len - spans[i] + 1 + j]."""
+        t0 = time.perf_counter()
         n = len(paths)
         if n > self.slots:
             raise InputError(f"{n} sequences to score at once; this scorer has {self.slots} slots")
@@ -97,6 +100,7 @@ class PrefixScorer:
                 f = len(feeds[j])
                 out[i] = log_softmax(logits[j, f - spans[i] : f])  # [span, V]
                 self._commit(slot[i], paths[i], keep[i], f)
+        self.seconds += time.perf_counter() - t0
         return out
 
     def _assign(self, match: np.ndarray) -> list[int]:

@@ -11,10 +11,12 @@ over rounds of the summed wall time of its searches, its speedup over plain at t
 beam steps per target round, and the target positions computed per beam step (plain: the
 distinct running beams, about w).
 
-A.4's cost model: a round costs γ draft calls and one target call over up to w + uγ positions
-and advances 1..γ + 1 steps. When a target call's cost is its weights (memory-bound), the gain
-is about steps-per-round x t_p / (t_p' + γ t_q), with t_p' the wider call; when it is its
-arithmetic (compute-bound, this CPU's small models), about w / (positions per step) at best.
+A.4's cost model, two ways: a round costs γ draft calls and one target call over up to w + uγ
+positions, and advances 1..γ + 1 steps.
+- compute-bound (a call costs its positions: small models on this CPU): the gain is at most plain's
+  positions per step over the speculative one's; since u >= w it is below 1 at any acceptance.
+- memory-bound (a call costs its weights, whatever its rows: large models, GPUs): the gain is
+  steps-per-round / (1 + γ c), c a draft call's cost over a plain step's target call (measured).
 Encoder-decoder bundles have batch-1 decoder graphs only, so there every row is a call.
 """
 
@@ -58,7 +60,7 @@ def main() -> None:
     for rnd in range(a.rounds + 1):
         order = configs if rnd % 2 else configs[::-1]
         for w, g, u in order:
-            total, steps, rounds, positions = 0.0, 0, 0, 0
+            total, steps, rounds, positions, t_calls, t_sec, d_calls, d_sec = 0.0, 0, 0, 0, 0, 0.0, 0, 0.0
             for i, p in enumerate(prompts):
                 params = BeamParams(num_beams=w, max_new_tokens=a.tokens, gamma=g, draft_width=u)
                 t0 = time.perf_counter()
@@ -72,21 +74,29 @@ def main() -> None:
                     raise SystemExit(f"w={w} gamma={g} u={u} prompt {i}: {got} != plain {ref[key]}")
                 s = res.stats
                 steps, rounds, positions = steps + s.steps, rounds + s.rounds, positions + s.target_tokens
+                t_calls, t_sec, d_calls, d_sec = t_calls + s.target_calls, t_sec + s.target_seconds, d_calls + s.draft_calls, d_sec + s.draft_seconds
             if rnd:
                 times[(w, g, u)].append(total)
-            stats[(w, g, u)] = {"steps": steps, "rounds": rounds, "positions": positions}
+            stats[(w, g, u)] = {"steps": steps, "rounds": rounds, "positions": positions, "t_call": t_sec / max(t_calls, 1), "d_call": d_sec / max(d_calls, 1),
+                                "d_calls": d_calls}  # fmt: skip
     rows = []
     for w, g, u in configs:
         med = statistics.median(times[(w, g, u)])
         base = statistics.median(times[(w, 0, w)])
-        st = stats[(w, g, u)]
-        rows.append({"w": w, "gamma": g, "u": u if g else None, "seconds": med, "speedup": base / med,
-                     "steps_per_round": st["steps"] / st["rounds"], "positions_per_step": st["positions"] / st["steps"]})  # fmt: skip
+        st, plain = stats[(w, g, u)], stats[(w, 0, w)]
+        spr, pps = st["steps"] / st["rounds"], st["positions"] / st["steps"]
+        c = st["d_call"] / plain["t_call"]  # a draft call's cost over a plain step's target call
+        rows.append({"w": w, "gamma": g, "u": u if g else None, "seconds": med, "speedup": base / med, "steps_per_round": spr,
+                     "positions_per_step": pps, "c": c if g else None,
+                     "compute_bound": plain["positions"] / plain["steps"] / pps,  # A.4's count: positions computed per beam step, plain / speculative
+                     "memory_bound": spr / (1 + st["d_calls"] / st["rounds"] * c)})  # a verify call costing a plain step's call  # fmt: skip
     lines = [f"bundle {a.bundle.name}: {len(prompts)} {corpus} prompts of {a.prompt_tokens} tokens, {a.tokens} new, median of {a.rounds} rounds",
-             "", "| w | γ | u | s (all prompts) | speedup vs plain | steps / target round | target positions / step |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+             "", "| w | γ | u | s (all prompts) | speedup vs plain | steps / target round | target positions / step | c (draft call / target step) | "
+             "A.4 compute-bound | A.4 memory-bound |", "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in rows:
-        u = "—" if r["u"] is None else r["u"]
-        lines.append(f"| {r['w']} | {r['gamma']} | {u} | {r['seconds']:.3f} | {r['speedup']:.2f}× | {r['steps_per_round']:.2f} | {r['positions_per_step']:.1f} |")
+        u, c = ("—", "—") if r["u"] is None else (r["u"], f"{r['c']:.2f}")
+        lines.append(f"| {r['w']} | {r['gamma']} | {u} | {r['seconds']:.3f} | {r['speedup']:.2f}× | {r['steps_per_round']:.2f} | {r['positions_per_step']:.1f} | {c} | "
+                     f"{r['compute_bound']:.2f}× | {r['memory_bound']:.2f}× |")  # fmt: skip
     text = "\n".join(lines)
     print(text)
     if a.out:

@@ -143,3 +143,20 @@ def test_bad_beam_requests_are_refused(llama_bundle):
         dec.beam_search([5, 10**6])
     assert isinstance(dec.beam_search([5, 6], num_beams=2, max_new_tokens=3).tokens, list)  # still serves after refusals
     assert np.isfinite(dec.beam_search([5, 6], num_beams=2, max_new_tokens=3, gamma=2).sequences[0].score)
+
+
+@pytest.mark.parametrize("family_bundle", ["llama"], indirect=True)
+def test_batch_engine_beam_search_beside_rows_in_flight(family_bundle):
+    """``BatchEngine.beam_search`` runs on the engine's sessions next to the rows its thread
+    decodes: the beams equal the decoder's, and the rows their lone greedy outputs."""
+    from specdec.runtime.batch import BatchEngine
+
+    out = family_bundle[3]
+    dec = SpeculativeDecoder.load(out)
+    lone = [dec.generate(p, max_new_tokens=100, ignore_eos=True).tokens for p in PROMPTS]
+    want = [dec.beam_search(p, num_beams=3, num_return_sequences=3, max_new_tokens=20, ignore_eos=True, gamma=2, draft_width=6) for p in PROMPTS[:2]]
+    with BatchEngine(out, max_batch=4) as engine:
+        handles = [engine.submit(p, max_new_tokens=100, ignore_eos=True) for p in PROMPTS]
+        got = [engine.beam_search(p, num_beams=3, num_return_sequences=3, max_new_tokens=20, ignore_eos=True, gamma=2, draft_width=6) for p in PROMPTS[:2]]
+        assert [h.result().tokens for h in handles] == lone
+    assert [[b.tokens for b in r.sequences] for r in got] == [[b.tokens for b in r.sequences] for r in want]
