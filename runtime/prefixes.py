@@ -64,13 +64,17 @@ class PrefixScorer:
         if len(prompt) > 1:
             self._feed_alone(0, prompt, 0, len(prompt) - 1)
 
-    def _match(self, s: int, path: np.ndarray, cap: int) -> int:
-        """Rows of slot ``s`` that ``path`` can keep (at most ``cap``). Every path extends the
-        prompt and every slot holds a prefix of it, so the comparison starts past it."""
-        n = min(self.model.length(s), cap)
-        lo = min(n, self.prompt_len - 1)
-        diff = np.flatnonzero(self.tokens[s, lo:n] != path[lo:n])
-        return lo + int(diff[0]) if diff.size else n
+    def _matches(self, path: np.ndarray, cap: int, lengths: np.ndarray) -> np.ndarray:
+        """Rows of each slot that ``path`` can keep (at most ``cap``) [slots]. Every path extends
+        the prompt and every slot holds a prefix of it, so the comparison starts past it."""
+        keep = np.minimum(lengths, cap)  # [slots]
+        lo, hi = self.prompt_len - 1, int(keep.max())
+        if hi <= lo:
+            return keep
+        differ = self.tokens[:, lo:hi] != path[lo:hi]  # [slots, hi - lo]
+        differ |= np.arange(lo, hi) >= keep[:, None]  # past a slot's rows
+        first = np.where(differ.any(axis=1), differ.argmax(axis=1) + lo, hi)
+        return np.minimum(first, keep)
 
     def run(self, paths: Sequence[np.ndarray], spans: Sequence[int]) -> list[np.ndarray]:
         """For path i (prompt + generated, distinct), the next-token log-softmax after each of its
@@ -83,7 +87,8 @@ class PrefixScorer:
             if not 1 <= sp <= min(len(p) - self.prompt_len + 1, self.chunk) or len(p) > self.max_seq:
                 raise InputError(f"a path of {len(p)} tokens scored at its last {sp}: expected 1..{min(len(p) - self.prompt_len + 1, self.chunk)} "
                                  f"positions past the prompt, within max-seq-len {self.max_seq}")  # fmt: skip
-        match = np.array([[self._match(s, p, len(p) - sp) for s in range(self.slots)] for p, sp in zip(paths, spans)])  # [n, slots]
+        lengths = np.array([self.model.length(s) for s in range(self.slots)])  # [slots]
+        match = np.stack([self._matches(p, len(p) - sp, lengths) for p, sp in zip(paths, spans)])  # [n, slots]
         slot = self._assign(match)
         keep = self._copy(paths, match, slot)
         out: list[np.ndarray] = [np.empty(0)] * n
@@ -92,8 +97,9 @@ class PrefixScorer:
             if len(p) - keep[i] > self.chunk:  # longer than a batched call takes: fed alone up to its scored positions
                 self._feed_alone(s, p, keep[i], len(p) - sp)
                 keep[i] = len(p) - sp
+        order = sorted(range(n), key=lambda i: slot[i])  # a slot keeps its row of the call: fewer buffer rebinds
         for lo in range(0, n, self.rows):
-            group = range(lo, min(n, lo + self.rows))
+            group = order[lo : lo + self.rows]
             feeds = [paths[i][keep[i] :] for i in group]
             logits = self.model.forward([slot[i] for i in group], feeds)  # [g, S, V]
             for j, i in enumerate(group):

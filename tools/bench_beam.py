@@ -44,6 +44,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--hf", type=Path, default=None, help="the target's checkpoint: also time transformers' generate(num_beams=w) and check its beams")
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args()
     dec = SpeculativeDecoder.load(a.bundle, threads=a.threads)
@@ -54,6 +55,9 @@ def main() -> None:
     for w in ints(a.widths):
         configs.append((w, 0, w))
         configs += [(w, g, w * f) for g in ints(a.gammas) for f in ints(a.draft_widths)]
+    hf = HF(a.hf, dec.manifest) if a.hf else None
+    if hf:
+        configs += [(w, -1, w) for w in ints(a.widths)]  # γ = -1: transformers
     times: dict[tuple, list[float]] = {c: [] for c in configs}
     stats: dict[tuple, dict] = {}
     ref: dict[tuple, list] = {}
@@ -62,11 +66,18 @@ def main() -> None:
         for w, g, u in order:
             total, steps, rounds, positions, t_calls, t_sec, d_calls, d_sec = 0.0, 0, 0, 0, 0, 0.0, 0, 0.0
             for i, p in enumerate(prompts):
+                key = (w, i)
+                if g < 0:
+                    t0 = time.perf_counter()
+                    got = hf.beams(p, w, a.tokens)
+                    total += time.perf_counter() - t0
+                    if key in ref and got != ref[key]:
+                        raise SystemExit(f"transformers w={w} prompt {i}: {got} != specdec's {ref[key]}")
+                    continue
                 params = BeamParams(num_beams=w, max_new_tokens=a.tokens, gamma=g, draft_width=u)
                 t0 = time.perf_counter()
                 res = dec.beam_search(p, params)
                 total += time.perf_counter() - t0
-                key = (w, i)
                 got = [b.tokens for b in res.sequences]
                 if g == 0:
                     ref.setdefault(key, got)
@@ -77,16 +88,21 @@ def main() -> None:
                 t_calls, t_sec, d_calls, d_sec = t_calls + s.target_calls, t_sec + s.target_seconds, d_calls + s.draft_calls, d_sec + s.draft_seconds
             if rnd:
                 times[(w, g, u)].append(total)
+            if g < 0:
+                continue
             stats[(w, g, u)] = {"steps": steps, "rounds": rounds, "positions": positions, "t_call": t_sec / max(t_calls, 1), "d_call": d_sec / max(d_calls, 1),
                                 "d_calls": d_calls}  # fmt: skip
     rows = []
     for w, g, u in configs:
         med = statistics.median(times[(w, g, u)])
         base = statistics.median(times[(w, 0, w)])
+        if g < 0:
+            rows.append({"w": w, "gamma": None, "u": None, "runtime": "transformers", "seconds": med, "speedup": base / med})
+            continue
         st, plain = stats[(w, g, u)], stats[(w, 0, w)]
         spr, pps = st["steps"] / st["rounds"], st["positions"] / st["steps"]
         c = st["d_call"] / plain["t_call"]  # a draft call's cost over a plain step's target call
-        rows.append({"w": w, "gamma": g, "u": u if g else None, "seconds": med, "speedup": base / med, "steps_per_round": spr,
+        rows.append({"w": w, "gamma": g, "u": u if g else None, "runtime": "specdec", "seconds": med, "speedup": base / med, "steps_per_round": spr,
                      "positions_per_step": pps, "c": c if g else None,
                      "compute_bound": plain["positions"] / plain["steps"] / pps,  # A.4's count: positions computed per beam step, plain / speculative
                      "memory_bound": spr / (1 + st["d_calls"] / st["rounds"] * c)})  # a verify call costing a plain step's call  # fmt: skip
@@ -94,6 +110,9 @@ def main() -> None:
              "", "| w | γ | u | s (all prompts) | speedup vs plain | steps / target round | target positions / step | c (draft call / target step) | "
              "A.4 compute-bound | A.4 memory-bound |", "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in rows:
+        if r["runtime"] == "transformers":
+            lines.append(f"| {r['w']} | transformers | — | {r['seconds']:.3f} | {r['speedup']:.2f}× | 1 | — | — | — | — |")
+            continue
         u, c = ("—", "—") if r["u"] is None else (r["u"], f"{r['c']:.2f}")
         lines.append(f"| {r['w']} | {r['gamma']} | {u} | {r['seconds']:.3f} | {r['speedup']:.2f}× | {r['steps_per_round']:.2f} | {r['positions_per_step']:.1f} | {c} | "
                      f"{r['compute_bound']:.2f}× | {r['memory_bound']:.2f}× |")  # fmt: skip
@@ -106,13 +125,35 @@ def main() -> None:
         plot(rows, a.out / "beam.png", a.bundle.name)
 
 
+class HF:
+    """transformers' own beam search on the target's checkpoint (PyTorch, this machine's cores)."""
+
+    def __init__(self, path: Path, manifest):
+        import torch
+        from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
+
+        self.torch, self.seq2seq, self.eos = torch, manifest.seq2seq, list(manifest.eos_token_ids)
+        cls = AutoModelForSeq2SeqLM if manifest.seq2seq else AutoModelForCausalLM
+        self.model = cls.from_pretrained(path).eval()
+
+    def beams(self, prompt: list[int], w: int, new: int) -> list[list[int]]:
+        torch = self.torch
+        ids = torch.tensor([prompt])
+        with torch.no_grad():
+            out = self.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, num_beams=w, max_new_tokens=new,
+                                      eos_token_id=self.eos, pad_token_id=self.eos[0])  # fmt: skip
+        seq = out[0, 1 if self.seq2seq else len(prompt) :].tolist()
+        end = next((i + 1 for i, t in enumerate(seq) if t in self.eos), len(seq))
+        return [seq[:end]]
+
+
 def plot(rows: list[dict], path: Path, title: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    spec = [r for r in rows if r["gamma"]]
+    spec = [r for r in rows if r["gamma"]]  # speculative only (not plain, not transformers)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     labels = [f"w{r['w']} γ{r['gamma']} u{r['u']}" for r in spec]
     ax1.barh(labels, [r["speedup"] for r in spec], color="tab:blue")
