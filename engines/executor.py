@@ -205,6 +205,13 @@ class Executor:
             if bound == slot:
                 self._cross_slot[key] = -1  # the runner re-binds: the source length sets the shape
 
+    def share_source(self, src: int, dst: int) -> None:
+        """Slot ``dst`` takes ``src``'s encoded source (its cross K/V), as ``encode`` would write it."""
+        self.cross[dst].copy_from(self.cross[src])
+        for key, bound in self._cross_slot.items():
+            if bound == dst:
+                self._cross_slot[key] = -1  # the runner re-binds: the source length sets the shape
+
     # -- the KV manager (engines/batch.py SlotCache) ----------------------------------------
 
     def slot(self, s: int) -> KVCache:

@@ -109,6 +109,13 @@ class CrossKV:
         b = self.buffers
         return [(b[i].ctypes.data, b[i + 1].ctypes.data) for i in range(0, len(b), 2)]
 
+    def copy_from(self, other: CrossKV) -> None:
+        """Take ``other``'s encoded source (what its encoder wrote), instead of encoding it again."""
+        n = other.heads * other.length * other.head_dim
+        for mine, theirs in zip(self.buffers, other.buffers):
+            mine[:n] = theirs[:n]
+        self.length = other.length
+
     def views(self) -> list[np.ndarray]:
         """key_0, value_0, key_1, ... as [1, H, N, D] arrays over the buffers."""
         n = self.heads * self.length * self.head_dim

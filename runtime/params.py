@@ -137,9 +137,11 @@ class BeamParams:
     ``num_beams`` w, ``length_penalty`` (scores are divided by length ** it), ``early_stopping``
     (True, False or "never"), ``num_return_sequences`` (1..w), ``max_new_tokens``; EOS (unless
     ``ignore_eos``) and ``stop_token_ids`` finish a beam. ``gamma``: draft beam steps a target call
-    verifies (0: plain beam search with the target alone; None: the bundle's γ), and
-    ``draft_width`` u >= 1 (None: w): the draft's beam width (the paper's App. A.4). The result
-    is the same for every gamma and draft_width; only the time differs.
+    verifies (0, the default: plain beam search with the target alone; None: the bundle's γ),
+    and ``draft_width`` u >= 1 (None: w): the draft's beam width (the paper's App. A.4). The
+    result is the same for every gamma and draft_width; only the time differs. Plain is the
+    default because it was the faster wherever target calls cost their positions (every small
+    model on a CPU measured; docs/beam-search.md); speculative pays when they cost their weights.
     """
 
     num_beams: int = 4
@@ -149,7 +151,7 @@ class BeamParams:
     num_return_sequences: int = 1
     ignore_eos: bool = False
     stop_token_ids: Sequence[int] = ()
-    gamma: int | None = None
+    gamma: int | None = 0
     draft_width: int | None = None
 
     def __post_init__(self) -> None:

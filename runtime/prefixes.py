@@ -59,8 +59,10 @@ class PrefixScorer:
         self.prompt_len = len(prompt)
         for s in range(self.slots):
             self.model.reset(s)
-            if source is not None:
+            if source is not None and s == 0:
                 self.model.encode(s, source)
+            elif source is not None:  # encoded once, copied to the other slots
+                self.model.share_source(0, s)
         if len(prompt) > 1:
             self._feed_alone(0, prompt, 0, len(prompt) - 1)
 

@@ -518,7 +518,7 @@ def build_app(state: ServerState, lifespan=None) -> FastAPI:
                 max_tokens = kind.max_tokens(body) or max(1, state.max_seq_len - len(prompt))
                 params = BeamParams(num_beams=width, max_new_tokens=max_tokens, length_penalty=1.0 if body.length_penalty is None else body.length_penalty,
                                     early_stopping=body.early_stopping or False, num_return_sequences=body.choices, ignore_eos=body.ignore_eos,
-                                    stop_token_ids=tuple(body.stop_token_ids or ()), gamma=None if state.gamma in (None, "auto") else state.gamma)  # fmt: skip
+                                    stop_token_ids=tuple(body.stop_token_ids or ()))  # plain: the speculative one pays only on memory-bound targets  # fmt: skip
                 res = await asyncio.to_thread(engine.beam_search, prompt, params)
                 p_tokens += len(prompt)
                 stop = set(body.stop_token_ids or ()) | (set() if body.ignore_eos else set(state.manifest.eos_token_ids))

@@ -266,8 +266,8 @@ def inspect_cmd(bundle: Path, as_json: bool) -> None:
 @click.option("--threads", default=None, type=int, help="ONNX Runtime intra-op threads per model session [default: one per core].")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with tokens, text and stats.")
 @click.option("--num-beams", default=1, show_default=True, type=int,
-              help="Beam search of this width (Hugging Face's semantics; deterministic): with --gamma > 0 the draft's beams are verified "
-                   "several steps a target call (paper App. A.4), the same result.")  # fmt: skip
+              help="Beam search of this width (Hugging Face's semantics; deterministic). Plain unless --gamma > 0: then the draft's beams "
+                   "are verified several steps a target call (paper App. A.4), the same result; it pays only where target calls are memory-bound.")  # fmt: skip
 @click.option("--draft-width", default=None, type=int, help="Beam search: the draft's beam width u [default: --num-beams].")
 @click.option("--length-penalty", default=1.0, show_default=True, type=float, help="Beam search: scores are divided by length ** this.")
 @click.option("--early-stopping", default="false", show_default=True, type=click.Choice(["true", "false", "never"]),
@@ -295,7 +295,7 @@ def generate_cmd(bundle: Path, prompt: str | None, prompt_ids: str | None, sourc
                  "--num-return-sequences": num_return_sequences != 1}  # fmt: skip
     if num_beams != 1 or any(beam_only.values()):
         beams = BeamParams(num_beams, params.max_new_tokens, length_penalty, {"true": True, "false": False}.get(early_stopping, early_stopping),
-                           num_return_sequences, params.ignore_eos, params.stop_token_ids, None if gamma is None else _int_gamma(gamma), draft_width)  # fmt: skip
+                           num_return_sequences, params.ignore_eos, params.stop_token_ids, 0 if gamma is None else _int_gamma(gamma), draft_width)  # fmt: skip
         return _beam_search(bundle, prompt, source, beams, params, drafter, provider, threads, verify, as_json)
     lookup = LookupDrafter(max_ngram=lookup_ngram, max_tokens=lookup_max_tokens)  # checked whatever the drafter
     spec = lookup if drafter == "lookup" else drafter

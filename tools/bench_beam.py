@@ -1,7 +1,8 @@
 """Speculative beam search (the paper's App. A.4) against plain beam search, side by side on one bundle.
 
     python tools/bench_beam.py BUNDLE [--widths 2,4] [--gammas 1,2,3] [--draft-widths 1,2]
-                               [--prompts 4] [--prompt-tokens 64] [--tokens 64] [--rounds 3] [--out DIR]
+                               [--prompts 4] [--prompt-tokens 64] [--tokens 64] [--rounds 3]
+                               [--chat chat|code] [--hf CHECKPOINT] [--out DIR]
 
 For each beam width w, plain beam search (γ = 0, the target alone, beams as rows) and the
 speculative one for each γ and draft width u = w x each ``--draft-widths`` factor run the same
@@ -15,8 +16,9 @@ A.4's cost model, two ways: a round costs γ draft calls and one target call ove
 positions, and advances 1..γ + 1 steps.
 - compute-bound (a call costs its positions: small models on this CPU): the gain is at most plain's
   positions per step over the speculative one's; since u >= w it is below 1 at any acceptance.
-- memory-bound (a call costs its weights, whatever its rows: large models, GPUs): the gain is
-  steps-per-round / (1 + γ c), c a draft call's cost over a plain step's target call (measured).
+- memory-bound (a call costs its weights, whatever its rows: large models, GPUs): a verify
+  costs a plain step, so the gain is steps-per-round / (1 + c), c a round's draft time over a
+  plain step's target time (both measured).
 Encoder-decoder bundles have batch-1 decoder graphs only, so there every row is a call.
 """
 
@@ -44,12 +46,25 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--chat", choices=["chat", "code"], default=None,
+                    help="SmolLM2's held-out chat or coding requests (tools/smollm2_data.py) through the bundle's chat template, instead of corpus text")
     ap.add_argument("--hf", type=Path, default=None, help="the target's checkpoint: also time transformers' generate(num_beams=w) and check its beams")
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args()
     dec = SpeculativeDecoder.load(a.bundle, threads=a.threads)
     corpus = "functions" if dec.manifest.seq2seq else "stdlib"
     prompts = corpus_prompts(corpus, dec.codec.encode, a.prompts, a.prompt_tokens)
+    if a.chat:
+        import sys
+
+        from specdec.serve.chat import bundle_template
+
+        sys.path.insert(0, str(Path(__file__).parent))
+        from smollm2_data import HELD_OUT, HELD_OUT_CODE
+
+        chat, corpus = bundle_template(a.bundle, dec.manifest, dec.codec), f"held-out {a.chat} requests"
+        texts = (HELD_OUT if a.chat == "chat" else HELD_OUT_CODE)[: a.prompts]
+        prompts = [dec.codec.encode(chat.render([{"role": "user", "content": t}])) for t in texts]
     ints = lambda text: [int(x) for x in text.split(",") if x.strip()]  # noqa: E731
     configs = []
     for w in ints(a.widths):
@@ -64,7 +79,7 @@ def main() -> None:
     for rnd in range(a.rounds + 1):
         order = configs if rnd % 2 else configs[::-1]
         for w, g, u in order:
-            total, steps, rounds, positions, t_calls, t_sec, d_calls, d_sec = 0.0, 0, 0, 0, 0, 0.0, 0, 0.0
+            total, steps, rounds, positions, t_sec, d_sec = 0.0, 0, 0, 0, 0.0, 0.0
             for i, p in enumerate(prompts):
                 key = (w, i)
                 if g < 0:
@@ -85,13 +100,12 @@ def main() -> None:
                     raise SystemExit(f"w={w} gamma={g} u={u} prompt {i}: {got} != plain {ref[key]}")
                 s = res.stats
                 steps, rounds, positions = steps + s.steps, rounds + s.rounds, positions + s.target_tokens
-                t_calls, t_sec, d_calls, d_sec = t_calls + s.target_calls, t_sec + s.target_seconds, d_calls + s.draft_calls, d_sec + s.draft_seconds
+                t_sec, d_sec = t_sec + s.target_seconds, d_sec + s.draft_seconds
             if rnd:
                 times[(w, g, u)].append(total)
             if g < 0:
                 continue
-            stats[(w, g, u)] = {"steps": steps, "rounds": rounds, "positions": positions, "t_call": t_sec / max(t_calls, 1), "d_call": d_sec / max(d_calls, 1),
-                                "d_calls": d_calls}  # fmt: skip
+            stats[(w, g, u)] = {"steps": steps, "rounds": rounds, "positions": positions, "t_step": t_sec / steps, "d_round": d_sec / rounds}
     rows = []
     for w, g, u in configs:
         med = statistics.median(times[(w, g, u)])
@@ -101,13 +115,14 @@ def main() -> None:
             continue
         st, plain = stats[(w, g, u)], stats[(w, 0, w)]
         spr, pps = st["steps"] / st["rounds"], st["positions"] / st["steps"]
-        c = st["d_call"] / plain["t_call"]  # a draft call's cost over a plain step's target call
+        c = st["d_round"] / plain["t_step"]  # a round's draft work, in plain steps (target time)
         rows.append({"w": w, "gamma": g, "u": u if g else None, "runtime": "specdec", "seconds": med, "speedup": base / med, "steps_per_round": spr,
                      "positions_per_step": pps, "c": c if g else None,
                      "compute_bound": plain["positions"] / plain["steps"] / pps,  # A.4's count: positions computed per beam step, plain / speculative
-                     "memory_bound": spr / (1 + st["d_calls"] / st["rounds"] * c)})  # a verify call costing a plain step's call  # fmt: skip
-    lines = [f"bundle {a.bundle.name}: {len(prompts)} {corpus} prompts of {a.prompt_tokens} tokens, {a.tokens} new, median of {a.rounds} rounds",
-             "", "| w | γ | u | s (all prompts) | speedup vs plain | steps / target round | target positions / step | c (draft call / target step) | "
+                     "memory_bound": spr / (1 + c)})  # a verify costing a plain step  # fmt: skip
+    size = f"{a.prompt_tokens} tokens" if not a.chat else "their own length, in the chat template"
+    lines = [f"bundle {a.bundle.name}: {len(prompts)} {corpus} prompts of {size}, {a.tokens} new, median of {a.rounds} rounds",
+             "", "| w | γ | u | s (all prompts) | speedup vs plain | steps / target round | target positions / step | c (draft per round / plain step) | "
              "A.4 compute-bound | A.4 memory-bound |", "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in rows:
         if r["runtime"] == "transformers":

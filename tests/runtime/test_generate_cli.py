@@ -29,6 +29,23 @@ def test_generate_json_matches_the_api(llama_bundle):
     assert json.loads(res.stdout)["tokens"] == dec.generate([5, 17, 42], max_new_tokens=12, ignore_eos=True, **pen).tokens != ref.tokens
 
 
+def test_generate_num_beams_prints_the_beam_search(llama_bundle):
+    """--num-beams: the decoder's beam_search (plain unless --gamma), one line per sequence, or JSON."""
+    out = llama_bundle[2]
+    dec = SpeculativeDecoder.load(out)
+    ref = dec.beam_search([5, 17, 42], num_beams=3, num_return_sequences=2, max_new_tokens=10, length_penalty=0.5, ignore_eos=True)
+    args = ("generate", str(out), "--prompt-ids", "5,17,42", "--max-new-tokens", "10", "--ignore-eos", "--num-beams", "3", "--num-return-sequences", "2",
+            "--length-penalty", "0.5")  # fmt: skip
+    res = run(*args, "--json")
+    assert res.returncode == 0, res.stderr
+    got = json.loads(res.stdout)
+    assert [s["tokens"] for s in got["sequences"]] == [b.tokens for b in ref.sequences] and got["stats"]["rounds"] == got["stats"]["steps"]
+    spec = run(*args, "--json", "--gamma", "2", "--draft-width", "6")
+    assert [s["tokens"] for s in json.loads(spec.stdout)["sequences"]] == [b.tokens for b in ref.sequences]
+    res = run(*args)
+    assert res.stdout == "".join(b.text + "\n" for b in ref.sequences) and "2 of 3 beams" in res.stderr
+
+
 def test_generate_text_streams_to_stdout_and_stats_to_stderr(llama_bundle):
     out = llama_bundle[2]
     kw = ["--max-new-tokens", "16", "--temperature", "0.8", "--top-k", "40", "--seed", "3", "--gamma", "2", "--ignore-eos"]
@@ -54,6 +71,11 @@ def test_generate_text_streams_to_stdout_and_stats_to_stderr(llama_bundle):
         (["--prompt", "a", "--prompt-ids", "1"], "exactly one of"),
         ([], "exactly one of"),
         (["--prompt-ids", "1", "--provider", "cuda"], "onnxruntime lacks"),
+        (["--prompt-ids", "1", "--num-beams", "3", "--temperature", "0.7"], "--temperature 0.7: beam search is deterministic"),
+        (["--prompt-ids", "1", "--num-beams", "3", "--drafter", "lookup"], "--drafter lookup: beam search"),
+        (["--prompt-ids", "1", "--num-beams", "3", "--gamma", "auto"], "--gamma auto: beam search takes a fixed number"),
+        (["--prompt-ids", "1", "--num-beams", "2", "--num-return-sequences", "3", "--max-new-tokens", "8"], "num_return_sequences=3"),
+        (["--prompt-ids", "1", "--num-beams", "2", "--gamma", "9", "--max-new-tokens", "8"], "gamma=9"),
     ],
 )
 def test_generate_bad_input_exits_2_with_one_line(llama_bundle, args, msg):
