@@ -91,10 +91,10 @@ class BeamSearcher:
 
     def __init__(self, bundle: Path, manifest: Manifest, sessions: dict, provider: str, slots: tuple[int, int], rows: int):
         """``slots``: the target's and the draft's (a round scores up to w + uγ target paths,
-        the draft's steps up to max(w, u))."""
+        the draft's steps up to max(w, u)); 0 draft slots: plain search only, no draft."""
         self.manifest, self.slots = manifest, slots
         self.target = PrefixScorer(Executor(bundle, manifest, "target", sessions, provider, slots[0], None, min(rows, slots[0])))
-        self.draft = PrefixScorer(Executor(bundle, manifest, "draft", sessions, provider, slots[1], None, min(rows, slots[1])))
+        self.draft = PrefixScorer(Executor(bundle, manifest, "draft", sessions, provider, slots[1], None, min(rows, slots[1]))) if slots[1] else None
 
     def search(self, prompt: np.ndarray, cfg: BeamConfig, width: int = 0, gamma: int = 0,
                source: np.ndarray | None = None) -> tuple[list[Beam], BeamStats]:  # fmt: skip
@@ -187,12 +187,15 @@ class BeamRunner:
             raise ConfigError(f"gamma={gamma}: this bundle verifies up to {m.gamma} draft steps a call; pass 0..{m.gamma}")
         w = params.num_beams
         width = w if params.draft_width is None else params.draft_width
-        need = (w + width * gamma, w + width) if gamma else (w, 1)  # target paths a round scores; draft beams
+        need = (w + width * gamma, w + width) if gamma else (w, 0)  # target paths a round scores; draft beams (none: plain)
+        if m.max_batch > 1:  # at least 2 slots a model: its rows graph runs every call (the batch-1 graphs may not be open)
+            need = tuple(max(2, n) if n else 0 for n in need)
         with self.lock:
             if self.searcher is None or any(a < b for a, b in zip(self.searcher.slots, need)):
                 slots = tuple(max(a, b) for a, b in zip(need, self.searcher.slots if self.searcher else need))
                 rows = min(m.max_batch, max(slots)) if m.max_batch > 1 else 1
-                missing = [n for n in graph_names(m, ("target", "draft"), rows, fused=False) if n not in self.sessions]
+                models = ("target", "draft") if slots[1] else ("target",)
+                missing = [n for n in graph_names(m, models, rows, fused=False) if n not in self.sessions]
                 self.sessions.update(open_sessions(self.bundle, m, missing, self.provider, self.threads))
                 self.searcher = None  # the old slots go before the new ones are allocated
                 self.searcher = BeamSearcher(self.bundle, m, self.sessions, self.provider, slots, rows)

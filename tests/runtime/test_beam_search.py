@@ -158,5 +158,8 @@ def test_batch_engine_beam_search_beside_rows_in_flight(family_bundle):
     with BatchEngine(out, max_batch=4) as engine:
         handles = [engine.submit(p, max_new_tokens=100, ignore_eos=True) for p in PROMPTS]
         got = [engine.beam_search(p, num_beams=3, num_return_sequences=3, max_new_tokens=20, ignore_eos=True, gamma=2, draft_width=6) for p in PROMPTS[:2]]
+        # plain searches too (no draft: the engine opened only the rows graphs, and a beam of one is not a batch-1 call)
+        plain = [engine.beam_search(PROMPTS[0], num_beams=w, max_new_tokens=20, ignore_eos=True) for w in (3, 1)]
         assert [h.result().tokens for h in handles] == lone
     assert [[b.tokens for b in r.sequences] for r in got] == [[b.tokens for b in r.sequences] for r in want]
+    assert plain[0].tokens == want[0].tokens and plain[1].tokens == dec.beam_search(PROMPTS[0], num_beams=1, max_new_tokens=20, ignore_eos=True).tokens
