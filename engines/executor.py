@@ -201,16 +201,18 @@ class Executor:
         """Run the encoder on a request's source [N] into ``slot``'s cross K/V."""
         self.encoder.cross = self.cross[slot]
         self.encoder.run(source)
-        for key, bound in self._cross_slot.items():
-            if bound == slot:
-                self._cross_slot[key] = -1  # the runner re-binds: the source length sets the shape
+        self._unbind_cross(slot)
 
     def share_source(self, src: int, dst: int) -> None:
         """Slot ``dst`` takes ``src``'s encoded source (its cross K/V), as ``encode`` would write it."""
         self.cross[dst].copy_from(self.cross[src])
+        self._unbind_cross(dst)
+
+    def _unbind_cross(self, slot: int) -> None:
+        """A batch-1 runner bound to ``slot``'s cross K/V re-binds on its next call (the source length sets the shape)."""
         for key, bound in self._cross_slot.items():
-            if bound == dst:
-                self._cross_slot[key] = -1  # the runner re-binds: the source length sets the shape
+            if bound == slot:
+                self._cross_slot[key] = -1
 
     # -- the KV manager (engines/batch.py SlotCache) ----------------------------------------
 

@@ -133,8 +133,7 @@ class BatchEngine:
         own KV slots, beside the rows the engine thread decodes (one search at a time)."""
         params = params if params is not None else BeamParams.of(**fields)
         m = self.manifest
-        sampling = SamplingParams(max_new_tokens=params.max_new_tokens, ignore_eos=params.ignore_eos, stop_token_ids=params.stop_token_ids)
-        req = make_request(prompt, sampling, self.limits, self.codec, source, m.decoder_start_token_id if m.seq2seq else None)
+        req = make_request(prompt, params.request_params, self.limits, self.codec, source, m.decoder_start_token_id if m.seq2seq else None)
         return self.beams.run(req, params)
 
     def generate_many(self, prompts: Sequence[str | Sequence[int]], **kw) -> list:

@@ -152,8 +152,7 @@ class SpeculativeDecoder:
         ``length_penalty=``, ``early_stopping=``, ``num_return_sequences=``, ``ignore_eos=``,
         ``stop_token_ids=``, ``gamma=``, ``draft_width=``). Inputs as ``request``."""
         params = params if params is not None else BeamParams.of(**fields)
-        sampling = SamplingParams(max_new_tokens=params.max_new_tokens, ignore_eos=params.ignore_eos, stop_token_ids=params.stop_token_ids)
-        req = self.request(prompt, sampling, source=source)
+        req = self.request(prompt, params.request_params, source=source)
         if self._beams is None:
             self._beams = BeamRunner(self.bundle, self.manifest, self.sessions, self.provider, self.threads, self.codec)
         self.acquire()

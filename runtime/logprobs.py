@@ -12,6 +12,8 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
+from specdec.runtime.sampling import log_softmax
+
 LOGPROBS_MODES = ("raw", "processed")  # vLLM's raw_logprobs / processed_logprobs
 MAX_LOGPROBS = 20  # alternatives per token (OpenAI's top_logprobs bound; vLLM's default max_logprobs)
 
@@ -27,10 +29,7 @@ class TokenLogprob(NamedTuple):
 
 def score(logits: np.ndarray, tokens: Sequence[int], k: int) -> list[TokenLogprob]:
     """Row i of ``logits`` [n, V] scores ``tokens[i]``, with its top ``k`` alternatives."""
-    x = np.asarray(logits, dtype=np.float64)  # [n, V]
-    lp = x - x.max(axis=-1, keepdims=True)
-    lp -= np.log(np.exp(lp).sum(axis=-1, keepdims=True))  # log-softmax [n, V]
-    return _pick(lp, tokens, k)
+    return _pick(log_softmax(logits), tokens, k)  # [n, V]
 
 
 def score_probs(probs: np.ndarray, tokens: Sequence[int], k: int) -> list[TokenLogprob]:

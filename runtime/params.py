@@ -165,9 +165,14 @@ class BeamParams:
             if v is not None and (not is_int(v) or v < (0 if name == "gamma" else 1) or v > MAX_BEAMS * 2):
                 raise InputError(f"{name}={v!r}: expected an integer {'0' if name == 'gamma' else '1'}..{MAX_BEAMS * 2} or None")
         # the rest (early_stopping, num_return_sequences, max_new_tokens) as BeamConfig checks them
-        SamplingParams(max_new_tokens=self.max_new_tokens, stop_token_ids=self.stop_token_ids)
-        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        object.__setattr__(self, "stop_token_ids", self.request_params.stop_token_ids)
         self.config(())
+
+    @property
+    def request_params(self) -> SamplingParams:
+        """What the request's checks take of it (lengths, stop tokens): ``make_request`` builds
+        the prompt, the source and the set of tokens that finish a beam from it."""
+        return SamplingParams(max_new_tokens=self.max_new_tokens, ignore_eos=self.ignore_eos, stop_token_ids=self.stop_token_ids)
 
     def config(self, eos: Sequence[int]) -> BeamConfig:
         """The search's semantics, with ``eos``: the tokens that finish a beam."""

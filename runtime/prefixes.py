@@ -25,13 +25,7 @@ import numpy as np
 
 from specdec.engines.executor import Executor
 from specdec.errors import InputError
-
-
-def log_softmax(x: np.ndarray) -> np.ndarray:
-    """float32, as ``torch.log_softmax(logits.float())`` (Hugging Face's beam scores)."""
-    x = np.asarray(x, dtype=np.float32)
-    m = x.max(axis=-1, keepdims=True)
-    return x - (m + np.log(np.exp(x - m).sum(axis=-1, keepdims=True)))
+from specdec.runtime.sampling import log_softmax
 
 
 class PrefixScorer:
@@ -106,7 +100,7 @@ class PrefixScorer:
             logits = self.model.forward([slot[i] for i in group], feeds)  # [g, S, V]
             for j, i in enumerate(group):
                 f = len(feeds[j])
-                out[i] = log_softmax(logits[j, f - spans[i] : f])  # [span, V]
+                out[i] = log_softmax(logits[j, f - spans[i] : f], np.float32)  # [span, V], as HF's beam scores
                 self._commit(slot[i], paths[i], keep[i], f)
         self.seconds += time.perf_counter() - t0
         return out

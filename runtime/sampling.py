@@ -57,6 +57,14 @@ def softmax(logits: np.ndarray) -> np.ndarray:
     return z
 
 
+def log_softmax(logits: np.ndarray, dtype=np.float64) -> np.ndarray:
+    """Row-wise log-softmax over the last axis, computed in ``dtype`` (float32 reproduces
+    ``torch.log_softmax(logits.float())``, Hugging Face's beam scores)."""
+    x = np.array(logits, dtype=dtype)  # a copy: [..., V]
+    x -= x.max(axis=-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+
+
 def _top_k_mask(scores: np.ndarray, k: int) -> np.ndarray:
     """True where a score is below the k-th largest (HF: ties with the k-th are kept)."""
     if k >= scores.shape[-1]:

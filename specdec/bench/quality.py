@@ -20,12 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-
-def log_softmax(logits: np.ndarray) -> np.ndarray:
-    """Row-wise log-softmax in float64 (positions x vocabulary)."""
-    x = logits.astype(np.float64)
-    x -= x.max(axis=-1, keepdims=True)
-    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+from specdec.runtime.sampling import log_softmax  # float64, positions x vocabulary (re-exported)
 
 
 def nll(logp: np.ndarray, tokens: Sequence[int]) -> np.ndarray:
