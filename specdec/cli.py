@@ -14,6 +14,8 @@ from pathlib import Path
 import click
 
 from specdec import __version__
+from specdec.bench.peers.cli import bench_peers_cmd
+from specdec.bench.serve import bench_serve_cmd
 from specdec.errors import ConfigError, SpecDecError
 from specdec.runtime.drafters import DRAFTERS
 
@@ -378,6 +380,7 @@ def bench_cmd(bundle: Path, gammas: str | None, drafters: str, adaptive: bool, t
     from specdec import bench
     from specdec.bench.corpus import CODE_PACKAGES, SOURCE_CORPORA
     from specdec.bench.floor import Floor
+    from specdec.bench.report import write_results
     from specdec.errors import ConfigError, InputError
     from specdec.runtime.decoder import SpeculativeDecoder
 
@@ -433,15 +436,8 @@ def bench_cmd(bundle: Path, gammas: str | None, drafters: str, adaptive: bool, t
         header = banner(synthetic_acceptance) + header
     md = header + "\n" + "\n".join(text)
     click.echo(md)
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "results.md").write_text(md)
-        (out / "results.json").write_text(json.dumps({**({"synthetic_acceptance": synthetic_acceptance} if synthetic_acceptance is not None else {}),
-                                                      **{k: bench.as_dict(v) for k, v in results.items()}}, indent=1))
-        try:
-            bench.plot(results, out / "bench.png")
-        except ImportError:
-            click.echo("plots need matplotlib: pip install 'specdec[bench]'", err=True)
+    data = {**({"synthetic_acceptance": synthetic_acceptance} if synthetic_acceptance is not None else {}), **{k: bench.as_dict(v) for k, v in results.items()}}
+    write_results(out, md, data, plot=lambda path: bench.plot(results, path))
 
 
 @cli.command("bench-batch")
@@ -460,6 +456,7 @@ def bench_batch_cmd(bundle: Path, concurrency: str, temperatures: str, requests:
     """The batched engine under N concurrent clients: adaptive, fixed and no speculation, and fork per thread."""
     from specdec.bench import held_out_prompts
     from specdec.bench.load import markdown, plot, sweep
+    from specdec.bench.report import write_results
     from specdec.errors import InputError
     from specdec.manifest import load_manifest
     from specdec.runtime.text import TextCodec
@@ -488,14 +485,11 @@ def bench_batch_cmd(bundle: Path, concurrency: str, temperatures: str, requests:
         header = banner(synthetic_acceptance) + header
     md = markdown(rows, header)
     click.echo(md)
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "results.md").write_text(md)
-        (out / "results.json").write_text(json.dumps(rows, indent=1))
-        try:
-            plot(rows, out / "load.png")
-        except ImportError:
-            click.echo("plots need matplotlib: pip install 'specdec[bench]'", err=True)
+    write_results(out, md, rows, plot=lambda path: plot(rows, path.with_name("load.png")))
+
+
+cli.add_command(bench_serve_cmd)  # `specdec serve` under load: specdec/bench/serve.py
+cli.add_command(bench_peers_cmd)  # specdec against the peers on one pair: specdec/bench/peers/
 
 
 def _text_or_ids(option: str, text: str | None, ids: str | None) -> str | list[int] | None:

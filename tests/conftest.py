@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))  # tests/models.py
+pytest_plugins = ["timing"]  # the time budget, reported every run (tests/timing.py)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -10,7 +10,7 @@ Per model (``specdec.bench.quality`` defines the figures):
 - perplexity, mean KL(p_fp32 || p) and the largest |Δ logit| on held-out text: ``--windows`` windows of
   ``--window`` tokens, half English prose (docstrings of the held-out stdlib files), half
   Python source (held-out stdlib files), each from an empty cache;
-- greedy tokens kept: the chat prompts ``smollm2_data.HELD_OUT[:--prompts]`` through the chat
+- greedy tokens kept: the chat prompts ``specdec.bench.corpus.HELD_OUT[:--prompts]`` through the chat
   template, ``--steps`` greedy tokens each (EOS ignored), counted up to the first token that
   differs from the float32 bundle's;
 - autoregressive tokens/s of those greedy runs (decoding after the prefill), rounds
@@ -36,8 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from smollm2_data import HELD_OUT  # noqa: E402
+from specdec.bench.corpus import HELD_OUT
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs" / "bench" / "quality" / "results.json"
@@ -46,10 +45,9 @@ LLAMA_PY = ROOT / ".bench" / "llamacpp-venv" / "bin" / "python"
 
 def llama_python() -> Path:
     if not LLAMA_PY.exists():
-        from peers.llamacpp import VENV
-        from peers.venv import ensure_venv
+        from specdec.bench.peers.venv import LLAMACPP, default_work, ensure_venv
 
-        ensure_venv(VENV)
+        return ensure_venv(LLAMACPP, default_work())  # specdec bench-peers' llama.cpp venv
     return LLAMA_PY
 
 

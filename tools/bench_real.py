@@ -6,7 +6,7 @@
 
 The bundle is the real-model demo's (``specdec demo --model smollm2`` exports and caches it:
 the package's GGUF as target, models/smollm2-draft as draft, γ = 4). ``--kind chat``: the
-prompts are ``smollm2_data.HELD_OUT``, everyday chat questions, a kind no training prompt of
+prompts are ``specdec.bench.corpus.HELD_OUT``, everyday chat questions, a kind no training prompt of
 the draft was (those were built from Python docstrings and code); ``--kind code``:
 ``HELD_OUT_CODE``, coding requests written here, the draft's domain but none of its prompts.
 Each prompt goes through the chat template.
@@ -30,8 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from smollm2_data import HELD_OUT, HELD_OUT_CODE  # noqa: E402
+from specdec.bench.corpus import HELD_OUT, HELD_OUT_CODE
 
 KINDS = {"chat": HELD_OUT, "code": HELD_OUT_CODE}
 
@@ -108,8 +107,8 @@ def main() -> None:
         import torch
         from transformers import AutoModelForCausalLM
 
-        sys.path.insert(0, str(ROOT / "tools"))
-        from smollm2_data import checkpoint
+        sys.path.insert(0, str(ROOT / "tools" / "train"))
+        from smollm2_draft import checkpoint
 
         model = AutoModelForCausalLM.from_pretrained(checkpoint(), dtype=torch.float32).eval()
         refs = [reference_greedy(model, p, a.max_new, eos) for p in prompts]

@@ -10,6 +10,9 @@ Two corpora:
 - ``functions`` / ``code-functions``: whole functions of the held-out stdlib files / of the
   third-party packages, as *sources* for encoder-decoder bundles (the seq2seq demo pair
   rewrites a function with its local names normalized).
+
+And for chat models (the SmolLM2 benchmarks), requests written here: ``HELD_OUT``, everyday
+chat, and ``HELD_OUT_CODE``, coding requests; no training prompt of the SmolLM2 draft was either.
 """
 
 from __future__ import annotations
@@ -25,6 +28,35 @@ CODE_PACKAGES = ("numpy", "click", "tqdm", "onnxruntime")
 CORPORA = ("stdlib", "code", "functions", "code-functions")
 SOURCE_CORPORA = ("functions", "code-functions")  # sources for encoder-decoder bundles
 _DEF = re.compile(r"^[ \t]*(?:async[ \t]+)?def[ \t]", re.MULTILINE)
+
+# Everyday chat, written here; no template of tools/train/smollm2_draft.py makes prompts of this kind.
+HELD_OUT = (
+    "Why is the sky blue?",
+    "Give me three tips for sleeping better.",
+    "What should I pack for a weekend hiking trip?",
+    "Explain the difference between weather and climate.",
+    "Write a short poem about autumn leaves.",
+    "How do vaccines train the immune system?",
+    "What are the main causes of inflation?",
+    "Suggest a simple recipe for dinner with rice and vegetables.",
+    "How can I improve my public speaking?",
+    "What is the water cycle?",
+    "Describe a good morning routine for a student.",
+    "Why do cats purr?",
+)
+
+# Coding requests, written here: the SmolLM2 draft's domain (its training prompts asked for code
+# and explanations of installed Python), but none of these prompts or their functions is among them.
+HELD_OUT_CODE = (
+    "Write a Python function that checks whether a number is prime.",
+    "Write a Python function that reverses the words in a sentence.",
+    "Write a Python function that returns the n-th Fibonacci number.",
+    "Write a Python function that counts the vowels in a string.",
+    "Write a Python function that merges two sorted lists into one sorted list.",
+    "Explain what a Python list comprehension is, with an example.",
+    "Write a Python class for a simple bank account with deposit and withdraw methods.",
+    "Write a Python function that removes duplicates from a list while keeping the order.",
+)
 
 
 def stdlib_files(held_out: bool) -> list[Path]:

@@ -7,6 +7,8 @@ from pathlib import Path
 
 from specdec.bench.sweep import Row
 
+REPO = Path(__file__).resolve().parents[2]  # the checkout, when specdec runs from one
+
 
 def markdown(title: str, rows: list[Row]) -> str:
     lines = [f"**{title}**", "",
@@ -24,15 +26,98 @@ def markdown(title: str, rows: list[Row]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_results(out: Path | None, md: str, rows) -> None:
-    """``results.md`` and ``results.json`` (``rows``, JSON-ready) in ``out``; nothing when None."""
-    if out is None:
-        return
-    import json
+def command_line(argv: list[str] | None = None) -> str:
+    """The command that is running, as a user would type it again: ``specdec bench B ...`` for a
+    console script, ``python tools/x.py ...`` (relative to the checkout) for a script."""
+    import os
+    import shlex
+    import sys
 
+    argv = list(sys.argv if argv is None else argv)
+    head = Path(argv[0])
+    if head.suffix == ".py":
+        try:
+            shown = str(head.resolve().relative_to(REPO))
+        except ValueError:
+            shown = str(head)
+        return shlex.join(["python", shown, *argv[1:]])
+    if head.name in ("__main__.py", "-m"):
+        return shlex.join(["python", "-m", "specdec", *argv[1:]])
+    return shlex.join([os.path.basename(argv[0]), *argv[1:]])
+
+
+def provenance(argv: list[str] | None = None) -> dict:
+    """What made a results file: the command line, the commit it ran at (``+dirty`` with
+    uncommitted changes to tracked files; None outside a checkout), when, on what machine,
+    with which library versions."""
+    import datetime
+    import os
+    import platform
+    import subprocess
+    import sys
+    from importlib.metadata import PackageNotFoundError, version
+
+    def git(*args: str) -> str | None:
+        try:
+            run = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return run.stdout.strip() if run.returncode == 0 else None
+
+    commit = git("rev-parse", "--short=12", "HEAD")
+    if commit and git("status", "--porcelain", "--untracked-files=no"):
+        commit += "+dirty"
+    cpu = next((ln.split(":", 1)[1].strip() for ln in _read("/proc/cpuinfo").splitlines() if ln.startswith("model name")), platform.processor())
+    mem = next((int(ln.split()[1]) / 2**20 for ln in _read("/proc/meminfo").splitlines() if ln.startswith("MemTotal:")), None)
+    versions = {"python": platform.python_version()}
+    for dist in ("specdec", "numpy", "onnxruntime", "onnxruntime-gpu", "torch", "transformers"):
+        if dist.replace("-gpu", "") in sys.modules or dist in ("specdec", "numpy"):
+            try:
+                versions[dist] = version(dist)
+            except PackageNotFoundError:
+                pass
+    return {
+        "command": command_line(argv),
+        "commit": commit,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": {"cpu": cpu, "cores": os.cpu_count(), "memory_gib": round(mem, 1) if mem else None, "os": platform.platform()},
+        "versions": versions,
+    }
+
+
+def footer(prov: dict) -> str:
+    """The line a results.md ends with: how to make it again."""
+    at = f" at commit {prov['commit']}" if prov.get("commit") else ""
+    return f"\n_Regenerate: `{prov['command']}`{at}; {prov['machine']['cpu']}, {prov['machine']['cores']} cores._\n"
+
+
+def write_results(out: Path | None, md: str, data, plot=None, name: str = "results") -> dict | None:
+    """``NAME.md`` and ``NAME.json`` in ``out``, each naming the command that made them (the
+    JSON's ``provenance``; a list of rows is stored under ``rows``); ``plot(path)`` draws
+    ``bench.png`` when given and matplotlib is installed. Returns the provenance (None: no ``out``)."""
+    if out is None:
+        return None
+    import json
+    import sys
+
+    prov = provenance()
     out.mkdir(parents=True, exist_ok=True)
-    (out / "results.md").write_text(md)
-    (out / "results.json").write_text(json.dumps(rows, indent=1))
+    (out / f"{name}.md").write_text(md.rstrip("\n") + "\n" + footer(prov))
+    body = {"provenance": prov, **(data if isinstance(data, dict) else {"rows": data})}
+    (out / f"{name}.json").write_text(json.dumps(body, indent=1, default=str))
+    if plot is not None:
+        try:
+            plot(out / "bench.png")
+        except ImportError:
+            print("plots need matplotlib: pip install 'specdec[bench]'", file=sys.stderr)
+    return prov
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return ""
 
 
 def as_dict(rows: list[Row]) -> list[dict]:

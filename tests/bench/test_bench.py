@@ -28,6 +28,10 @@ def test_bench_cli_writes_table_json_and_plot(llama_bundle, tmp_path):
               "--adaptive", "--prompt-tokens", "12", "--tokens", "16", "--rounds", "1", "--out", str(out))
     assert res.returncode == 0, res.stderr
     rows = json.loads((out / "results.json").read_text())
+    prov = rows.pop("provenance")  # the results name the command that made them (docs/bench/README.md)
+    assert prov["command"].split()[:3] in (["specdec", "bench", str(llama_bundle[2])], ["python", "-m", "specdec"]) and "--adaptive" in prov["command"]
+    assert prov["machine"]["cores"] >= 1 and prov["versions"]["onnxruntime"]
+    assert f"`{prov['command']}`" in (out / "results.md").read_text()
     assert set(rows) == {"T=0", "T=1"}
     for r in rows.values():
         assert [(x["drafter"], x["gamma"]) for x in r] == [("-", 0)] + [(d, g) for d in ("model", "lookup", "ngram") for g in (2, 4, "auto")]
@@ -171,7 +175,9 @@ def test_bench_batch_cli_every_mode_and_synthetic_label(llama_bundle, tmp_path):
     res = run("bench-batch", str(llama_bundle[2]), "--concurrency", "1,2", "--temperatures", "0", "--requests", "1", "--prompt-tokens", "12",
               "--tokens", "9", "--synthetic-acceptance", "1", "--timeout", "60", "--out", str(out))
     assert res.returncode == 0, res.stderr
-    rows = json.loads((out / "results.json").read_text())
+    data = json.loads((out / "results.json").read_text())
+    rows = data["rows"]
+    assert "bench-batch" in data["provenance"]["command"]
     assert {(r["concurrency"], r["mode"]) for r in rows} == {(n, m) for n in (1, 2) for m in ("batched adaptive", "batched γ=4", "batched plain", "fork per thread")}
     assert all(r["synthetic_acceptance"] == 1.0 and r["tok_s"] > 0 and r.get("errors", 0) == 0 for r in rows)
     assert res.stdout.startswith("SYNTHETIC") and (out / "results.md").read_text().startswith("SYNTHETIC")

@@ -1,40 +1,20 @@
-"""Train specdec's seq2seq demo pair (T5 target + T5 draft) on this machine's CPython standard library, offline and seeded.
+"""Train specdec's seq2seq demo pair (models/demo/seq2seq: T5 target + T5 draft) on this machine's CPython standard library, offline and seeded.
 
-Task: *local-name normalization* of Python functions. Source: a function from the stdlib
-(top-level or method, found with ``ast``, dedented). Target: the same text with the function's
-own local names renamed in first-occurrence order, parameters to ``a0, a1, ...`` and other
-locally assigned names (assignments, for/with/except/comprehension targets) to ``v0, v1, ...``;
-attributes, globals, builtins, keyword-argument names, strings and comments are unchanged, as is
-all whitespace (the renaming is done on ``tokenize`` tokens). Functions of fewer than 16 or more
-than 160 tokens, or with nothing to rename, are skipped. Files are split as for the decoder-only
-demo pair (``tools/train_demo_pair.py``: a file is held out when the sha256 of its path is 0 mod 20).
+Task: a stdlib function (16-160 tokens) -> the same text with its parameters renamed ``a0, a1, ...``
+and its other locals ``v0, v1, ...``, all else unchanged (``normalize``). Tokenizer: the demo pair's
+(``<|endoftext|>`` 0 is eos, ``<|pad|>`` 1 pad and decoder start). Target: T5, d_model 256, 4+4
+layers (~8.4M); draft: d_model 128, 2+1 layers (~1.2M), distilled from it.
 
-Tokenizer: the demo pair's byte-level BPE (``models/demo/target``, 4096 ids; ``<|endoftext|>``
-id 0 is eos, ``<|pad|>`` id 1 is pad and the decoder's start token). Models
-(``T5ForConditionalGeneration`` from config): target d_model 256, 4+4 layers (~8.4M parameters);
-draft d_model 128, 2 encoder + 1 decoder layers (~1.2M parameters), head dimension 32 in both
-(ONNX Runtime's attention kernels want a multiple of 8). The target is trained on cross-entropy
-(teacher forcing), then the draft is distilled from it (0.8 x KL to the target's softmax at T=1
-+ 0.2 x cross-entropy, as for the decoder-only draft).
-
-    python tools/train_seq2seq_pair.py [--target-steps 1100] [--draft-steps 800] [--out models/demo/seq2seq] \
+    python tools/train/seq2seq_pair.py [--target-steps 1100] [--draft-steps 800] [--out models/demo/seq2seq] \
         [--threads 1] [--work .bench/seq2seq]
 
-(the defaults, batches of 32 pairs, peak learning rates 1.5e-3 and 2e-3, 100 warmup steps and
-no dropout, are the recipe of the pair in models/demo/seq2seq). Budgets are in steps, so a run is
-deterministic (on this 2-core CPU with 1 thread: ~1.9 s per target step and ~1.07 s per draft
-step with its teacher; 35 + 14 min, plus ~1.5 min of evaluation).
-Resumable: state is checkpointed under --work every few minutes and a rerun continues where it
-stopped. At the end it writes float16 safetensors checkpoints, generation configs and the
-tokenizer to --out/target and --out/draft, and a model card (README.md) and training.json
-(held-out cross-entropy, α at T=0 and T=1, greedy exact match) to --out.
-
-``pairs_from_files(files)`` (the data builder) and ``normalize(source)`` can be imported.
+The defaults are models/demo/seq2seq's recipe (2-core CPU, 1 thread: 35 + 14 min); a run is
+deterministic and resumable from --work. --out gets float16 checkpoints and the tokenizer in target/
+and draft/, a model card and training.json. ``pairs_from_files`` and ``normalize`` can be imported.
 """
 
 from __future__ import annotations
 
-import argparse
 import ast
 import io
 import json
@@ -47,12 +27,10 @@ import tokenize
 from pathlib import Path
 
 import numpy as np
+import torch
+import torch.nn.functional as F
+from common import ROOT, agreement, corpus_files, freeze, losses, pair_args, read, save, train
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train_demo_pair import corpus_files, lr_at, optimizer_step, read, resume  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[1]
-WORK = ROOT / ".bench" / "seq2seq"
 TOKENIZER = ROOT / "models" / "demo" / "target"
 VOCAB = 4096
 EOS, PAD = 0, 1
@@ -67,9 +45,6 @@ TARGET = dict(d_model=256, num_heads=8, d_ff=1024, num_layers=4, num_decoder_lay
 DRAFT = dict(d_model=128, num_heads=4, d_ff=512, num_layers=2, num_decoder_layers=1)
 _GENERATED = re.compile(r"[av]\d+\Z")
 _SKIP = {tokenize.NL, tokenize.NEWLINE, tokenize.COMMENT, tokenize.INDENT, tokenize.DEDENT}
-
-
-# ---------------------------------------------------------------------------------------- data
 
 
 def _local_names(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> tuple[list[str], set[str]] | None:
@@ -123,10 +98,7 @@ def normalize(source: str) -> str | None:
         toks = list(tokenize.generate_tokens(io.StringIO(source).readline))
     except (SyntaxError, tokenize.TokenError, IndentationError, ValueError):
         return None
-    if len(tree.body) != 1 or not isinstance(tree.body[0], (ast.FunctionDef, ast.AsyncFunctionDef)):
-        return None
-    names = _local_names(tree.body[0])
-    if names is None:
+    if len(tree.body) != 1 or not isinstance(tree.body[0], (ast.FunctionDef, ast.AsyncFunctionDef)) or (names := _local_names(tree.body[0])) is None:
         return None
     params, others = names
     local = set(params) | others
@@ -180,12 +152,8 @@ def functions(text: str) -> list[str]:
     nodes = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
     for cls in (n for n in tree.body if isinstance(n, ast.ClassDef)):
         nodes += [n for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
-    out = []
-    for n in nodes:
-        seg = ast.get_source_segment(text, n, padded=True)
-        if seg:
-            out.append(textwrap.dedent(seg))
-    return out
+    segments = (ast.get_source_segment(text, n, padded=True) for n in nodes)
+    return [textwrap.dedent(s) for s in segments if s]
 
 
 def load_tokenizer():
@@ -199,19 +167,15 @@ def pairs_from_files(files, tok=None, seed: int = SEED) -> list[tuple[str, str]]
     tokens long and has local names, deduplicated, in a seeded shuffled order."""
     tok = tok or load_tokenizer()
     seen, pairs = set(), []
-    for f in files:
-        for src in functions(read(Path(f))):
-            if src in seen:
-                continue
-            seen.add(src)
-            n = len(tok(src, add_special_tokens=False)["input_ids"])
-            if not MIN_TOKENS <= n <= MAX_TOKENS:
-                continue
+    for src in (s for f in files for s in functions(read(f))):
+        if src in seen:
+            continue
+        seen.add(src)
+        if MIN_TOKENS <= len(tok(src, add_special_tokens=False)["input_ids"]) <= MAX_TOKENS:
             tgt = normalize(src)
             if tgt is not None and tgt != src:
                 pairs.append((src, tgt))
-    order = np.random.default_rng(seed).permutation(len(pairs))
-    return [pairs[i] for i in order]
+    return [pairs[i] for i in np.random.default_rng(seed).permutation(len(pairs))]
 
 
 def encode_pairs(tok, pairs: list[tuple[str, str]]) -> list[tuple[list[int], list[int]]]:
@@ -221,9 +185,7 @@ def encode_pairs(tok, pairs: list[tuple[str, str]]) -> list[tuple[list[int], lis
 
 
 def collate(items: list[tuple[list[int], list[int]]]):
-    """Padded (input_ids, attention_mask, labels) tensors; labels are padded with -100."""
-    import torch
-
+    """Padded input_ids [B, S], attention_mask [B, S] and labels [B, T] (padded with -100)."""
     ns, nt = max(len(s) for s, _ in items), max(len(t) for _, t in items)
     x = torch.full((len(items), ns), PAD, dtype=torch.long)
     y = torch.full((len(items), nt), -100, dtype=torch.long)
@@ -234,165 +196,107 @@ def collate(items: list[tuple[list[int], list[int]]]):
 
 
 def batch_at(data: list, step: int, batch: int = BATCH, seed: int = SEED):
-    """The batch of ``step``, a deterministic function of (seed, step) so resuming is exact: each
-    epoch is a seeded permutation, cut into chunks of 64 batches sorted by length (less padding),
-    whose batches are visited in a seeded order."""
+    """The batch of ``step``, a function of (seed, step) so resuming is exact: each epoch is a
+    seeded permutation, cut into chunks of 64 batches sorted by length (less padding), whose
+    batches are visited in a seeded order."""
     per_epoch = len(data) // batch
     epoch, k = divmod(step, per_epoch)
     rng = np.random.default_rng([seed, epoch])
     perm = rng.permutation(len(data))[: per_epoch * batch]
-    chunk = 64 * batch
     order = []
-    for c in range(0, len(perm), chunk):
-        part = perm[c : c + chunk]
-        order += sorted(part.tolist(), key=lambda i: len(data[i][0]) + len(data[i][1]))
+    for c in range(0, len(perm), 64 * batch):
+        order += sorted(perm[c : c + 64 * batch].tolist(), key=lambda i: len(data[i][0]) + len(data[i][1]))
     groups = [order[i : i + batch] for i in range(0, len(order), batch)]
-    pick = rng.permutation(len(groups))[k]
-    return collate([data[i] for i in groups[pick]])
-
-
-# ---------------------------------------------------------------------------------------- models
+    return collate([data[i] for i in groups[rng.permutation(len(groups))[k]]])
 
 
 def make_model(spec: dict, dropout: float = 0.0):
-    import torch
     from transformers import T5Config, T5ForConditionalGeneration
 
     torch.manual_seed(SEED)
     return T5ForConditionalGeneration(T5Config(**{**COMMON, "dropout_rate": dropout}, **spec))
 
 
+def logits_at(model, x, mask, y):
+    """Teacher-forced logits at the label positions ([N, V]) and their labels ([N])."""
+    keep = y != -100
+    return model(input_ids=x, attention_mask=mask, labels=y).logits[keep], y[keep]
+
+
 def held_ce(model, data: list) -> float:
     """Teacher-forced cross-entropy (nats/token) of ``model`` on ``data``, in eval mode."""
-    import torch
-    import torch.nn.functional as F
-
     was = model.training
     model.eval()
     total, count = 0.0, 0
     with torch.no_grad():
         for i in range(0, len(data), 64):
-            x, mask, y = collate(data[i : i + 64])
-            keep = y != -100
-            logits = model(input_ids=x, attention_mask=mask, labels=y).logits[keep]
-            total += float(F.cross_entropy(logits, y[keep], reduction="sum"))
-            count += int(keep.sum())
+            logits, y = logits_at(model, *collate(data[i : i + 64]))
+            total += float(F.cross_entropy(logits, y, reduction="sum"))
+            count += len(y)
     model.train(was)
     return total / count
 
 
-def train(name: str, model, data: list, steps: int, peak_lr: float, batch: int = BATCH, warmup: int = WARMUP, teacher=None,
-          monitor=None) -> dict:
-    """``steps`` AdamW steps (warmup + cosine) of cross-entropy, or of 0.8 KL(target || draft) + 0.2 CE
-    when ``teacher`` is given, resuming from the last checkpoint under WORK. Every 250 steps the
-    cross-entropy on ``monitor`` (some held-out pairs; only logged, nothing is selected on it) is
-    logged, outside the timed steps."""
-    import torch
-    import torch.nn.functional as F
+def fit(name: str, model, data: list, steps: int, peak_lr: float, args, teacher=None, monitor=None) -> dict:
+    """``steps`` steps (AdamW, betas 0.9/0.98, weight decay 0.05); every 250 steps the cross-entropy
+    on ``monitor`` (some held-out pairs; only logged, nothing is selected on it) is logged."""
+    def step_loss(step):
+        batch = batch_at(data, step, args.batch)  # input_ids, attention_mask [B, S]; labels [B, T]
+        logits, y = logits_at(model, *batch)
+        with torch.no_grad():
+            soft = None if teacher is None else logits_at(teacher, *batch)[0].log_softmax(-1)
+        return losses(logits, y, soft)
 
-    ckpt = WORK / f"{name}.pt"
-    opt = torch.optim.AdamW(model.parameters(), lr=peak_lr, betas=(0.9, 0.98), weight_decay=0.05)
-    state = resume(ckpt, model, opt, name)
-    if state["step"] >= steps:
-        return state
-    model.train()
-    last_save, ce_sum, ce_n = time.time(), 0.0, 0
-    while state["step"] < steps:
-        t0 = time.time()
-        step = state["step"]
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step, steps, peak_lr, warmup)
-        x, mask, y = batch_at(data, step, batch)
-        logits = model(input_ids=x, attention_mask=mask, labels=y).logits
-        keep = y != -100
-        ce = F.cross_entropy(logits[keep], y[keep])
-        loss = ce
-        if teacher is not None:
-            with torch.no_grad():
-                soft = teacher(input_ids=x, attention_mask=mask, labels=y).logits[keep].log_softmax(-1)
-            kl = F.kl_div(logits[keep].log_softmax(-1), soft, log_target=True, reduction="batchmean")
-            loss = 0.8 * kl + 0.2 * ce
-        optimizer_step(model, opt, loss, state, t0)
-        ce_sum, ce_n = ce_sum + float(ce.detach()), ce_n + 1
-        if state["step"] % 50 == 0:
-            state["log"].append((state["step"], round(ce_sum / ce_n, 4)))
-            print(f"{name} step {state['step']}/{steps} ce {ce_sum / ce_n:.3f} loss {float(loss.detach()):.3f} "
-                  f"{state['seconds'] / 60:.1f} min", flush=True)
-            ce_sum, ce_n = 0.0, 0
-        if monitor and state["step"] % 250 == 0:
-            state.setdefault("held_log", []).append((state["step"], round(held_ce(model, monitor), 4)))
-            print(f"{name} step {state['step']} held-out ce {state['held_log'][-1][1]:.3f}", flush=True)
-        if time.time() - last_save > 180:
-            torch.save(dict(model=model.state_dict(), opt=opt.state_dict(), state=state), ckpt)
-            last_save = time.time()
-    torch.save(dict(model=model.state_dict(), opt=opt.state_dict(), state=state), ckpt)
-    return state
+    def every(state):
+        state.setdefault("held_log", []).append((state["step"], round(held_ce(model, monitor), 4)))
+        print(f"{name} step {state['step']} held-out ce {state['held_log'][-1][1]:.3f}", flush=True)
+
+    return train(name, model, steps, peak_lr, step_loss, args.work, args.warmup, (0.9, 0.98), 0.05, mean_ce=True, every=monitor and every)
 
 
 def evaluate(target, draft, tok, data: list, pairs: list[tuple[str, str]], n_generate: int = 50) -> dict:
-    """On held-out pairs: teacher-forced cross-entropy of both models, α at T=0 (argmax agreement)
-    and T=1 (E[Σ min(p, q)]) over the label positions, and greedy exact match on ``n_generate``
-    pairs (decoded output == the reference normalized code)."""
-    import torch
-    import torch.nn.functional as F
-
+    """On held-out pairs: teacher-forced cross-entropy of both models, α at T=0 and T=1 over the
+    label positions, and greedy exact match (output == the reference) on ``n_generate`` pairs."""
     target.eval()
     draft.eval()
-    sums = dict(target_ce=0.0, draft_ce=0.0, alpha_t1=0.0, alpha_t0=0.0)
+    sums = dict.fromkeys(("target_ce", "draft_ce", "alpha_t1", "alpha_t0"), 0.0)
     count = 0
     with torch.no_grad():
         for i in range(0, len(data), 64):
-            x, mask, y = collate(data[i : i + 64])
-            keep = y != -100
-            lp = target(input_ids=x, attention_mask=mask, labels=y).logits[keep].float()
-            lq = draft(input_ids=x, attention_mask=mask, labels=y).logits[keep].float()
-            sums["target_ce"] += float(F.cross_entropy(lp, y[keep], reduction="sum"))
-            sums["draft_ce"] += float(F.cross_entropy(lq, y[keep], reduction="sum"))
-            sums["alpha_t1"] += float(torch.minimum(lp.softmax(-1), lq.softmax(-1)).sum(-1).sum())
-            sums["alpha_t0"] += float((lp.argmax(-1) == lq.argmax(-1)).float().sum())
-            count += int(keep.sum())
+            batch = collate(data[i : i + 64])
+            (lp, y), (lq, _) = logits_at(target, *batch), logits_at(draft, *batch)
+            for k, v in agreement(lp, lq, y).items():
+                sums[k] += v
+            count += len(y)
         out = {k: round(v / count, 4) for k, v in sums.items()}
         out["positions"] = count
+        n = min(n_generate, len(pairs))
         for name, model in (("target", target), ("draft", draft)):
             hits = 0
-            for (s, t), (ids, _) in zip(pairs[:n_generate], data[:n_generate]):
+            for (s, t), (ids, _) in zip(pairs[:n], data[:n]):
                 gen = model.generate(input_ids=torch.tensor([ids]), do_sample=False, max_new_tokens=200)
                 hits += tok.decode(gen[0], skip_special_tokens=True) == t
-            out[f"{name}_exact_match"] = round(hits / min(n_generate, len(pairs)), 4)
-    out["exact_match_pairs"] = min(n_generate, len(pairs))
+            out[f"{name}_exact_match"] = round(hits / n, 4)
+    out["exact_match_pairs"] = n
     return out
 
 
-def save(model, tok, folder: Path) -> None:
-    import torch
+def save_t5(model, tok, folder: Path) -> None:
+    """``save`` with a generation config and a tokenizer that ends every encoding with eos, as the sources
+    were trained, and returns only what T5 takes, so ``model.generate(**tok(text, return_tensors="pt"))`` works."""
+    from tokenizers import Tokenizer, processors
     from transformers import GenerationConfig
 
-    folder.mkdir(parents=True, exist_ok=True)
     model.config.dropout_rate = 0.0
     model.generation_config = GenerationConfig(decoder_start_token_id=PAD, eos_token_id=EOS, pad_token_id=PAD, bos_token_id=None)
-    model.half().save_pretrained(folder, safe_serialization=True)
-    model.to(torch.float32)
-    tok.save_pretrained(folder)
-    append_eos(folder / "tokenizer.json")
-    model_inputs(folder / "tokenizer_config.json")
-
-
-def model_inputs(path: Path) -> None:
-    """Make the saved tokenizer return only what T5 takes (no ``token_type_ids``), so that
-    ``model.generate(**tok(text, return_tensors="pt"))`` works."""
+    save(model, tok, folder)
+    fast = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    fast.post_processor = processors.TemplateProcessing(single="$A <|endoftext|>", special_tokens=[("<|endoftext|>", EOS)])
+    fast.save(str(folder / "tokenizer.json"))
+    path = folder / "tokenizer_config.json"
     config = json.loads(path.read_text(encoding="utf-8"))
     config["model_input_names"] = ["input_ids", "attention_mask"]
     path.write_text(json.dumps(config, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
-
-
-def append_eos(path: Path) -> None:
-    """Make the saved tokenizer end every encoding with eos, as the sources were trained (T5's own
-    tokenizer does the same): specdec encodes a source text with the tokenizer's special tokens."""
-    from tokenizers import Tokenizer, processors
-
-    tok = Tokenizer.from_file(str(path))
-    tok.post_processor = processors.TemplateProcessing(single="$A <|endoftext|>", special_tokens=[("<|endoftext|>", EOS)])
-    tok.save(str(path))
 
 
 def card(args, example, counts, lengths, states, figures, tparams, dparams) -> str:
@@ -403,7 +307,7 @@ def card(args, example, counts, lengths, states, figures, tparams, dparams) -> s
 A T5 (encoder-decoder) target ({tparams / 1e6:.1f}M parameters) and draft ({dparams / 1e6:.2f}M), trained from scratch on
 this machine by
 
-    python tools/train_seq2seq_pair.py --target-steps {args.target_steps} --draft-steps {args.draft_steps} \\
+    python tools/train/seq2seq_pair.py --target-steps {args.target_steps} --draft-steps {args.draft_steps} \\
         --target-lr {args.target_lr:g} --draft-lr {args.draft_lr:g} --dropout {args.dropout:g} --batch {args.batch} --warmup {args.warmup} --threads {args.threads}
 
 (seed {SEED}; CPU, {args.threads} thread; {minutes:.0f} min of training: target {states['target']['seconds'] / 60:.0f} min,
@@ -449,56 +353,35 @@ sequence-to-sequence models, not to be useful refactoring tools.
 
 
 def main() -> None:
-    global WORK
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--target-steps", type=int, default=1100)
-    ap.add_argument("--draft-steps", type=int, default=800)
-    ap.add_argument("--target-lr", type=float, default=1.5e-3)
-    ap.add_argument("--draft-lr", type=float, default=2e-3)
-    ap.add_argument("--batch", type=int, default=BATCH, help="pairs per step")
-    ap.add_argument("--warmup", type=int, default=WARMUP, help="warmup steps, then cosine decay to 0.1 x the peak")
-    ap.add_argument("--dropout", type=float, default=0.0,
-                    help="while training (the saved configs say 0); a run with dropout resumes exactly only at the same RNG state, so not from a checkpoint")
-    ap.add_argument("--out", type=Path, default=ROOT / "models" / "demo" / "seq2seq")
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--work", type=Path, default=WORK, help="checkpoints and the pair cache")
-    args = ap.parse_args()
-
-    import torch
-
-    WORK = args.work
-    torch.set_num_threads(args.threads)
-    WORK.mkdir(parents=True, exist_ok=True)
+    args = pair_args(__doc__, ROOT / "models" / "demo" / "seq2seq", ROOT / ".bench" / "seq2seq", "the pair cache", (1100, 800), 2e-3, 1,
+                     ("--target-lr", float, 1.5e-3, None), ("--batch", int, BATCH, "pairs per step"),
+                     ("--warmup", int, WARMUP, "warmup steps, then cosine decay to 0.1 x the peak"),
+                     ("--dropout", float, 0.0, "while training (the saved configs say 0); a run with dropout resumes exactly only at the same "
+                                               "RNG state, so not from a checkpoint"))  # fmt: skip
     tok = load_tokenizer()
     files, held = corpus_files()
-    cache = WORK / "pairs.json"
-    if cache.is_file():
-        train_pairs, held_pairs = (list(map(tuple, p)) for p in json.loads(cache.read_text()))
-    else:
-        train_pairs, held_pairs = pairs_from_files(files, tok), pairs_from_files(held, tok)
-        cache.write_text(json.dumps([train_pairs, held_pairs]))
+    cache = args.work / "pairs.json"
+    if not cache.is_file():
+        cache.write_text(json.dumps([pairs_from_files(files, tok), pairs_from_files(held, tok)]))
+    train_pairs, held_pairs = (list(map(tuple, p)) for p in json.loads(cache.read_text()))
     train_data, held_data = encode_pairs(tok, train_pairs), encode_pairs(tok, held_pairs)
-    lengths = dict(source=float(np.mean([len(s) for s, _ in train_data + held_data])),
-                   target=float(np.mean([len(t) for _, t in train_data + held_data])))  # fmt: skip
+    lengths = {side: float(np.mean([len(d[i]) for d in train_data + held_data])) for i, side in enumerate(("source", "target"))}
     counts = dict(train=len(train_pairs), held=len(held_pairs), train_files=len(files), held_files=len(held))
     print(f"{len(train_pairs)} training pairs from {len(files)} files, {len(held_pairs)} held out from {len(held)}; "
           f"{lengths['source']:.1f} source / {lengths['target']:.1f} target tokens on average", flush=True)  # fmt: skip
 
     target, draft = make_model(TARGET, args.dropout), make_model(DRAFT, args.dropout)
     monitor = held_data[-128:]  # evaluate() generates from the first 50
-    states = {"target": train("target", target, train_data, args.target_steps, args.target_lr, args.batch, args.warmup, monitor=monitor)}
-    target.eval()
-    for p in target.parameters():
-        p.requires_grad_(False)
-    states["draft"] = train("draft", draft, train_data, args.draft_steps, args.draft_lr, args.batch, args.warmup, teacher=target, monitor=monitor)
+    states = {"target": fit("target", target, train_data, args.target_steps, args.target_lr, args, monitor=monitor)}
+    states["draft"] = fit("draft", draft, train_data, args.draft_steps, args.draft_lr, args, freeze(target), monitor)
     t0 = time.time()
     figures = evaluate(target, draft, tok, held_data, held_pairs)
     figures.update(source_tokens=round(lengths["source"], 2), target_tokens=round(lengths["target"], 2))
     print(json.dumps(figures), f"({time.time() - t0:.0f} s)", flush=True)
 
-    tparams, dparams = sum(p.numel() for p in target.parameters()), sum(p.numel() for p in draft.parameters())
-    save(target, tok, args.out / "target")
-    save(draft, tok, args.out / "draft")
+    tparams, dparams = (sum(p.numel() for p in m.parameters()) for m in (target, draft))
+    save_t5(target, tok, args.out / "target")
+    save_t5(draft, tok, args.out / "draft")
     example = min((p for p in held_pairs if "v0" in p[1] and "a1" in p[1]), key=lambda p: len(p[0]))
     (args.out / "README.md").write_text(card(args, example, counts, lengths, states, figures, tparams, dparams))
     (args.out / "training.json").write_text(json.dumps(dict(

@@ -1,0 +1,131 @@
+"""The peers that run in this python: transformers, optimum-onnx and specdec itself."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from specdec.bench.peers.base import ModeUnavailable, Options, Peer, Sample, checkpoint_key, log
+
+
+class StepClock:
+    """A ``generate`` streamer timing each ``put`` (the prompt, then each step's new tokens) and the ``end``."""
+
+    def __init__(self) -> None:
+        self.puts, self.t_end = [], None
+
+    def put(self, value) -> None:
+        self.puts.append((time.perf_counter(), int(value.numel())))
+
+    def end(self) -> None:
+        self.t_end = time.perf_counter()
+
+
+def hf_generate(model, prompt: list[int], tokens: int, temperature: float, seed: int, pad: int | None, stats=dict, **kwargs) -> Sample:
+    """One seeded ``generate`` of exactly ``tokens`` new tokens, timed after the first new token(s); EOS is ignored by
+    giving no EOS id (4.57's assisted generation refuses ``min_new_tokens``' MinLengthLogitsProcessor)."""
+    import torch
+    from transformers import GenerationConfig
+
+    common = dict(max_new_tokens=tokens, eos_token_id=None, pad_token_id=pad)
+    config = (GenerationConfig(do_sample=False, **common) if temperature == 0 else
+              GenerationConfig(do_sample=True, temperature=temperature, top_k=0, top_p=1.0, **common))
+    ids, clock = torch.tensor([prompt], dtype=torch.long), StepClock()
+    torch.manual_seed(seed)
+    with torch.inference_mode():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), streamer=clock, use_model_defaults=False,  # keep the model's EOS out
+                             generation_config=config, **kwargs)
+    new = out[0, len(prompt):].tolist()
+    if len(clock.puts) < 2 or clock.t_end is None:
+        raise RuntimeError("generate did not stream its tokens; cannot split prefill from decoding")
+    t_first, first = clock.puts[1]
+    return Sample(clock.t_end - t_first, len(new) - first, len(new), stats(), new)
+
+
+def pad_id(model_dir) -> int | None:
+    """The pad token id, else the (first) EOS id: batch 1 never pads, but ``generate`` wants one."""
+    cfg = json.loads((model_dir / "config.json").read_text())
+    pad = cfg.get("eos_token_id") if cfg.get("pad_token_id") is None else cfg["pad_token_id"]
+    return pad[0] if isinstance(pad, list) else pad
+
+
+class HFPeer(Peer):
+    name = "hf"
+    modes = ("autoregressive", "assisted")
+
+    def __init__(self, o: Options) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        torch.set_num_threads(o.threads)
+        self.target = AutoModelForCausalLM.from_pretrained(o.target, torch_dtype=torch.float32).eval()  # fp32, as the ORT peers
+        self.draft = AutoModelForCausalLM.from_pretrained(o.draft, torch_dtype=torch.float32).eval()
+        self.pad, self.passes = pad_id(o.target), 0
+        self.target.register_forward_hook(lambda *_: setattr(self, "passes", self.passes + 1))
+        gc, keys = self.draft.generation_config, ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
+        if o.draft_tokens is not None:
+            gc.update(**dict(zip(keys, (o.draft_tokens, "constant", 0.0))))
+        self.assistant = {k: getattr(gc, k) for k in keys}
+        self.settings = {**self.assistant, "torch_threads": o.threads}
+
+    def decode(self, mode: str, temperature: float, prompt: list[int], tokens: int, seed: int) -> Sample:
+        self.passes, kwargs = 0, {}
+        if mode == "assisted":  # transformers adapts these across calls: reset them so order does not matter
+            self.draft.generation_config.update(**self.assistant)
+            kwargs["assistant_model"] = self.draft
+        stats = (lambda: {"target_passes": float(self.passes)}) if mode == "assisted" else dict
+        return hf_generate(self.target, prompt, tokens, temperature, seed, self.pad, stats, **kwargs)
+
+
+class OptimumPeer(Peer):
+    name = "optimum"
+    modes = ("autoregressive",)
+
+    def __init__(self, o: Options) -> None:
+        from importlib.metadata import version
+
+        import onnxruntime as ort
+        from optimum.onnxruntime import ORTModelForCausalLM
+
+        cache = o.work / "optimum" / f"{o.target.resolve().name}-{checkpoint_key(o.target)}"
+        so = ort.SessionOptions()
+        so.intra_op_num_threads, so.log_severity_level = o.threads, 3
+        kw = dict(session_options=so, provider="CPUExecutionProvider")
+        if not (cache / "model.onnx").is_file():
+            if not o.setup:
+                raise ModeUnavailable(f"no optimum export at {cache} (--no-setup given; run without it to export)")
+            log(f"optimum: exporting {o.target} -> {cache}")
+            ORTModelForCausalLM.from_pretrained(o.target, export=True, **kw).save_pretrained(cache)
+        self.model = ORTModelForCausalLM.from_pretrained(cache, **kw)
+        self.pad = pad_id(o.target)
+        self.settings = {"cache": str(cache), "ort_intra_op_threads": o.threads, "optimum-onnx": version("optimum-onnx")}
+
+    def decode(self, mode: str, temperature: float, prompt: list[int], tokens: int, seed: int) -> Sample:
+        return hf_generate(self.model, prompt, tokens, temperature, seed, self.pad)
+
+
+class SpecdecPeer(Peer):
+    """specdec's runtime on the bundle (the library's default thread policy: a pool per session,
+    no process-wide ORT state). K = ``--draft-tokens`` or the bundle's γ."""
+
+    name = "specdec"
+    modes = ("autoregressive", "draft-model", "draft-model-adaptive", "prompt-lookup", "ngram", "hierarchical")
+    DRAFTER = {"draft-model": "model", "draft-model-adaptive": "model", "prompt-lookup": "lookup", "ngram": "ngram", "hierarchical": "hierarchical"}
+
+    def __init__(self, o: Options) -> None:
+        from specdec.runtime import SpeculativeDecoder
+
+        base = SpeculativeDecoder.load(o.bundle, threads=o.threads)
+        self.k = o.draft_tokens or base.manifest.gamma
+        if self.k > base.manifest.gamma:
+            raise ModeUnavailable(f"--draft-tokens {self.k} exceeds the bundle's gamma {base.manifest.gamma}")
+        self.decoders = {d: base if d == "model" else base.fork(drafter=d) for d in set(self.DRAFTER.values())}
+        self.settings = {"bundle": str(o.bundle), "gamma": self.k, "ort_intra_op_threads": o.threads}
+
+    def decode(self, mode: str, temperature: float, prompt: list[int], tokens: int, seed: int) -> Sample:
+        gamma = 0 if mode == "autoregressive" else "auto" if mode.endswith("adaptive") else self.k
+        res = self.decoders[self.DRAFTER.get(mode, "model")].generate(
+            prompt, max_new_tokens=tokens, gamma=gamma, temperature=temperature, seed=seed, ignore_eos=True)
+        s = res.stats
+        stats = {"target_passes": s.target_calls + 1, **({"draft_tokens_accepted": s.accepted, "draft_tokens_evaluated": s.drafted} if gamma else {})}
+        return Sample(s.total_seconds - s.prefill_seconds, s.new_tokens, s.new_tokens, stats, res.tokens)

@@ -1,0 +1,54 @@
+"""``specdec bench-peers`` on a tiny pair: transformers and specdec, interleaved, agreeing at T = 0."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    """A llama target, a near draft (a noisy copy) and their bundle."""
+    pytest.importorskip("torch")
+    from models import save_pair
+
+    from specdec.export.pipeline import ExportConfig, export_bundle
+
+    root = tmp_path_factory.mktemp("peers")
+    target, draft = save_pair(root, "llama", near=0.1)
+    export_bundle(ExportConfig(str(target), str(draft), root / "bundle", gamma=4, max_seq_len=128))
+    return target, draft, root / "bundle"
+
+
+def test_bench_peers_hf_and_specdec(pair, tmp_path):
+    from test_cli import run
+
+    target, draft, bundle = pair
+    out = tmp_path / "peers"
+    res = run("bench-peers", "--only", "hf,specdec", "--target", str(target), "--draft", str(draft), "--bundle", str(bundle),
+              "--prompts", "1", "--prompt-tokens", "8", "--tokens", "12", "--rounds", "1", "--temperatures", "0",
+              "--work", str(tmp_path / "work"), "--out", str(out))
+    assert res.returncode == 0, res.stderr
+    data = json.loads((out / "results.json").read_text())
+    assert "bench-peers" in data["provenance"]["command"] and "Regenerate:" in (out / "results.md").read_text()
+    rows = {(r["peer"], r["mode"]): r for r in data["rows"]}
+    want = {("hf", "autoregressive"), ("hf", "assisted"), *(("specdec", m) for m in
+            ("autoregressive", "draft-model", "draft-model-adaptive", "prompt-lookup", "ngram", "hierarchical"))}
+    assert set(rows) == want and all(r["T"] == 0 for r in rows.values())
+    assert not {k: r["unavailable"] for k, r in rows.items() if "unavailable" in r}
+    assert all(r["tokens_per_s"] > 0 and r["tokens"] > 0 for r in rows.values())
+    assert len(data["prompts"]) == 1 and len(data["prompts"][0]) == 8
+    # Greedy agreement with transformers' autoregressive tokens, of exact decoding in both stacks
+    for key in (("specdec", "autoregressive"), ("specdec", "draft-model"), ("hf", "assisted")):
+        assert rows[key]["greedy_same_as_reference"] == "1/1", (key, rows[key]["outputs_round0"], rows[("hf", "autoregressive")]["outputs_round0"])
+    assert rows[("specdec", "draft-model")]["acceptance"] is not None and rows[("specdec", "draft-model")]["speedup"] > 0
+    assert "| specdec | draft-model | 0 |" in res.stdout and "greedy = hf autoregressive" in res.stdout
+
+
+@pytest.mark.parametrize("args, word", [(["--only", "hf,vllm"], "vllm"), (["--tokens", "1"], "--tokens")])
+def test_bench_peers_bad_input_exits_2_with_one_line(tmp_path, args, word):
+    from test_cli import run
+
+    res = run("bench-peers", "--target", str(tmp_path), "--draft", str(tmp_path), *args)
+    assert res.returncode == 2 and word in res.stderr and res.stderr.count("\n") == 1, res.stderr
