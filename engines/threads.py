@@ -13,10 +13,16 @@ their worker threads wait between calls matters (measurements: docs/performance.
   Runtime creates that pool once per process and from then on refuses any session with a
   pool of its own, specdec's or another library's (optimum's, for one). For processes that
   own ONNX Runtime, such as the CLI's.
+
+Threads default to one per core, or to ``$SPECDEC_THREADS`` where it is set: the way to size
+every session of a process and of its children (the server's, the CLI's) at once, e.g. in a
+container whose CPU quota is below the machine's core count, or for processes that share cores
+(the test suite's workers).
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import onnxruntime as ort
@@ -24,6 +30,17 @@ import onnxruntime as ort
 from specdec.errors import EngineError, InputError
 
 _global_pool: int | None = None  # the process-wide pool's size (0: one thread per core), once made
+ENV = "SPECDEC_THREADS"
+
+
+def default_threads() -> int | None:
+    """``$SPECDEC_THREADS`` (an integer >= 1), else None: ONNX Runtime's one thread per core."""
+    text = os.environ.get(ENV, "").strip()
+    if not text:
+        return None
+    if not text.isdigit() or int(text) < 1:
+        raise InputError(f"{ENV}={text!r}: expected an integer >= 1 (intra-op threads per session), or unset for one per core")
+    return int(text)
 
 
 @dataclass(frozen=True)
@@ -31,11 +48,13 @@ class ThreadPolicy:
     """Intra-op threads per pool (None: ONNX Runtime's default, one per core) and whether the
     pool is the process-wide shared one."""
 
-    threads: int | None = None
+    threads: int | None = None  # None: $SPECDEC_THREADS, else one per core
     shared_pool: bool = False
     spin: bool = True  # per-session pools: spin while a call runs (never between calls)
 
     def __post_init__(self) -> None:
+        if self.threads is None:
+            object.__setattr__(self, "threads", default_threads())
         t = self.threads
         if t is not None and (isinstance(t, bool) or not isinstance(t, int) or t < 1):
             raise InputError(f"threads={t!r}: expected an integer >= 1, or None for one per core")

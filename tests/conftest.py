@@ -1,16 +1,39 @@
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))  # tests/models.py
+sys.path.insert(0, str(Path(__file__).parent))  # tests/models.py, tests/bundles.py
 pytest_plugins = ["timing"]  # the time budget, reported every run (tests/timing.py)
 
 
+def pytest_configure(config):
+    """Under pytest-xdist the workers share the cores: one ONNX Runtime and one torch thread
+    each (ONNX Runtime's spinning pools of one thread per core would make two workers slower
+    than one), set in the environment so the CLIs and servers they start inherit it."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ.setdefault("SPECDEC_THREADS", "1")
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        try:
+            import torch
+
+            torch.set_num_threads(1)
+        except ImportError:
+            pass
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config, items):
-    """GPU tests skip cleanly on machines without CUDA (CI never has one)."""
+    """GPU tests skip cleanly on machines without CUDA (CI never has one). Under ``--dist
+    loadgroup``, the tests that use a module-scoped fixture (an export, a server, a Ray cluster
+    of that module) run on one worker, so that fixture is made once."""
+    for item in items:
+        defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+        if any(d[-1].scope in ("module", "class") for d in defs.values()) and not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
     try:
         import onnxruntime as ort
 
@@ -24,24 +47,35 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(skip)
 
 
+def pytest_collection_finish(session):
+    """Each xdist worker exports its share of the shared bundles before any test runs
+    (tests/bundles.py); their time is reported with the fixtures'."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if not worker or session.config.option.collectonly:
+        return
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return
+    from bundles import cache_root, prebuild, quiet
+
+    factory = session.config._tmp_path_factory
+    with quiet(cache_root(factory) / f"prebuild-{worker}.log"):  # outside any test's capture: keep the exporters' chatter off the terminal
+        done = prebuild(factory, session.items, int(worker.removeprefix("gw")), int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+    clock = session.config.pluginmanager.get_plugin("specdec-fixture-clock")
+    if clock is not None:
+        clock.pending += done
+
+
 @pytest.fixture(scope="session")
 def llama_bundle(tmp_path_factory):
     """A llama target/draft pair on disk and its exported bundle (γ = 4, max-seq-len 128), with
     an n-gram table counted from the tokenizer's corpus (a folder with one text file)."""
     pytest.importorskip("torch")
-    from models import CORPUS, save_pair
+    from bundles import cached
 
-    from specdec.export.pipeline import ExportConfig, export_bundle
-
-    root = tmp_path_factory.mktemp("llama")
-    target, draft = save_pair(root, "llama")
-    corpus = root / "corpus"
-    corpus.mkdir()
-    (corpus / "code.py").write_text(CORPUS)
-    (corpus / "blob.bin").write_bytes(bytes(range(256)))  # not text: skipped
-    out = root / "bundle"
-    export_bundle(ExportConfig(str(target), str(draft), out, gamma=4, max_seq_len=128, ngram_corpus=corpus))
-    return target, draft, out
+    folder = cached(tmp_path_factory, "llama")
+    return folder / "llama-target", folder / "llama-draft", folder / "bundle"
 
 
 FAMILIES = ["llama", "qwen2", "qwen3", "phi3", "gemma3", "gemma2", "mistral", "gpt2", "opt", "gpt_neox"]
@@ -56,15 +90,10 @@ def family_bundle(request, tmp_path_factory):
     families' fused graphs are checked graph by graph (tests/export/test_fused.py), which keeps
     ~2 minutes of export per family out of the suite."""
     pytest.importorskip("torch")
-    from models import save_pair
+    from bundles import cached, returned
 
-    from specdec.export.pipeline import ExportConfig, export_bundle
-
-    root = tmp_path_factory.mktemp(request.param)
-    target, draft = save_pair(root, request.param, near=0.1)
-    out = root / "bundle"
-    manifest = export_bundle(ExportConfig(str(target), str(draft), out, gamma=4, max_seq_len=192, max_batch=4, fused_draft=request.param == "llama"))
-    return request.param, target, draft, out, manifest
+    folder = cached(tmp_path_factory, "family", request.param)
+    return request.param, folder / f"{request.param}-target", folder / f"{request.param}-draft", folder / "bundle", returned(folder)
 
 
 @pytest.fixture(scope="session", params=["t5", "bart", "marian"])
@@ -72,12 +101,7 @@ def seq2seq_bundle(request, tmp_path_factory):
     """Per encoder-decoder family: a target, a near draft (a noisy copy with its own encoder) and
     their bundle (γ = 4, max-seq-len 160, max-source-len 64)."""
     pytest.importorskip("torch")
-    from models import save_seq2seq_pair
+    from bundles import cached, returned
 
-    from specdec.export.pipeline import ExportConfig, export_bundle
-
-    root = tmp_path_factory.mktemp(request.param)
-    target, draft = save_seq2seq_pair(root, request.param)
-    out = root / "bundle"
-    manifest = export_bundle(ExportConfig(str(target), str(draft), out, gamma=4, max_seq_len=160, max_source_len=64))
-    return request.param, target, draft, out, manifest
+    folder = cached(tmp_path_factory, "seq2seq", request.param)
+    return request.param, folder / f"{request.param}-target", folder / f"{request.param}-draft", folder / "bundle", returned(folder)

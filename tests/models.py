@@ -19,6 +19,13 @@ CORPUS = """def add(a, b):\n    return a + b\n\nclass Stack:\n    def __init__(s
 import os\nimport sys\nwith open(path) as f:\n    data = f.read()\nif __name__ == "__main__":\n    main()\n""" * 4
 
 
+# A chat template in the usual shape (role headers, special tokens written by the template itself).
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ bos_token }}{{ m['role'] }}\n{{ m['content'] }}{{ eos_token }}\n{% endfor %}"
+    "{% if add_generation_prompt %}{{ bos_token }}assistant\n{% endif %}"
+)
+
+
 def make_tokenizer(folder: Path) -> None:
     """A byte-level BPE tokenizer with VOCAB ids, saved as a transformers fast tokenizer."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers

@@ -47,7 +47,17 @@ def options(command: str) -> tuple[list[str], list[str]]:
     if words[0] == "python":
         words = words[1:]
     program = words[:2] if words[0] in ("specdec", "specdec-export") or words[:2] == ["-m", "specdec"] else words[:1]
+    if program == words[:1] and len(words) > 1 and re.fullmatch(r"[a-z][a-z-]*", words[1]) and words[1] in subcommands(words[0]):
+        program = words[:2]  # a script with subcommands: `python tools/train/smollm2_draft.py train ...`
     return program, [w.split("=", 1)[0] for w in words if w.startswith("--")]
+
+
+def subcommands(script: str) -> set[str]:
+    """The subcommands a tools/ script's --help lists as ``{a,b,c}`` (none for a script without)."""
+    if not (ROOT / script).is_file():
+        return set()
+    found = re.search(r"\{([a-z,-]+)\}", help_text((script,)))
+    return set(found.group(1).split(",")) if found else set()
 
 
 @functools.cache
@@ -69,7 +79,7 @@ def help_text(program: tuple[str, ...]) -> str:
         return CliRunner().invoke(export_cmd, ["--help"]).output
     script = ROOT / program[0]
     assert script.is_file(), f"{program[0]} does not exist in this tree"
-    res = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    res = subprocess.run([sys.executable, str(script), *program[1:], "--help"], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert res.returncode == 0, f"{program[0]} --help failed: {res.stderr[-500:]}"
     return res.stdout
 

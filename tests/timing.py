@@ -42,7 +42,8 @@ class FixtureClock:
         t0 = time.perf_counter()
         yield
         param = getattr(request, "param", None)
-        self.pending.append((f"{fixturedef.argname}{'' if param is None else f'[{param}]'} ({fixturedef.scope})", time.perf_counter() - t0))
+        label = "" if param is None else f"[{str(param)[:40]}]"
+        self.pending.append((f"{fixturedef.argname}{label} ({fixturedef.scope})", time.perf_counter() - t0))
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_makereport(self, item, call):
@@ -71,6 +72,8 @@ class Timing:
         return total, [(n, s) for n, s in self.tests.items() if s > TEST_BUDGET_S]
 
     def pytest_terminal_summary(self, terminalreporter):
+        if not self.tests:
+            return
         tr = terminalreporter
         total, slow = self.over()
         per_file: dict[str, float] = defaultdict(float)
@@ -80,12 +83,12 @@ class Timing:
         tr.write_line(f"suite: {total:.0f} s of {SUITE_BUDGET_S} s; {len(self.tests)} tests")
         tr.write_line("slowest tests (setup + call + teardown; a session fixture counts once, in its first user):")
         for nodeid, s in sorted(self.tests.items(), key=lambda kv: -kv[1])[:10]:
-            tr.write_line(f"  {s:7.1f} s  {nodeid}")
+            tr.write_line(f"  {s:7.1f} s  {short(nodeid)}")
         tr.write_line("slowest fixtures (setup):")
         for key, s in sorted(self.fixtures.items(), key=lambda kv: -kv[1])[:10]:
             tr.write_line(f"  {s:7.1f} s  {key}")
         for nodeid, s in slow:
-            tr.write_line(f"OVER BUDGET: {nodeid} took {s:.1f} s (a test's budget is {TEST_BUDGET_S:.0f} s)", red=True)
+            tr.write_line(f"OVER BUDGET: {short(nodeid)} took {s:.1f} s (a test's budget is {TEST_BUDGET_S:.0f} s)", red=True)
         if total > SUITE_BUDGET_S:
             tr.write_line(f"OVER BUDGET: the suite took {total:.0f} s (budget {SUITE_BUDGET_S} s)", red=True)
         path = self.config.getoption("--timing-json")
@@ -104,6 +107,10 @@ class Timing:
         total, slow = self.over()
         if (slow or total > SUITE_BUDGET_S) and session.exitstatus == 0:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def short(nodeid: str, width: int = 160) -> str:
+    return nodeid if len(nodeid) <= width else nodeid[: width - 3] + "..."
 
 
 def pytest_configure(config):

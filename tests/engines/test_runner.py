@@ -289,7 +289,8 @@ def test_thread_policy_refuses_bad_counts(threads):
         ThreadPolicy.shared(threads)
 
 
-def test_thread_policy_constructors_and_labels():
+def test_thread_policy_constructors_and_labels(monkeypatch):
+    monkeypatch.delenv("SPECDEC_THREADS", raising=False)  # the suite's workers set it (tests/conftest.py)
     assert ThreadPolicy.of(3) == ThreadPolicy.per_session(3) == ThreadPolicy(3, False)
     assert ThreadPolicy.of(None) == ThreadPolicy.per_session() == ThreadPolicy()
     policy = ThreadPolicy.shared(2)
@@ -303,7 +304,20 @@ def test_thread_policy_constructors_and_labels():
     assert quiet.label == "per-session, no spin x2"
 
 
-def test_per_session_options():
+@pytest.mark.parametrize("value", ["0", "-1", "two", "1.5"])
+def test_threads_from_the_environment(monkeypatch, value):
+    """$SPECDEC_THREADS sizes every policy that names no count; a bad value is refused by name."""
+    monkeypatch.setenv("SPECDEC_THREADS", "3")
+    assert ThreadPolicy().threads == ThreadPolicy.shared().threads == 3 and ThreadPolicy(2).threads == 2
+    assert ThreadPolicy.per_session().session_options().intra_op_num_threads == 3
+    monkeypatch.setenv("SPECDEC_THREADS", value)
+    with pytest.raises(InputError) as e:
+        ThreadPolicy()
+    assert f"SPECDEC_THREADS={value!r}" in one_line(e)
+
+
+def test_per_session_options(monkeypatch):
+    monkeypatch.delenv("SPECDEC_THREADS", raising=False)
     so = ThreadPolicy.per_session(3).session_options()
     assert so.intra_op_num_threads == 3 and so.use_per_session_threads
     assert so.get_session_config_entry("session.force_spinning_stop") == "1"

@@ -6,6 +6,8 @@ that peer's stack; ``specdec/bench/peers/__init__.py`` says what each mode is an
         {"cmd": "hello"} -> {"version", "unavailable": {mode: why}, ...}
         {"cmd": "decode", "mode", "temperature", "prompt", "tokens", "seed"} -> {"seconds", "tokens", "new_tokens", "stats", "ids"} or {"error"}
     worker.py gguf LLAMA_CPP_DIR MODEL_DIR OUTFILE {f32,q8_0,q4_0}  |  worker.py ov-tokenizer MODEL_DIR OUT_DIR
+    worker.py llama-quantize SRC.gguf DST.gguf FTYPE  (llama.cpp's own quantizer; FTYPE a llama_ftype number)
+    worker.py llama-quality SPEC_JSON  (tools/bench_quality.py's llama.cpp side; see llama_quality)
 """
 
 from __future__ import annotations
@@ -270,6 +272,55 @@ def ov_tokenizer(src: str, out: str) -> int:
     return 0
 
 
+def llama_quantize(src: str, dst: str, ftype: str) -> int:
+    import llama_cpp
+
+    p = llama_cpp.llama_model_quantize_default_params()
+    p.ftype, p.allow_requantize, p.nthread = int(ftype), True, 2
+    return llama_cpp.llama_model_quantize(src.encode(), dst.encode(), p)
+
+
+def llama_quality(spec: dict) -> int:
+    """For one GGUF: ``out/logits.npy`` (float32 [sum of window lengths, V], each of ``windows``
+    evaluated from an empty context, as ``specdec.bench.quality`` does for a bundle) and
+    ``out/greedy.json`` ({"tokens", "tokens_per_second"}: the argmax after each single-token
+    ``eval`` of ``steps`` tokens past each of ``prompts``, no sampler, EOS ignored; tokens/s counts
+    decoding after the prefill, one token a call, as specdec's autoregressive figure does)."""
+    import numpy as np
+    from llama_cpp import Llama
+
+    out = Path(spec["out"])
+    out.mkdir(parents=True, exist_ok=True)
+    n_ctx = max([len(w) for w in spec["windows"]] + [len(p) + spec["steps"] for p in spec["prompts"]]) + 8
+    common = dict(model_path=spec["gguf"], n_ctx=n_ctx, n_batch=n_ctx, n_threads=spec["threads"], n_threads_batch=spec["threads"], verbose=False)
+    llm = Llama(logits_all=True, **common)
+    vocab = llm.n_vocab()
+    logits = np.lib.format.open_memmap(out / "logits.npy", mode="w+", dtype=np.float32, shape=(sum(map(len, spec["windows"])), vocab))
+    start = 0
+    for w in spec["windows"]:
+        llm.reset()
+        llm.eval(w)
+        logits[start : start + len(w)] = llm.scores[: len(w)]
+        start += len(w)
+    logits.flush()
+    del llm
+    llm = Llama(logits_all=False, **common)  # without logits_all the binding keeps no scores: read the last row
+    last = lambda: np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(vocab,))  # noqa: E731
+    tokens, seconds, decoded = [], 0.0, 0
+    for p in spec["prompts"]:
+        llm.reset()
+        llm.eval(p)
+        got = [int(np.argmax(last()))]
+        t0 = time.perf_counter()
+        for _ in range(spec["steps"] - 1):
+            llm.eval([got[-1]])
+            got.append(int(np.argmax(last())))
+        seconds, decoded = seconds + time.perf_counter() - t0, decoded + len(got) - 1
+        tokens.append(got)
+    (out / "greedy.json").write_text(json.dumps({"tokens": tokens, "tokens_per_second": decoded / seconds}))
+    return 0
+
+
 def serve(kind: str, spec: dict) -> int:
     reply = os.fdopen(os.dup(1), "w", buffering=1)  # the real stdout; fd 1 becomes stderr, so library prints stay out of the replies
     os.dup2(2, 1)
@@ -292,4 +343,8 @@ if __name__ == "__main__":
         sys.exit(gguf(*a[1:]))
     if len(a) == 3 and a[0] == "ov-tokenizer":
         sys.exit(ov_tokenizer(*a[1:]))
+    if len(a) == 4 and a[0] == "llama-quantize":
+        sys.exit(llama_quantize(*a[1:]))
+    if len(a) == 2 and a[0] == "llama-quality":
+        sys.exit(llama_quality(json.loads(a[1])))
     sys.exit(__doc__)
