@@ -7,24 +7,11 @@ import json
 import pytest
 
 
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    """A llama target, a near draft (a noisy copy) and their bundle."""
-    pytest.importorskip("torch")
-    from models import save_pair
-
-    from specdec.export.pipeline import ExportConfig, export_bundle
-
-    root = tmp_path_factory.mktemp("peers")
-    target, draft = save_pair(root, "llama", near=0.1)
-    export_bundle(ExportConfig(str(target), str(draft), root / "bundle", gamma=4, max_seq_len=128))
-    return target, draft, root / "bundle"
-
-
-def test_bench_peers_hf_and_specdec(pair, tmp_path):
+@pytest.mark.parametrize("family_bundle", ["llama"], indirect=True)  # the shared llama pair: a near draft, and its bundle
+def test_bench_peers_hf_and_specdec(family_bundle, tmp_path):
     from test_cli import run
 
-    target, draft, bundle = pair
+    _, target, draft, bundle, _ = family_bundle
     out = tmp_path / "peers"
     res = run("bench-peers", "--only", "hf,specdec", "--target", str(target), "--draft", str(draft), "--bundle", str(bundle),
               "--prompts", "1", "--prompt-tokens", "8", "--tokens", "12", "--rounds", "1", "--temperatures", "0",

@@ -117,6 +117,25 @@ def chi_square_p(counts: np.ndarray, probs: np.ndarray) -> float:
     return float(scipy_stats.chisquare(obs, exp * (n / exp.sum())).pvalue)
 
 
+def runs_for_power(p: np.ndarray, q: np.ndarray, power: float = 0.99, floor: int = 1000, cap: int = 4000) -> int:
+    """Seeded runs for a first-token chi-square, chosen by power rather than habit: the fewest
+    (a multiple of 100, at least ``floor``) with which the test at P_MIN rejects, with
+    probability ``power``, the law of the subtlest bug it exists for: a rejection that samples
+    from the target's p itself instead of the residual norm(max(0, p − q)), giving
+    min(p, q) + (1 − Σ min(p, q)) p. (A residual of q, or the draft's own law, are told apart
+    with fewer runs.) Pearson's statistic is then noncentral chi-square with λ = n Σ (m − p)² / p
+    over the bins the test keeps. For the tiny models here that is 450-800 runs; the floor
+    leaves room for the binning rules (tests/runtime/test_decoder_exact.py)."""
+    mutant = np.minimum(p, q) + (1 - np.minimum(p, q).sum()) * p
+    for n in range(floor, cap, 100):
+        keep = p * n >= 5
+        lam = n * float(((mutant - p) ** 2 / np.where(keep, p, 1.0))[keep].sum())
+        df = int(keep.sum())
+        if df >= 1 and scipy_stats.ncx2.sf(scipy_stats.chi2.ppf(1 - P_MIN, df), df, lam) >= power:
+            return n
+    return cap
+
+
 def check_first_two(results, p1: np.ndarray, p2: np.ndarray, acceptance: tuple[float, float], label: str) -> np.ndarray:
     """Chi-square of the first two tokens of ``results`` against the target's P(t1), P(t2), after
     checking that the acceptance rate of drafts 1-2 lies in ``acceptance`` (both paths crossed).
@@ -150,15 +169,15 @@ def test_first_two_tokens_follow_the_target(family_bundle, mode, drafter):
 
 
 def first_two_tokens_follow_the_target(family_bundle, mode: str, drafter: str) -> None:
-    """4000 seeded runs: the first two tokens' counts against the target's exact distributions
-    (chi-square), with the power to tell them from the draft's."""
+    """Seeded runs (as many as ``runs_for_power`` says): the first two tokens' counts against the
+    target's exact distributions (chi-square), with the power to tell them from the draft's."""
     family, target, draft, out, manifest = family_bundle
-    runs = 4000
     kw = SAMPLING[mode]
     cfg = SamplingConfig(kw["temperature"], kw.get("top_k"), kw.get("top_p"))
     prompt = PROMPTS[2]  # its next-token distributions are the least peaked: most bins
     p1, p2 = exact_first_two(load_model(target), prompt, cfg)
     q1, q2 = exact_first_two(load_model(draft), prompt, cfg)
+    runs = runs_for_power(p1, q1)
     dec = SpeculativeDecoder.load(out, drafter=drafter)
     fused = family_bundle[0] == "llama" and drafter == "model"  # only the llama bundle has fused draft graphs
     assert (dec.engine.draft.fused(1, cfg.greedy) is not None and dec.drafter.use_fused) == fused  # the path this case is about

@@ -20,7 +20,8 @@ class Server(ServerProcess):
     environment's API key, ready (bounded wait) when built."""
 
     def __init__(self, bundle: Path, *args: str, log: Path, ready_within: float = 120.0):
-        env = {k: v for k, v in os.environ.items() if k != "SPECDEC_API_KEY"}  # the key is an argument or nothing
+        # the key is an argument or nothing; pytest's name of the current test can be longer than a process's environment may be
+        env = {k: v for k, v in os.environ.items() if k not in ("SPECDEC_API_KEY", "PYTEST_CURRENT_TEST")}
         super().__init__(bundle, "--log-level", "warning", *args, log=log, env=env)
         self.wait_ready(ready_within)
 

@@ -115,7 +115,8 @@ def test_body_at_the_limit_is_read(server):
 
 @pytest.mark.parametrize("body", ["[" * 100_000 + "]" * 100_000, '{"a":' * 100_000 + "1" + "}" * 100_000,
                                   '{"model": "tiny", "prompt": ' + "[" * 100_000 + "1" + "]" * 100_000 + "}",
-                                  '{"model": "tiny", "prompt": "x", "stop": ' + "[" * (MAX_DEPTH + 1) + "]" * (MAX_DEPTH + 1) + "}"])  # fmt: skip
+                                  '{"model": "tiny", "prompt": "x", "stop": ' + "[" * (MAX_DEPTH + 1) + "]" * (MAX_DEPTH + 1) + "}"],
+                         ids=["list", "object", "prompt", "stop"])  # fmt: skip
 def test_deep_json_gets_400(server, body):
     r = httpx.post(server.url + "/v1/completions", headers=HEADERS, content=body, timeout=30)
     check_error(r.status_code, r.content, 400, f"the limit is {MAX_DEPTH}")
