@@ -8,7 +8,8 @@ subpackages linked in, as an editable install lays them out); its worker runs wi
 ``PYTHONPATH``. ``--old-bundle``: the old tree's own export of the same models (an export
 change), else both load BUNDLE.
 
-- **Outputs** (off with ``--no-outputs``): each worker decodes every drafter its tree registers x
+- **Outputs** (off with ``--no-outputs``): each worker decodes every drafter its tree registers
+  that the bundle can run x
   {greedy, seeded T=1, seeded top-k/top-p} x γ in {0, 2, 4} on three prompts, through
   ``SpeculativeDecoder`` and (unless ``--no-batch``) ``BatchEngine`` with all prompts in flight;
   every case both trees know must give the same tokens, or the tool exits 1 naming them.
@@ -35,6 +36,7 @@ WORKER = r'''
 import json, sys, time
 from specdec.runtime import SpeculativeDecoder
 from specdec.runtime.batch import BatchEngine
+from specdec.errors import SpecDecError
 from specdec.runtime.drafters import DRAFTERS
 
 bundle = sys.argv[1]
@@ -48,7 +50,10 @@ def record(tokens, batch):
     out = {}
     prompts = SOURCES if SpeculativeDecoder.load(bundle, drafter="lookup").manifest.seq2seq else PROMPTS
     for drafter in DRAFTERS:
-        dec = SpeculativeDecoder.load(bundle, drafter=drafter)
+        try:
+            dec = SpeculativeDecoder.load(bundle, drafter=drafter)
+        except SpecDecError:  # the bundle lacks what this drafter needs (a tree graph, a feature head)
+            continue
         cases = [(name, kw, g) for name, kw in SETTINGS.items() for g in (0, 2, 4)]
         for name, kw, g in cases:
             for i, p in enumerate(prompts):

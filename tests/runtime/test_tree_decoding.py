@@ -23,15 +23,12 @@ REPEATS = [[5, 9, 2, 7, 5, 9, 2, 7, 5, 9], [40, 41, 42, 40, 41, 43, 40, 41], lis
 
 @pytest.fixture(scope="module")
 def tree_bundle(tmp_path_factory):
-    from models import save_pair
+    """The shared llama bundle (tests/bundles.py): a near draft, batched graphs for 2 and 4 rows,
+    fused draft graphs and an 8-node tree verify graph."""
+    from bundles import cached, returned
 
-    from specdec.export.pipeline import ExportConfig, export_bundle
-
-    root = tmp_path_factory.mktemp("tree")
-    target, draft = save_pair(root, "llama", near=0.1)
-    out = root / "bundle"
-    manifest = export_bundle(ExportConfig(str(target), str(draft), out, gamma=4, max_seq_len=160, max_batch=4, tree_nodes=8))
-    return target, out, manifest
+    folder = cached(tmp_path_factory, "family", "llama")
+    return folder / "llama-target", folder / "bundle", returned(folder)
 
 
 @pytest.mark.parametrize("gamma", [2, 4])
