@@ -14,8 +14,8 @@ change), else both load BUNDLE.
   ``SpeculativeDecoder`` and (unless ``--no-batch``) ``BatchEngine`` with all prompts in flight;
   every case both trees know must give the same tokens, or the tool exits 1 naming them.
   Adaptive γ is left out: its choices follow measured time.
-- **Speed**: each round sends every measurement to both workers in turn, the order flipping
-  every round: the decoder on one prompt x 128 tokens at T=0 and T=1 (the bundle's γ, the draft
+- **Speed**: each round sends every measurement to both workers in turn, the order reversed
+  every other round (``specdec.bench.sweep.interleaved``): the decoder on one prompt x 128 tokens at T=0 and T=1 (the bundle's γ, the draft
   model) and the batched engine on 8 requests x 96 tokens (T=0). Reported: the median tok/s of
   each and the median of the per-round new/old ratios.
 """
@@ -31,6 +31,7 @@ import sys
 from pathlib import Path
 
 from specdec.bench.report import write_results
+from specdec.bench.sweep import interleaved
 
 WORKER = r'''
 import json, sys, time
@@ -129,10 +130,8 @@ def main() -> int:
             shared = sorted(set(old) & set(new))
             differ, cases = [k for k in shared if old[k] != new[k]], len(shared)
             print(f"outputs: {cases} cases both trees decode, {len(differ)} differ; only new: {len(set(new) - set(old))}", file=sys.stderr)
-        for r in range(a.rounds):
-            for mode, cmd in MODES.items():
-                for tree in ("old", "new") if r % 2 else ("new", "old"):
-                    runs[tree, mode].append(trees[tree].ask(cmd))
+        for _, (mode, tree) in interleaved([(mode, tree) for mode in MODES for tree in ("new", "old")], a.rounds):
+            runs[tree, mode].append(trees[tree].ask(MODES[mode]))
     finally:
         for t in trees.values():
             t.close()

@@ -32,6 +32,7 @@ from pathlib import Path
 from specdec.bench.corpus import chat_prompts
 from specdec.bench.corpus import prompts as corpus_prompts
 from specdec.bench.report import write_results
+from specdec.bench.sweep import interleaved
 from specdec.runtime import SpeculativeDecoder
 from specdec.runtime.params import BeamParams
 
@@ -68,36 +69,34 @@ def main() -> None:
     times: dict[tuple, list[float]] = {c: [] for c in configs}
     stats: dict[tuple, dict] = {}
     ref: dict[tuple, list] = {}
-    for rnd in range(a.rounds + 1):
-        order = configs if rnd % 2 else configs[::-1]
-        for w, g, u in order:
-            total, steps, rounds, positions, t_sec, d_sec = 0.0, 0, 0, 0, 0.0, 0.0
-            for i, p in enumerate(prompts):
-                key = (w, i)
-                if g < 0:
-                    t0 = time.perf_counter()
-                    got = hf.beams(p, w, a.tokens)
-                    total += time.perf_counter() - t0
-                    if key in ref and got != ref[key]:
-                        raise SystemExit(f"transformers w={w} prompt {i}: {got} != specdec's {ref[key]}")
-                    continue
-                params = BeamParams(num_beams=w, max_new_tokens=a.tokens, gamma=g, draft_width=u)
-                t0 = time.perf_counter()
-                res = dec.beam_search(p, params)
-                total += time.perf_counter() - t0
-                got = [b.tokens for b in res.sequences]
-                if g == 0:
-                    ref.setdefault(key, got)
-                elif key in ref and got != ref[key]:
-                    raise SystemExit(f"w={w} gamma={g} u={u} prompt {i}: {got} != plain {ref[key]}")
-                s = res.stats
-                steps, rounds, positions = steps + s.steps, rounds + s.rounds, positions + s.target_tokens
-                t_sec, d_sec = t_sec + s.target_seconds, d_sec + s.draft_seconds
-            if rnd:
-                times[(w, g, u)].append(total)
+    for rnd, (w, g, u) in interleaved(configs, a.rounds + 1):  # round 0 warms up
+        total, steps, rounds, positions, t_sec, d_sec = 0.0, 0, 0, 0, 0.0, 0.0
+        for i, p in enumerate(prompts):
+            key = (w, i)
             if g < 0:
+                t0 = time.perf_counter()
+                got = hf.beams(p, w, a.tokens)
+                total += time.perf_counter() - t0
+                if key in ref and got != ref[key]:
+                    raise SystemExit(f"transformers w={w} prompt {i}: {got} != specdec's {ref[key]}")
                 continue
-            stats[(w, g, u)] = {"steps": steps, "rounds": rounds, "positions": positions, "t_step": t_sec / steps, "d_round": d_sec / rounds}
+            params = BeamParams(num_beams=w, max_new_tokens=a.tokens, gamma=g, draft_width=u)
+            t0 = time.perf_counter()
+            res = dec.beam_search(p, params)
+            total += time.perf_counter() - t0
+            got = [b.tokens for b in res.sequences]
+            if g == 0:
+                ref.setdefault(key, got)
+            elif key in ref and got != ref[key]:
+                raise SystemExit(f"w={w} gamma={g} u={u} prompt {i}: {got} != plain {ref[key]}")
+            s = res.stats
+            steps, rounds, positions = steps + s.steps, rounds + s.rounds, positions + s.target_tokens
+            t_sec, d_sec = t_sec + s.target_seconds, d_sec + s.draft_seconds
+        if rnd:
+            times[(w, g, u)].append(total)
+        if g < 0:
+            continue
+        stats[(w, g, u)] = {"steps": steps, "rounds": rounds, "positions": positions, "t_step": t_sec / steps, "d_round": d_sec / rounds}
     rows = []
     for w, g, u in configs:
         med = statistics.median(times[(w, g, u)])

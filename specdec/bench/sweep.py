@@ -65,6 +65,15 @@ def configs(drafters: list[str], gammas: list[int], adaptive: bool) -> list[Conf
     return out
 
 
+def interleaved(items: list, rounds: int):
+    """(round, item) for ``rounds`` rounds over ``items``, the order reversed every other round:
+    drift on a shared machine (heat, other load) falls on every item alike, and no item always
+    runs first. Every side-by-side measurement of specdec bench and tools/ walks its runs so."""
+    for r in range(rounds):
+        for item in items if r % 2 == 0 else items[::-1]:
+            yield r, item
+
+
 def run(decoders: dict, cfgs: list[Config], prompts: list[list[int]], tokens: int, rounds: int, temperature: float,
         ignore_eos: bool = True) -> dict[Config, Tally]:  # fmt: skip
     """Interleaved rounds: each round, every prompt is decoded once by every configuration
@@ -77,10 +86,8 @@ def run(decoders: dict, cfgs: list[Config], prompts: list[list[int]], tokens: in
 
     for c in cfgs:  # warm-up: first calls pay for lazy initialisation
         go(c, prompts[0], 8, 0)
-    for r in range(rounds):
-        for i, prompt in enumerate(prompts):
-            for c in cfgs:
-                tallies[c].add(go(c, prompt, tokens, 1000 * r + i).stats)
+    for r, (i, c) in interleaved([(i, c) for i in range(len(prompts)) for c in cfgs], rounds):
+        tallies[c].add(go(c, prompts[i], tokens, 1000 * r + i).stats)
     return tallies
 
 

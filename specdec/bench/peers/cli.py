@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from specdec.bench.peers import PEER_CLASSES, PEERS
+from specdec.bench.sweep import interleaved
 from specdec.bench.peers.base import ModeUnavailable, Options, Tally, log
 
 WARMUP_TOKENS = 8
@@ -100,7 +101,7 @@ def one_line(exc: Exception) -> str:
 
 
 def measure(peers: list, prompts: list[list[int]], temps: list[float], tokens: int, rounds: int, unavailable: dict[Key, str]) -> dict:
-    """A warm-up per (peer, mode, T), then rounds interleaved over prompts, T, peers and modes,
+    """A warm-up per (peer, mode, T), then rounds over prompts, T, peers and modes (interleaved),
     seeded 1000 * round + prompt (as ``specdec bench``); round 0's outputs kept per prompt. A
     failing (peer, mode, T) is recorded with its first error and not asked again."""
     def attempt(peer, mode, t, prompt, n, seed):
@@ -115,13 +116,11 @@ def measure(peers: list, prompts: list[list[int]], temps: list[float], tokens: i
     for peer, mode, t in ((p, m, t) for p in peers for m in p.modes for t in temps):
         attempt(peer, mode, t, prompts[0], WARMUP_TOKENS, 0)
     tallies: dict = {}
-    for r in range(rounds):
-        log(f"round {r + 1}/{rounds}")
-        for i, t, peer, mode in ((i, t, p, m) for i in range(len(prompts)) for t in temps for p in peers for m in p.modes):
-            if (s := attempt(peer, mode, t, prompts[i], tokens, 1000 * r + i)) is not None:
-                tallies.setdefault((peer.name, mode, t), Tally()).add(s)
-                if r == 0:
-                    tallies[(peer.name, mode, t)].outputs[i] = s.ids
+    for r, (i, t, peer, mode) in interleaved([(i, t, p, m) for i in range(len(prompts)) for t in temps for p in peers for m in p.modes], rounds):
+        if (s := attempt(peer, mode, t, prompts[i], tokens, 1000 * r + i)) is not None:
+            tallies.setdefault((peer.name, mode, t), Tally()).add(s)
+            if r == 0:
+                tallies[(peer.name, mode, t)].outputs[i] = s.ids
     return tallies
 
 
