@@ -1,8 +1,9 @@
 """The suite's time budget, reported on every run (docs/contributing.md).
 
-Every run ends with the suite's wall time, the 10 slowest tests (setup + call + teardown) and
-the 10 slowest fixtures (a session fixture's export is paid once, by the first test that asks
-for it), and a line for each test over the per-test budget. ``--timing-json PATH`` writes every
+Every run ends with the suite's wall time, the 10 slowest tests (setup + call + teardown; a
+module fixture's export counts in the first test that asks for it) and the 10 slowest fixtures
+(each xdist worker's share of the shared exports as ``prebuild ...``, tests/bundles.py), and a
+line for each test over the per-test budget. ``--timing-json PATH`` writes every
 test's and fixture's seconds, and the total per file, for tools that track the budget.
 
 The budget is reported, not enforced by default: a slower box (CI's runs ~2.5x this one) must not

@@ -58,6 +58,8 @@ def provenance(argv: list[str] | None = None) -> dict:
     from importlib.metadata import PackageNotFoundError, version
 
     def git(*args: str) -> str | None:
+        if not (REPO / "pyproject.toml").is_file() or 'name = "specdec"' not in (REPO / "pyproject.toml").read_text():
+            return None  # an installed specdec, not a checkout: no commit to name
         try:
             run = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True, timeout=30)
         except (OSError, subprocess.TimeoutExpired):

@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("fastapi")
 from specdec.serve.process import ServerProcess  # noqa: E402
 
-from models import CHAT_TEMPLATE as TEMPLATE  # noqa: E402
+from models import CHAT_TEMPLATE as TEMPLATE  # noqa: E402, F401 (test_server.py reads it from here)
 
 KEY = "test-key-0123"
 
