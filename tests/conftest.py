@@ -84,9 +84,10 @@ FAMILIES = ["llama", "qwen2", "qwen3", "phi3", "gemma3", "gemma2", "mistral", "g
 @pytest.fixture(scope="session", params=FAMILIES)
 def family_bundle(request, tmp_path_factory):
     """Per family: a target, a near draft (a noisy copy, so decoding accepts and rejects), and
-    their bundle (γ = 4, max-seq-len 192, batched graphs for 2 and 4 rows). Shared by the
-    export and runtime tests. The llama bundle also has an 8-node tree verify graph (the tree
-    drafters' tests decode with it) and fused draft graphs (--fused-draft), so
+    their bundle (γ = 4, max-seq-len 192, batched graphs: 4 rows for llama, 2 for the others;
+    bundles._family says why). Shared by the export and runtime tests. The llama bundle also has
+    an 8-node tree verify graph (the tree drafters' tests decode with it) and fused draft graphs
+    (--fused-draft), so
     its decoding tests run the fused path at γ = 4 (and the step path at other γ); the other
     families' fused graphs are checked graph by graph (tests/export/test_fused.py), which keeps
     ~2 minutes of export per family out of the suite."""
