@@ -78,6 +78,17 @@ def llama_bundle(tmp_path_factory):
     return folder / "llama-target", folder / "llama-draft", folder / "bundle"
 
 
+@pytest.fixture(scope="session")
+def chat_bundle(tmp_path_factory):
+    """A llama pair whose tokenizer has a chat template, exported with γ = 4, max-seq-len 512
+    and batched graphs for 2 and 4 rows; the draft is a noisy copy (accepts and rejects)."""
+    pytest.importorskip("torch")
+    from bundles import cached
+
+    folder = cached(tmp_path_factory, "chat")
+    return folder / "llama-target", folder / "bundle"
+
+
 FAMILIES = ["llama", "qwen2", "qwen3", "phi3", "gemma3", "gemma2", "mistral", "gpt2", "opt", "gpt_neox"]
 
 

@@ -9,7 +9,9 @@ The bundle is the real-model demo's (``specdec demo --model smollm2`` exports an
 the package's GGUF as target, models/smollm2-draft as draft, γ = 4). ``--kind chat``: the
 prompts are ``specdec.bench.corpus.HELD_OUT``, everyday chat questions, a kind no training prompt of
 the draft was (those were built from Python docstrings and code); ``--kind code``:
-``HELD_OUT_CODE``, coding requests written here, the draft's domain but none of its prompts.
+``HELD_OUT_CODE``, coding requests written here, the draft's domain but none of its prompts;
+``--kind topics-chat|topics-code``: requests on the topics that ``specdec distill`` holds out
+(specdec/distill/prompts.py), for drafters trained on its data.
 Each prompt goes through the chat template.
 
 1. Exactness: per drafter, greedy speculative tokens against PyTorch's own argmax loop on the
@@ -35,10 +37,9 @@ from pathlib import Path
 
 import numpy as np
 
-from specdec.bench.corpus import HELD_OUT, HELD_OUT_CODE, chat_prompts
+from specdec.bench.corpus import CHAT_KINDS, chat_prompts, chat_texts
 from specdec.bench.report import write_results
 
-KINDS = {"chat": HELD_OUT, "code": HELD_OUT_CODE}
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs" / "bench" / "real-model"  # decode-<kind>.json
@@ -68,7 +69,7 @@ def main() -> None:
     ap.add_argument("--bundle", type=Path, default=None, help="default: the smollm2 demo bundle (exported on first use)")
     ap.add_argument("--max-new", type=int, default=128)
     ap.add_argument("--drafters", default="model,lookup")
-    ap.add_argument("--kind", choices=list(KINDS), default="chat")
+    ap.add_argument("--kind", choices=list(CHAT_KINDS), default="chat")
     ap.add_argument("--prompts", type=int, default=None, help="the first N prompts of the kind [default: all]")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--no-exactness", action="store_true")
@@ -92,7 +93,7 @@ def main() -> None:
     bundle = a.bundle or demo.smollm2_bundle(lambda s: print(f"[export] {s}", file=sys.stderr, flush=True))[0]
     base = SpeculativeDecoder.load(bundle, threads=a.threads)
     m = base.manifest
-    texts = KINDS[a.kind][: a.prompts]
+    texts = chat_texts(a.kind, a.prompts)
     prompts = chat_prompts(bundle, m, base.codec, a.kind, a.prompts)
     drafters = a.drafters.split(",") if not a.cost else ["model"]
     decs = {d: base.fork(d) for d in drafters}

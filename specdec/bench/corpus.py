@@ -168,14 +168,27 @@ def prompts(corpus: str, encode, count: int, length: int) -> list[list[int]]:
     return {"stdlib": held_out_prompts, "code": code_prompts, "functions": function_sources}[corpus](encode, count, length)
 
 
+CHAT_KINDS = ("chat", "code", "topics-chat", "topics-code")
+
+
+def chat_texts(kind: str, count: int | None = None) -> list[str]:
+    """The first ``count`` held-out requests of ``kind``: "chat" (everyday questions, HELD_OUT),
+    "code" (coding requests, HELD_OUT_CODE), or "topics-chat"/"topics-code": requests of the
+    self-distillation recipe's own forms on topics it holds out (specdec/distill/prompts.py)."""
+    if kind.startswith("topics-"):
+        from specdec.distill.prompts import held_out
+
+        return held_out(kind.removeprefix("topics-"), count or 16)
+    return list({"chat": HELD_OUT, "code": HELD_OUT_CODE}[kind][:count])
+
+
 def chat_prompts(bundle: Path, manifest, codec, kind: str = "chat", count: int | None = None) -> list[list[int]]:
-    """The first ``count`` held-out requests of ``kind`` ("chat": everyday questions, HELD_OUT;
-    "code": coding requests, HELD_OUT_CODE) as user turns through the bundle's chat template."""
+    """``chat_texts(kind, count)`` as user turns through the bundle's chat template."""
     from specdec.errors import InputError
     from specdec.serve.chat import bundle_template
 
     chat = bundle_template(bundle, manifest, codec)
     if chat is None:
         raise InputError(f"bundle {bundle} has no chat template; chat prompts need one (export a tokenizer that has it)")
-    texts = {"chat": HELD_OUT, "code": HELD_OUT_CODE}[kind][:count]
+    texts = chat_texts(kind, count)
     return [codec.encode(chat.render([{"role": "user", "content": t}])) for t in texts]

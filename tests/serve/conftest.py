@@ -27,17 +27,6 @@ class Server(ServerProcess):
 
 
 @pytest.fixture(scope="session")
-def chat_bundle(tmp_path_factory):
-    """A llama pair whose tokenizer has a chat template, exported with γ = 4, max-seq-len 512
-    and batched graphs for 2 and 4 rows; the draft is a noisy copy (accepts and rejects)."""
-    pytest.importorskip("torch")
-    from bundles import cached
-
-    folder = cached(tmp_path_factory, "chat")
-    return folder / "llama-target", folder / "bundle"
-
-
-@pytest.fixture(scope="session")
 def server(chat_bundle, tmp_path_factory):
     """The shared server: the chat bundle, 4 rows, an API key, model name "tiny", CORS for one origin."""
     s = Server(chat_bundle[1], "--max-batch", "4", "--max-queue", "16", "--served-model-name", "tiny", "--api-key", KEY,

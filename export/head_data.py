@@ -1,0 +1,157 @@
+"""A feature head's training data: token sequences, which positions are trained on, and the target's features.
+
+Two sources:
+
+- a text corpus ("stdlib" or a folder of text files): windows of ``window`` tokens at random
+  offsets of the files' concatenated tokens, every position trained on;
+- a self-distillation folder (``specdec distill``, specdec/distill/): one sequence per
+  conversation, prompt + the target's answer, as the runtime sees it (fed from an empty
+  cache); only the positions that predict answer tokens are trained on, as EAGLE trains on
+  assistant turns. Conversations of topics whose sha256 is 0 mod 32 are the held-out ones
+  for the teacher-forced figures (the benchmark's held-out topics were never generated).
+
+Batches group sequences of similar length (little padding); the features are the bundle's own
+target graph's (ONNX Runtime, float32: the model the runtime serves), kept float16.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from specdec.errors import ConfigError
+
+TEXT_SUFFIXES = (".py", ".txt", ".md", ".rst", ".json", ".c", ".h", ".js", ".ts", ".go", ".rs", ".java")
+
+
+@dataclass
+class Sequences:
+    ids: list[np.ndarray]  # each [T_i] int64
+    mask: list[np.ndarray]  # each [T_i] bool: position j is trained on (it predicts token j + 1)
+    feats: list[np.ndarray] | None = None  # each [T_i, d] float16, after ``with_features``
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @property
+    def tokens(self) -> int:
+        return int(sum(len(x) for x in self.ids))
+
+    @property
+    def trained(self) -> int:
+        return int(sum(m.sum() for m in self.mask))
+
+
+def corpus_files(corpus: str) -> tuple[list[Path], list[Path]]:
+    """(training, held-out) files: "stdlib" is the demo pair's split; a folder gives its text files,
+    every 20th (by sorted path) held out."""
+    if corpus == "stdlib":
+        from specdec.bench.corpus import stdlib_files
+
+        return stdlib_files(held_out=False), stdlib_files(held_out=True)
+    root = Path(corpus)
+    files = sorted(f for f in root.rglob("*") if f.is_file() and f.suffix in TEXT_SUFFIXES) if root.is_dir() else []
+    if len(files) < 2:
+        raise ConfigError(f"--corpus {corpus}: expected 'stdlib', a `specdec distill` folder, or a folder with at least 2 text files "
+                          f"({', '.join(TEXT_SUFFIXES)})")  # fmt: skip
+    return [f for i, f in enumerate(files) if i % 20 != 19], [f for i, f in enumerate(files) if i % 20 == 19] or files[-1:]
+
+
+def windows_of(files: list[Path], encode: Callable[[str], list[int]], window: int, count: int, rng: np.random.Generator,
+               sep: int | None) -> Sequences:  # fmt: skip
+    """``count`` windows of ``window`` tokens at random offsets of the files' concatenated tokens."""
+    ids: list[int] = []
+    for f in files:
+        ids += encode(f.read_text(encoding="utf-8", errors="replace")) + ([sep] if sep is not None else [])
+    stream = np.asarray(ids, dtype=np.int64)
+    if len(stream) <= window:
+        raise ConfigError(f"the corpus has {len(stream)} tokens; a training window takes {window + 1}")
+    starts = rng.integers(0, len(stream) - window, count)
+    seqs = [stream[s : s + window] for s in starts]
+    return Sequences(seqs, [np.ones(window, bool) for _ in seqs])
+
+
+def is_distilled(corpus: str) -> bool:
+    return (Path(corpus) / "plan.json").is_file()
+
+
+def held_out_topic(topic: str) -> bool:
+    return int(hashlib.sha256(topic.encode()).hexdigest(), 16) % 32 == 0
+
+
+def distilled(folder: str, max_len: int, limit: int | None = None) -> tuple[Sequences, Sequences]:
+    """(training, held-out) conversations of a ``specdec distill`` folder, each cut to ``max_len`` tokens."""
+    from specdec.distill.shards import answers
+
+    plan = json.loads((Path(folder) / "plan.json").read_text())
+    reqs, temps = plan["requests"], plan["settings"]["temperatures"]
+    train, held = Sequences([], []), Sequences([], [])
+    for a in answers(Path(folder)):
+        ids = np.asarray(a.prompt + a.answer, np.int64)[:max_len]
+        mask = np.zeros(len(ids), bool)
+        mask[len(a.prompt) - 1 : len(a.prompt) + len(a.answer) - 1] = True  # positions predicting answer tokens
+        side = held if held_out_topic(reqs[a.job // len(temps)]["topic"]) else train
+        side.ids.append(ids)
+        side.mask.append(mask[: len(ids)])
+        if limit is not None and len(train) >= limit:
+            break
+    if not len(train) or not len(held):
+        raise ConfigError(f"--corpus {folder}: {len(train)} training and {len(held)} held-out conversations; run specdec distill longer")
+    return train, held
+
+
+def with_features(bundle: Path, manifest, seqs: Sequences, report: Callable[[str], None]) -> Sequences:
+    """``seqs`` with the target's features [T_i, d] float16 for each (fed from an empty cache)."""
+    from specdec.engines.kv import KVCache
+    from specdec.engines.ort import runner_for
+
+    name, g = manifest.graph("target", "dynamic")
+    t = manifest.target
+    cache = KVCache(t.num_layers, t.num_kv_heads, manifest.max_seq_len, t.head_dim, manifest.dtype)
+    runner = runner_for(bundle, name, g, cache)
+    feats, t0, done = [], time.perf_counter(), 0
+    for i, ids in enumerate(seqs.ids):
+        cache.rewind_to(0)
+        runner.run(ids)
+        feats.append(runner.features[0, : len(ids)].astype(np.float16))
+        done += len(ids)
+        if (i + 1) % 200 == 0:
+            el = time.perf_counter() - t0
+            report(f"target features {i + 1}/{len(seqs)} sequences, {done:,} tokens ({el:.0f} s, {done / el:.0f} tok/s)")
+    return Sequences(seqs.ids, seqs.mask, feats)
+
+
+def batches(seqs: Sequences, tokens: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """Index groups of similar length, each at most ``tokens`` tokens once padded, in random order."""
+    order = np.argsort([len(x) for x in seqs.ids], kind="stable")
+    groups, cur, longest = [], [], 0
+    for i in order:
+        n = len(seqs.ids[i])
+        if cur and max(longest, n) * (len(cur) + 1) > tokens:
+            groups.append(np.array(cur))
+            cur, longest = [], 0
+        cur.append(i)
+        longest = max(longest, n)
+    if cur:
+        groups.append(np.array(cur))
+    rng.shuffle(groups)
+    return groups
+
+
+def collate(seqs: Sequences, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """ids [B, T] int64, mask [B, T] bool, features [B, T, d] float32, right-padded with zeros (mask False)."""
+    T = max(len(seqs.ids[i]) for i in idx)
+    d = seqs.feats[idx[0]].shape[-1]
+    ids = np.zeros((len(idx), T), np.int64)  # [B, T]
+    mask = np.zeros((len(idx), T), bool)  # [B, T]
+    f = np.zeros((len(idx), T, d), np.float32)  # [B, T, d]
+    for b, i in enumerate(idx):
+        n = len(seqs.ids[i])
+        ids[b, :n], mask[b, :n], f[b, :n] = seqs.ids[i], seqs.mask[i], seqs.feats[i]
+    return ids, mask, f

@@ -1,0 +1,175 @@
+"""``specdec distill``: the target answers varied prompts through its chat template, on our BatchEngine;
+its answers and top-K log-probabilities become a drafter's training data (specdec/distill/shards.py).
+
+    plan      the training side of the topic split (specdec/distill/prompts.py); self-instruct
+              requests first: the target writes a question per topic, kept when it looks like one
+    jobs      job j = (request j // T, temperature j % T) over ``temperatures`` (greedy and T = 1 by
+              default: two answers per prompt, the second a sample of the target's law)
+    generate  jobs not answered yet, up to ``max_batch`` at once (γ = 0: the target alone), each
+              with a seed of its own; a shard is written every ``shard_size`` answers
+    stop      at ``tokens`` answer tokens, after ``minutes``, or when every job is answered;
+              an interrupted run resumes where its last whole shard ended
+
+The log-probabilities are the bundle's target's (raw, before temperature): train from a float32
+bundle's data, or measure what a quantized bundle's differ (``--bundle`` of ``specdec distill``).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from specdec.distill import prompts as P
+from specdec.distill.shards import Answer, done_jobs, shard_paths, write_shard
+from specdec.errors import ConfigError
+
+PLAN = "plan.json"
+
+
+@dataclass(frozen=True)
+class Settings:
+    max_new_tokens: int = 256
+    temperatures: tuple[float, ...] = (0.0, 1.0)
+    top_k: int = 20  # log-probabilities kept per answer position (the runtime's logprobs bound)
+    seed: int = 0
+    docs: int = 1500  # coding requests made from installed docstrings
+    shard_size: int = 64
+    max_prompt_tokens: int = 512
+    requests: list[dict] = field(default_factory=list, compare=False)  # given: these instead of the topic split's (tests)
+
+
+def _chat(bundle: Path, engine):
+    from specdec.serve.chat import bundle_template
+
+    chat = bundle_template(bundle, engine.manifest, engine.codec)
+    if chat is None:
+        raise ConfigError(f"bundle {bundle} has no chat template; self-distillation asks the target through it: export a tokenizer that has one")
+    return lambda text: engine.codec.encode(chat.render([{"role": "user", "content": text}]))
+
+
+def _wait_all(engine, jobs: list[tuple[int, list[int], dict]], on_done: Callable) -> None:
+    """Submit (key, prompt ids, params) to ``engine`` keeping ``max_batch`` in flight, calling on_done(key, result) in submission order."""
+    from collections import deque
+
+    flight: deque = deque()
+    for key, ids, params in jobs:
+        flight.append((key, engine.submit(ids, block=True, **params)))
+        while len(flight) >= 2 * engine.max_batch:
+            k, h = flight.popleft()
+            on_done(k, h.result())
+    while flight:
+        k, h = flight.popleft()
+        on_done(k, h.result())
+
+
+def make_plan(folder: Path, bundle: Path, engine, s: Settings, report: Callable[[str], None]) -> dict:
+    """The plan (requests with prompts resolved), made once: self-instruct questions are the target's."""
+    path = folder / PLAN
+    if path.is_file():
+        plan = json.loads(path.read_text())
+        if plan["settings"] != _settings_record(s):
+            raise ConfigError(f"{folder} holds a run with other settings ({plan['settings']}); resume it with those or use another --out")
+        return plan
+    encode = _chat(bundle, engine)
+    reqs = s.requests or P.requests(held_out=False, seed=s.seed, docs=s.docs)
+    instruct = [(i, r) for i, r in enumerate(reqs) if "instruct" in r]
+    written: dict[int, str] = {}
+
+    def keep(i, res):
+        if P.looks_like_question(res.text or ""):
+            written[i] = res.text.strip().strip('"')
+
+    report(f"self-instruct: the target writes {len(instruct)} questions")
+    _wait_all(engine, [(i, encode(r["instruct"]), dict(max_new_tokens=48, temperature=1.0, seed=s.seed + i, gamma=0)) for i, r in instruct], keep)
+    final = []
+    for i, r in enumerate(reqs):
+        if "instruct" in r:
+            if i in written:
+                final.append({"topic": r["topic"], "kind": r["kind"], "prompt": written[i], "self_instruct": True})
+        else:
+            final.append(r)
+    plan = {"settings": _settings_record(s), "bundle": str(bundle), "requests": final,
+            "self_instruct": {"asked": len(instruct), "kept": len(written)}}  # fmt: skip
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(plan, indent=1))
+    tmp.replace(path)
+    report(f"plan: {len(final)} requests ({len(written)} of {len(instruct)} self-instruct questions kept) -> {path}")
+    return plan
+
+
+def _settings_record(s: Settings) -> dict:
+    d = asdict(s)
+    d.pop("requests")
+    d["temperatures"] = list(d["temperatures"])
+    return d
+
+
+def distill(bundle: Path, out: Path, s: Settings, max_batch: int, tokens: int | None = None, minutes: float | None = None,
+            progress: bool = True, report: Callable[[str], None] = print) -> dict:  # fmt: skip
+    """Run (or resume) self-distillation of ``bundle``'s target into ``out``; returns the run's record."""
+    from tqdm import tqdm
+
+    from specdec.runtime.batch import BatchEngine
+
+    bundle, out = Path(bundle), Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    with BatchEngine(bundle, max_batch=max_batch, drafter="lookup", max_queue=4 * max_batch) as engine:
+        plan = make_plan(out, bundle, engine, s, report)
+        encode = _chat(bundle, engine)
+        reqs, temps = plan["requests"], s.temperatures
+        done, have = done_jobs(out)
+        todo = [j for j in range(len(reqs) * len(temps)) if j not in done]
+        goal = tokens if tokens is not None else None
+        bar = tqdm(total=goal, initial=have, unit="tok", desc="answer tokens", disable=not progress, smoothing=0.05)
+        shard, pending, made = len(shard_paths(out)), [], 0
+        state = {"tokens": have, "stop": False}
+
+        def jobs():
+            for j in todo:
+                if state["stop"]:
+                    return
+                r = reqs[j // len(temps)]
+                ids = encode(r["prompt"])
+                if len(ids) > s.max_prompt_tokens:
+                    continue
+                yield j, ids, dict(max_new_tokens=s.max_new_tokens, temperature=temps[j % len(temps)], seed=s.seed * 1_000_003 + j,
+                                   gamma=0, logprobs=s.top_k)  # fmt: skip
+
+        def on_done(j, res):
+            nonlocal shard, made
+            if res.stats.finish_reason not in ("eos", "length"):  # cancelled: not a whole answer
+                return
+            top = res.logprobs  # one TokenLogprob per answer token, its top-K alternatives
+            ids = np.array([[t for t, _ in x.top] for x in top], np.int32).reshape(len(top), s.top_k)  # [A, K]
+            lps = np.array([[lp for _, lp in x.top] for x in top], np.float16).reshape(len(top), s.top_k)  # [A, K]
+            pending.append(Answer(j, encode(reqs[j // len(temps)]["prompt"]), list(res.tokens), ids, lps))
+            state["tokens"] += len(res.tokens)
+            bar.update(len(res.tokens))
+            if len(pending) >= s.shard_size:
+                write_shard(out, shard, pending)
+                shard, made = shard + 1, made + len(pending)
+                pending.clear()
+            if (tokens is not None and state["tokens"] >= tokens) or (minutes is not None and time.perf_counter() - t0 > 60 * minutes):
+                state["stop"] = True
+
+        try:
+            _wait_all(engine, jobs(), on_done)
+        finally:
+            if pending:
+                write_shard(out, shard, pending)
+                made += len(pending)
+                pending.clear()
+            bar.close()
+    done, have_now = done_jobs(out)
+    seconds = time.perf_counter() - t0
+    record = {"answers": len(done), "answer_tokens": have_now, "jobs": len(reqs) * len(temps), "this_run": {
+        "answers": made, "answer_tokens": have_now - have, "seconds": round(seconds, 1), "tok_s": round((have_now - have) / seconds, 1)}}  # fmt: skip
+    (out / "progress.json").write_text(json.dumps(record, indent=1))
+    return record

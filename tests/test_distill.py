@@ -1,0 +1,139 @@
+"""`specdec distill` (self-distillation data) and `specdec train-drafter` on its folder, on the tiny chat bundle.
+
+The data must be the target's: each greedy answer is the target's greedy decoding of the prompt
+through the chat template, each sampled one is what the same request (its seed) gives alone, and
+the log-probabilities are the target's. A run stopped early and resumed answers every job once,
+with the same answers as one uninterrupted run; topics are split, never lines.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+
+from specdec.distill import prompts as P  # noqa: E402
+from specdec.distill.run import Settings, distill  # noqa: E402
+from specdec.distill.shards import answers, shard_paths  # noqa: E402
+from specdec.errors import ConfigError  # noqa: E402
+
+# "topic 21" and "topic 22" hash to 0 mod 32: the held-out conversations of train-drafter's split
+REQUESTS = [{"topic": f"topic {i}", "kind": "chat", "prompt": f"Tell me about thing number {i}."} for i in (3, 5, 21, 22, 7, 9)]
+REQUESTS.append({"topic": "topic 4", "kind": "chat", "instruct": "Write one question about topic 4."})
+SETTINGS = Settings(max_new_tokens=12, seed=3, shard_size=3, requests=REQUESTS)
+
+
+def by_job(folder):
+    return {a.job: a for a in answers(folder)}
+
+
+@pytest.fixture(scope="module")
+def whole(chat_bundle, tmp_path_factory):
+    """One uninterrupted run over every job."""
+    out = tmp_path_factory.mktemp("distill") / "whole"
+    record = distill(chat_bundle[1], out, SETTINGS, max_batch=4, progress=False, report=lambda s: None)
+    return out, record
+
+
+def test_answers_are_the_targets(whole, chat_bundle):
+    """Greedy jobs equal SpeculativeDecoder's greedy decoding (γ = 0) of the same chat prompt;
+    sampled jobs equal the same request alone (its own seed); the top-K log-probabilities are
+    the target's raw ones at each answer position."""
+    from specdec.runtime import SpeculativeDecoder
+    from specdec.serve.chat import bundle_template
+
+    out, record = whole
+    plan = json.loads((out / "plan.json").read_text())
+    assert record["answers"] == record["jobs"] == 2 * len(plan["requests"])
+    dec = SpeculativeDecoder.load(chat_bundle[1])
+    chat = bundle_template(chat_bundle[1], dec.manifest, dec.codec)
+    got = by_job(out)
+    assert sorted(got) == list(range(record["jobs"]))
+    for job, a in got.items():
+        r = plan["requests"][job // 2]
+        prompt = dec.codec.encode(chat.render([{"role": "user", "content": r["prompt"]}]))
+        assert a.prompt == prompt
+        res = dec.generate(prompt, max_new_tokens=12, temperature=(0.0, 1.0)[job % 2], seed=3 * 1_000_003 + job, gamma=0, logprobs=20)
+        assert a.answer == res.tokens, f"job {job}"
+        assert a.top_id.shape == (len(a.answer), 20)
+        assert a.top_id[:, 0].tolist() == [x.top[0][0] for x in res.logprobs]
+        np.testing.assert_allclose(a.top_lp.astype(np.float32), [[lp for _, lp in x.top] for x in res.logprobs], rtol=1e-3, atol=1e-4)  # float16 storage: 2^-11 relative
+
+
+def test_a_stopped_run_resumes_to_the_same_data(whole, chat_bundle, tmp_path):
+    """Stopped at a token budget, then resumed (twice: the second finds nothing to do): every
+    job answered once, answers equal to the uninterrupted run's; a stale temporary shard is ignored."""
+    out = tmp_path / "resumed"
+    first = distill(chat_bundle[1], out, SETTINGS, max_batch=2, tokens=10, progress=False, report=lambda s: None)
+    assert first["answers"] < first["jobs"]
+    kept = by_job(out)
+    (out / ".shard-00099.npz.partial").write_bytes(b"half a shard")  # what an interrupted write leaves
+    second = distill(chat_bundle[1], out, SETTINGS, max_batch=4, progress=False, report=lambda s: None)
+    third = distill(chat_bundle[1], out, SETTINGS, max_batch=4, progress=False, report=lambda s: None)
+    assert second["answers"] == second["jobs"] and third["this_run"]["answers"] == 0
+    got, ref = by_job(out), by_job(whole[0])
+    assert sum(1 for _ in answers(out)) == len(got) == len(ref)  # no job twice
+    assert all(got[j].answer == kept[j].answer for j in kept)
+    assert {j: a.answer for j, a in got.items()} == {j: a.answer for j, a in ref.items()}
+    assert (out / "plan.json").read_text() == (whole[0] / "plan.json").read_text()
+
+
+def test_other_settings_in_the_folder_are_refused(whole, chat_bundle, tmp_path):
+    out = tmp_path / "other"
+    shutil.copytree(whole[0], out)
+    with pytest.raises(ConfigError, match="other settings"):
+        distill(chat_bundle[1], out, Settings(max_new_tokens=5, seed=3, shard_size=3, requests=REQUESTS), max_batch=2, progress=False)
+
+
+def test_cli_bad_temperatures_exit_2(chat_bundle, tmp_path):
+    run = subprocess.run([sys.executable, "-m", "specdec", "distill", str(chat_bundle[1]), "--out", str(tmp_path / "d"), "--temperatures", "0,hot"],
+                         capture_output=True, text=True)  # fmt: skip
+    assert run.returncode == 2
+    assert "--temperatures '0,hot': expected comma-separated numbers" in run.stderr
+    assert not shard_paths(tmp_path / "d")
+
+
+def test_self_instruct_keeps_only_questions(whole):
+    plan = json.loads((whole[0] / "plan.json").read_text())
+    assert plan["self_instruct"]["asked"] == 1
+    kept = [r for r in plan["requests"] if r.get("self_instruct")]
+    assert len(kept) == plan["self_instruct"]["kept"] and all(P.looks_like_question(r["prompt"]) for r in kept)
+    assert P.looks_like_question("How do glaciers move?") and P.looks_like_question('"Why is it cold?"')
+    assert not P.looks_like_question("Glaciers move.") and not P.looks_like_question("Why?\nBecause?") and not P.looks_like_question("Why?")
+
+
+def test_topics_split_and_bench_topics_left_out():
+    """No topic is on both sides; the benchmark's held-out topics are on neither; about 1 in 8 held out."""
+    train = P.requests(held_out=False, docs=0)
+    held = P.requests(held_out=True, docs=0)
+    t_train, t_held = {r["topic"] for r in train}, {r["topic"] for r in held}
+    assert not t_train & t_held and t_held
+    assert not (t_train | t_held) & P.BENCH_TOPICS
+    assert 0.06 < len(t_held) / len(t_train | t_held) < 0.2
+    assert all(P.is_held_out(t) for t in t_held)
+    assert P.held_out("chat", 5, seed=0) == P.held_out("chat", 5, seed=0) and len(P.held_out("chat", 5)) == 5
+
+
+def test_train_drafter_on_distilled_data(whole, chat_bundle, tmp_path):
+    """train-drafter reads a distill folder: only answer positions are trained on, topics 21/22 held out."""
+    from specdec.export.head_data import distilled
+    from specdec.export.train_head import Recipe, train
+
+    train_seqs, held = distilled(str(whole[0]), 512)
+    kept = [a for a in answers(whole[0]) if a.job // 2 not in (2, 3)]
+    assert len(held) == 4 and len(train_seqs) == len(kept)
+    for a, ids, mask in zip(kept, train_seqs.ids, train_seqs.mask):  # position j predicts token j + 1: answer tokens only
+        assert ids.tolist() == a.prompt + a.answer
+        assert np.flatnonzero(mask).tolist() == list(range(len(a.prompt) - 1, len(ids) - 1))
+    bundle = tmp_path / "bundle"
+    shutil.copytree(chat_bundle[1], bundle)
+    record = train(bundle, str(whole[0]), Recipe(steps=20, batch=2, window=64, lr=3e-3, noise=0.0, bf16=True), report=lambda s: None)
+    assert record["conversations"] == len(train_seqs) and record["held_out_conversations"] == 4
+    assert record["trained_positions"] == sum(len(a.answer) for a in kept)
+    assert record["held_out"]["after"]["alpha_t1"] > record["held_out"]["before"]["alpha_t1"]
