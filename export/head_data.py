@@ -106,8 +106,37 @@ def distilled(folder: str, max_len: int, limit: int | None = None) -> tuple[Sequ
     return train, held
 
 
-def with_features(bundle: Path, manifest, seqs: Sequences, report: Callable[[str], None]) -> Sequences:
-    """``seqs`` with the target's features [T_i, d] float16 for each (fed from an empty cache)."""
+def features_key(manifest, seqs: Sequences) -> str:
+    """What the features depend on: the target graph and its weights (their digests), and the token ids."""
+    g = manifest.graphs[manifest.graph("target", "dynamic")[0]]
+    h = hashlib.sha256(g.sha256.encode())
+    for f in g.data:
+        h.update(str(manifest.integrity["files"].get(f, f)).encode())
+    for ids in seqs.ids:
+        h.update(np.asarray(ids, np.int64).tobytes())
+    return h.hexdigest()[:16]
+
+
+def with_features(bundle: Path, manifest, seqs: Sequences, report: Callable[[str], None], cache: Path | None = None) -> Sequences:
+    """``seqs`` with the target's features [T_i, d] float16 for each (fed from an empty cache).
+    ``cache``: a folder where they are kept, keyed by ``features_key``, and read back next time."""
+    path = Path(cache) / f"features-{features_key(manifest, seqs)}.npy" if cache is not None else None
+    if path is not None and path.is_file():
+        flat = np.load(path, mmap_mode="r")  # [sum T_i, d] float16
+        at = np.concatenate([[0], np.cumsum([len(x) for x in seqs.ids])])
+        report(f"target features read from {path}")
+        return Sequences(seqs.ids, seqs.mask, [np.asarray(flat[at[i] : at[i + 1]]) for i in range(len(seqs))])
+    out = _compute_features(bundle, manifest, seqs, report)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.partial")
+        with open(tmp, "wb") as fh:
+            np.save(fh, np.concatenate(out.feats))
+        tmp.replace(path)
+    return out
+
+
+def _compute_features(bundle: Path, manifest, seqs: Sequences, report: Callable[[str], None]) -> Sequences:
     from specdec.engines.kv import KVCache
     from specdec.engines.ort import runner_for
 

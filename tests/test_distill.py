@@ -137,3 +137,9 @@ def test_train_drafter_on_distilled_data(whole, chat_bundle, tmp_path):
     assert record["conversations"] == len(train_seqs) and record["held_out_conversations"] == 4
     assert record["trained_positions"] == sum(len(a.answer) for a in kept)
     assert record["held_out"]["after"]["alpha_t1"] > record["held_out"]["before"]["alpha_t1"]
+    # the target's features are kept in the folder: a second recipe reads them back, the same figures from the same start
+    again, lines = tmp_path / "again", []
+    shutil.copytree(chat_bundle[1], again)
+    second = train(again, str(whole[0]), Recipe(steps=1, batch=2, window=64, seed=0), report=lines.append)
+    assert sum("target features read from" in line for line in lines) == 2  # training and held-out conversations
+    assert second["held_out"]["before"] == record["held_out"]["before"]
