@@ -35,6 +35,7 @@ class Sequences:
     ids: list[np.ndarray]  # each [T_i] int64
     mask: list[np.ndarray]  # each [T_i] bool: position j is trained on (it predicts token j + 1)
     feats: list[np.ndarray] | None = None  # each [T_i, d] float16, after ``with_features``
+    top: list[tuple[np.ndarray, np.ndarray]] | None = None  # each: the target's top-K ids [A_i, K] and log-probabilities at the trained positions, in order
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -91,7 +92,7 @@ def distilled(folder: str, max_len: int, limit: int | None = None) -> tuple[Sequ
 
     plan = json.loads((Path(folder) / "plan.json").read_text())
     reqs, temps = plan["requests"], plan["settings"]["temperatures"]
-    train, held = Sequences([], []), Sequences([], [])
+    train, held = Sequences([], [], top=[]), Sequences([], [], top=[])
     for a in answers(Path(folder)):
         ids = np.asarray(a.prompt + a.answer, np.int64)[:max_len]
         mask = np.zeros(len(ids), bool)
@@ -99,6 +100,8 @@ def distilled(folder: str, max_len: int, limit: int | None = None) -> tuple[Sequ
         side = held if held_out_topic(reqs[a.job // len(temps)]["topic"]) else train
         side.ids.append(ids)
         side.mask.append(mask[: len(ids)])
+        n = int(side.mask[-1].sum())
+        side.top.append((a.top_id[:n], a.top_lp[:n]))
         if limit is not None and len(train) >= limit:
             break
     if not len(train) or not len(held):
@@ -125,7 +128,7 @@ def with_features(bundle: Path, manifest, seqs: Sequences, report: Callable[[str
         flat = np.load(path, mmap_mode="r")  # [sum T_i, d] float16
         at = np.concatenate([[0], np.cumsum([len(x) for x in seqs.ids])])
         report(f"target features read from {path}")
-        return Sequences(seqs.ids, seqs.mask, [np.asarray(flat[at[i] : at[i + 1]]) for i in range(len(seqs))])
+        return Sequences(seqs.ids, seqs.mask, [np.asarray(flat[at[i] : at[i + 1]]) for i in range(len(seqs))], seqs.top)
     out = _compute_features(bundle, manifest, seqs, report)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -153,7 +156,7 @@ def _compute_features(bundle: Path, manifest, seqs: Sequences, report: Callable[
         if (i + 1) % 200 == 0:
             el = time.perf_counter() - t0
             report(f"target features {i + 1}/{len(seqs)} sequences, {done:,} tokens ({el:.0f} s, {done / el:.0f} tok/s)")
-    return Sequences(seqs.ids, seqs.mask, feats)
+    return Sequences(seqs.ids, seqs.mask, feats, seqs.top)
 
 
 def batches(seqs: Sequences, tokens: int, rng: np.random.Generator) -> list[np.ndarray]:
@@ -173,8 +176,9 @@ def batches(seqs: Sequences, tokens: int, rng: np.random.Generator) -> list[np.n
     return groups
 
 
-def collate(seqs: Sequences, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """ids [B, T] int64, mask [B, T] bool, features [B, T, d] float32, right-padded with zeros (mask False)."""
+def collate(seqs: Sequences, idx: np.ndarray) -> tuple[np.ndarray, ...]:
+    """ids [B, T] int64, mask [B, T] bool, features [B, T, d] float32, right-padded with zeros (mask False);
+    with top-K labels also top_id [B, T, K] int64 (-1 where none) and top_p [B, T, K] float32."""
     T = max(len(seqs.ids[i]) for i in idx)
     d = seqs.feats[idx[0]].shape[-1]
     ids = np.zeros((len(idx), T), np.int64)  # [B, T]
@@ -183,4 +187,12 @@ def collate(seqs: Sequences, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray, n
     for b, i in enumerate(idx):
         n = len(seqs.ids[i])
         ids[b, :n], mask[b, :n], f[b, :n] = seqs.ids[i], seqs.mask[i], seqs.feats[i]
-    return ids, mask, f
+    if seqs.top is None:
+        return ids, mask, f
+    K = seqs.top[idx[0]][0].shape[-1]
+    top_id = np.full((len(idx), T, K), -1, np.int64)  # [B, T, K]
+    top_p = np.zeros((len(idx), T, K), np.float32)  # [B, T, K]
+    for b, i in enumerate(idx):
+        at = np.flatnonzero(mask[b])
+        top_id[b, at], top_p[b, at] = seqs.top[i][0], np.exp(seqs.top[i][1].astype(np.float32))
+    return ids, mask, f, top_id, top_p

@@ -7,7 +7,9 @@
               float16 in memory
     train     row j reads (token_j, c_j = f_{j-1} + noise); its output h_j is pulled to f_j
               (smooth L1) and its distribution softmax(h_j H) to the target's softmax(f_j H)
-              (cross-entropy to the target's soft labels: distillation); AdamW, cosine schedule
+              (cross-entropy to the target's soft labels: distillation; from a distill folder,
+              to the target's top-20 it kept, which spares a V-wide softmax per position);
+              AdamW, cosine schedule
     unroll    with ``unroll`` > 1 (EAGLE-3's training-time test), pass k reads the head's own
               pass-(k-1) outputs as contexts, as drafting step k does, and adds its loss
     write     the head graph into a staged copy of the bundle (export/feature.py), checked
@@ -58,14 +60,23 @@ def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (x * mask).sum() / mask.sum().clamp(min=1)
 
 
-def losses(head, ids: torch.Tensor, mask: torch.Tensor, f: torch.Tensor, recipe: Recipe, noise: bool) -> tuple[torch.Tensor, dict]:
+def losses(head, ids: torch.Tensor, mask: torch.Tensor, f: torch.Tensor, recipe: Recipe, noise: bool,
+           top: tuple[torch.Tensor, torch.Tensor] | None = None, index: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:  # fmt: skip
     """The training loss over a batch (ids [B, T], mask [B, T] of trained positions, target features
-    f [B, T, d] float32) and its parts."""
+    f [B, T, d] float32) and its parts. The distribution loss is the cross-entropy to the target's
+    softmax(f H) over the draft vocabulary, or, given ``top`` (top_id [B, T, K], top_p [B, T, K]:
+    the target's top-K, as `specdec distill` kept them), to those K (a V-wide softmax per
+    position less); ``index`` [V] maps a token id to its draft-vocabulary column (-1: none)."""
     pos = torch.arange(ids.shape[1])[None].expand_as(ids)
     m = mask.float()
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=recipe.bf16):
-        with torch.no_grad():
-            p = torch.softmax((f @ head.full_head_t).float(), dim=-1)[..., head.vocab_ids]  # [B, T, N]: the target's mass on the draft vocabulary
+        if top is None:
+            with torch.no_grad():
+                p = torch.softmax((f @ head.full_head_t).float(), dim=-1)[..., head.vocab_ids]  # [B, T, N]: the target's mass on the draft vocabulary
+        else:
+            col = index[top[0].clamp(min=0)]  # [B, T, K]: draft-vocabulary columns
+            p_top = top[1] * ((top[0] >= 0) & (col >= 0))  # mass the head can draft
+            col = col.clamp(min=0)
         ctx = contexts(f)
         if noise and recipe.noise:
             scale = recipe.noise * f.pow(2).mean().sqrt()
@@ -74,7 +85,9 @@ def losses(head, ids: torch.Tensor, mask: torch.Tensor, f: torch.Tensor, recipe:
         for k in range(recipe.unroll):
             logits, h = head.draft_logits(ids, pos, ctx)
             reg = _masked_mean(torch.nn.functional.smooth_l1_loss(h.float(), f, reduction="none").mean(-1), m)
-            ce = _masked_mean(-(p * torch.log_softmax(logits.float(), dim=-1)).sum(-1), m)
+            logq = torch.log_softmax(logits.float(), dim=-1)  # [B, T, N]
+            ce_pos = -(p * logq).sum(-1) if top is None else -(p_top * logq.gather(-1, col)).sum(-1)
+            ce = _masked_mean(ce_pos, m)
             total = total + reg + recipe.kl_weight * ce
             parts[f"reg{k}"], parts[f"ce{k}"] = round(reg.item(), 4), round(ce.item(), 4)
             ctx = contexts(h)  # the next pass reads the head's own features, as drafting step k + 1 does
@@ -88,7 +101,7 @@ def evaluate(head, held) -> dict[str, float]:
     alpha = agree = n = 0.0
     with torch.no_grad():
         for start in range(0, len(held), 4):
-            ids, mask, f = (torch.from_numpy(x) for x in collate(held, np.arange(start, min(start + 4, len(held)))))
+            ids, mask, f = (torch.from_numpy(x) for x in collate(held, np.arange(start, min(start + 4, len(held))))[:3])
             logits, _ = head(ids, torch.arange(ids.shape[1])[None].expand_as(ids), contexts(f))
             p = torch.softmax(f @ head.full_head_t, -1)
             q = torch.softmax(logits, -1)
@@ -105,7 +118,7 @@ def data(corpus: str, codec, manifest, recipe: Recipe, report: Callable[[str], N
     window = min(recipe.window, manifest.max_seq_len)
     if D.is_distilled(corpus):
         train, held = D.distilled(corpus, manifest.max_seq_len, limit=recipe.windows)
-        held = D.Sequences(held.ids[:64], held.mask[:64])
+        held = D.Sequences(held.ids[:64], held.mask[:64])  # held-out figures from the features: the whole distribution
         report(f"{len(train)} conversations ({train.tokens:,} tokens, {train.trained:,} answer positions trained on), {len(held)} held out by topic")
         return train, held, {"conversations": len(train), "tokens": train.tokens, "trained_positions": train.trained, "held_out_conversations": len(held)}
     if codec is None:
@@ -162,6 +175,8 @@ def train(bundle: Path, corpus: str, recipe: Recipe, save: Path | None = None, r
         opt = torch.optim.AdamW(params, lr=recipe.lr, weight_decay=0.0, betas=(0.9, 0.95))
         before = evaluate(head.eval(), held)
         log, order = [], []
+        index = torch.full((staged.vocab_size,), -1, dtype=torch.long)
+        index[head.vocab_ids] = torch.arange(len(head.vocab_ids))
         t0 = time.perf_counter()
         head.train()
         for step in range(recipe.steps):
@@ -170,8 +185,8 @@ def train(bundle: Path, corpus: str, recipe: Recipe, save: Path | None = None, r
                 group["lr"] = lr
             if not order:
                 order = batches(train_seqs, recipe.batch * recipe.window, rng)  # a new epoch
-            ids, mask, f = (torch.from_numpy(x) for x in collate(train_seqs, order.pop()))
-            loss, parts = losses(head, ids, mask, f, recipe, noise=True)
+            ids, mask, f, *top = (torch.from_numpy(x) for x in collate(train_seqs, order.pop()))
+            loss, parts = losses(head, ids, mask, f, recipe, noise=True, top=tuple(top) or None, index=index)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
