@@ -7,7 +7,7 @@ Two sources:
 - a self-distillation folder (``specdec distill``, specdec/distill/): one sequence per
   conversation, prompt + the target's answer, as the runtime sees it (fed from an empty
   cache); only the positions that predict answer tokens are trained on, as EAGLE trains on
-  assistant turns. Conversations of topics whose sha256 is 0 mod 32 are the held-out ones
+  assistant turns. Conversations of topics whose salted sha256 is 0 mod 32 are the held-out ones
   for the teacher-forced figures (the benchmark's held-out topics were never generated).
 
 Batches group sequences of similar length (little padding); the features are the bundle's own
@@ -83,7 +83,9 @@ def is_distilled(corpus: str) -> bool:
 
 
 def held_out_topic(topic: str) -> bool:
-    return int(hashlib.sha256(topic.encode()).hexdigest(), 16) % 32 == 0
+    """A distilled conversation is held out when the sha256 of "eval/" + its topic is 0 mod 32
+    (salted: `specdec distill` already leaves out the topics whose plain sha256 is 0 mod 8)."""
+    return int(hashlib.sha256(f"eval/{topic}".encode()).hexdigest(), 16) % 32 == 0
 
 
 def distilled(folder: str, max_len: int, limit: int | None = None) -> tuple[Sequences, Sequences]:

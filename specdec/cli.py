@@ -185,7 +185,7 @@ cli.add_command(export_cmd)
 @cli.command("train-drafter")
 @click.argument("bundle", type=click.Path(path_type=Path))
 @click.option("--corpus", default="stdlib", show_default=True, help="'stdlib' (the demo pair's training files), a `specdec distill` folder "
-              "(the target's own answers; topics whose sha256 is 0 mod 32 held out), or a folder of text files (every 20th held out).")
+              "(the target's own answers; 1 topic in 32 held out), or a folder of text files (every 20th held out).")
 @click.option("--steps", default=600, show_default=True, type=click.IntRange(1), help="Optimizer steps.")
 @click.option("--batch", default=8, show_default=True, type=click.IntRange(1), help="Windows per step.")
 @click.option("--window", default=256, show_default=True, type=click.IntRange(8), help="Tokens per training window.")
@@ -254,7 +254,8 @@ def distill_cmd(bundle: Path, out: Path, tokens: int | None, minutes: float | No
                      report=lambda line: click.echo(line, err=True))  # fmt: skip
     r = record["this_run"]
     click.echo(f"{out}: {record['answers']} answers, {record['answer_tokens']:,} answer tokens of {record['jobs']} jobs; "
-               f"this run {r['answer_tokens']:,} tokens in {r['seconds']:.0f} s ({r['tok_s']} tok/s)")  # fmt: skip
+               f"this run {r['answer_tokens']:,} tokens in {r['seconds']:.0f} s ({r['tok_s']} tok/s)"
+               + ("; interrupted: run the same command to resume" if record["interrupted"] else ""))  # fmt: skip
 
 
 @cli.command("inspect")

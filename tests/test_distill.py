@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -23,8 +25,8 @@ from specdec.distill.run import Settings, distill  # noqa: E402
 from specdec.distill.shards import answers, shard_paths  # noqa: E402
 from specdec.errors import ConfigError  # noqa: E402
 
-# "topic 21" and "topic 22" hash to 0 mod 32: the held-out conversations of train-drafter's split
-REQUESTS = [{"topic": f"topic {i}", "kind": "chat", "prompt": f"Tell me about thing number {i}."} for i in (3, 5, 21, 22, 7, 9)]
+# "topic 89" and "topic 126" are held out by train-drafter's split (export/head_data.py: held_out_topic)
+REQUESTS = [{"topic": f"topic {i}", "kind": "chat", "prompt": f"Tell me about thing number {i}."} for i in (3, 5, 89, 126, 7, 9)]
 REQUESTS.append({"topic": "topic 4", "kind": "chat", "instruct": "Write one question about topic 4."})
 SETTINGS = Settings(max_new_tokens=12, seed=3, shard_size=3, requests=REQUESTS)
 
@@ -99,6 +101,23 @@ def test_cli_bad_temperatures_exit_2(chat_bundle, tmp_path):
     assert not shard_paths(tmp_path / "d")
 
 
+def test_cli_ctrl_c_keeps_whole_shards_and_says_how_to_resume(chat_bundle, tmp_path):
+    """SIGINT while answering: exit 0, every shard on disk whole, the line says to run it again."""
+    out = tmp_path / "d"
+    cmd = [sys.executable, "-m", "specdec", "distill", str(chat_bundle[1]), "--out", str(out), "--docs", "0", "--max-new-tokens", "8", "--no-progress"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (out / "shard-00001.npz").is_file() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0, stderr[-2000:]
+    assert "interrupted: run the same command to resume" in stdout
+    record = json.loads((out / "progress.json").read_text())
+    assert record["interrupted"] and 0 < record["answers"] < record["jobs"]
+    assert sum(1 for _ in answers(out)) == record["answers"]  # every shard reads whole
+
+
 def test_self_instruct_keeps_only_questions(whole):
     plan = json.loads((whole[0] / "plan.json").read_text())
     assert plan["self_instruct"]["asked"] == 1
@@ -121,10 +140,11 @@ def test_topics_split_and_bench_topics_left_out():
 
 
 def test_train_drafter_on_distilled_data(whole, chat_bundle, tmp_path):
-    """train-drafter reads a distill folder: only answer positions are trained on, topics 21/22 held out."""
-    from specdec.export.head_data import distilled
+    """train-drafter reads a distill folder: only answer positions are trained on, topics 89/126 held out."""
+    from specdec.export.head_data import distilled, held_out_topic
     from specdec.export.train_head import Recipe, train
 
+    assert [held_out_topic(r["topic"]) for r in REQUESTS[:6]] == [False, False, True, True, False, False]
     train_seqs, held = distilled(str(whole[0]), 512)
     kept = [a for a in answers(whole[0]) if a.job // 2 not in (2, 3)]
     assert len(held) == 4 and len(train_seqs) == len(kept)

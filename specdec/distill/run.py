@@ -159,8 +159,11 @@ def distill(bundle: Path, out: Path, s: Settings, max_batch: int, tokens: int | 
             if (tokens is not None and state["tokens"] >= tokens) or (minutes is not None and time.perf_counter() - t0 > 60 * minutes):
                 state["stop"] = True
 
+        interrupted = False
         try:
             _wait_all(engine, jobs(), on_done)
+        except KeyboardInterrupt:  # Ctrl-C: keep what is whole, say how to go on
+            interrupted = True
         finally:
             if pending:
                 write_shard(out, shard, pending)
@@ -169,7 +172,7 @@ def distill(bundle: Path, out: Path, s: Settings, max_batch: int, tokens: int | 
             bar.close()
     done, have_now = done_jobs(out)
     seconds = time.perf_counter() - t0
-    record = {"answers": len(done), "answer_tokens": have_now, "jobs": len(reqs) * len(temps), "this_run": {
+    record = {"answers": len(done), "answer_tokens": have_now, "jobs": len(reqs) * len(temps), "interrupted": interrupted, "this_run": {
         "answers": made, "answer_tokens": have_now - have, "seconds": round(seconds, 1), "tok_s": round((have_now - have) / seconds, 1)}}  # fmt: skip
     (out / "progress.json").write_text(json.dumps(record, indent=1))
     return record
