@@ -19,6 +19,8 @@ from specdec.bench.serve import bench_serve_cmd
 from specdec.errors import ConfigError, SpecDecError
 from specdec.runtime.drafters import DRAFTERS
 
+CHAT_CORPORA = {"chat": "chat", "chat-code": "code", "topics-chat": "topics-chat", "topics-code": "topics-code"}  # specdec bench --corpus -> chat_prompts kind
+
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="specdec")
@@ -407,9 +409,11 @@ SYNTHETIC_OPTION = click.option(
 @click.option("--adaptive", is_flag=True, help="Also run each drafter with adaptive γ (gamma=auto).")
 @click.option("--temperatures", default="0,1", show_default=True, help="Comma-separated sampling temperatures.")
 @click.option("--prompts", "n_prompts", default=4, show_default=True, type=int, help="Prompts, from --corpus.")
-@click.option("--corpus", default="stdlib", show_default=True, type=click.Choice(["stdlib", "code", "functions", "code-functions"]),
+@click.option("--corpus", default="stdlib", show_default=True, type=click.Choice(["stdlib", "code", "functions", "code-functions", *CHAT_CORPORA]),
               help="Prompts from held-out stdlib files, or function openings of third-party packages (numpy, click, tqdm, onnxruntime); "
-                   "encoder-decoder bundles: whole functions, up to --prompt-tokens, of held-out stdlib files (functions) or those packages (code-functions).")
+                   "encoder-decoder bundles: whole functions, up to --prompt-tokens, of held-out stdlib files (functions) or those packages (code-functions); "
+                   "chat models: held-out requests through the bundle's chat template, everyday (chat), coding (chat-code), or on the topics "
+                   "specdec distill holds out (topics-chat, topics-code); these end at EOS or --tokens.")
 @click.option("--prompt-tokens", default=64, show_default=True, type=int)
 @click.option("--tokens", default=128, show_default=True, type=int, help="New tokens per request.")
 @click.option("--rounds", default=2, show_default=True, type=int)
@@ -445,10 +449,16 @@ def bench_cmd(bundle: Path, gammas: str | None, drafters: str, adaptive: bool, t
     gs = list(range(dec.manifest.gamma + 1)) if gammas is None else sorted({0, *_numbers("--gammas", gammas, int)})
     temps = _numbers("--temperatures", temperatures, float)
     seq2seq = dec.manifest.seq2seq
-    if seq2seq != (corpus in SOURCE_CORPORA):
+    if seq2seq and corpus not in SOURCE_CORPORA or not seq2seq and corpus in SOURCE_CORPORA:
         raise InputError(f"--corpus {corpus}: " + ("an encoder-decoder bundle takes --corpus functions or code-functions (whole functions as sources)" if seq2seq
                                                   else "whole functions are sources for encoder-decoder bundles; use stdlib or code"))  # fmt: skip
-    prompts = bench.prompts(corpus, dec.codec.encode, n_prompts, prompt_tokens)
+    chat = corpus in CHAT_CORPORA
+    if chat:
+        from specdec.bench.corpus import chat_prompts
+
+        prompts = chat_prompts(bundle, dec.manifest, dec.codec, CHAT_CORPORA[corpus], n_prompts)
+    else:
+        prompts = bench.prompts(corpus, dec.codec.encode, n_prompts, prompt_tokens)
     if not prompts:
         raise InputError(f"found no {corpus} prompt of {prompt_tokens} tokens (with as many after it); lower --prompt-tokens")
     dec.request(prompts[0], max_new_tokens=tokens, gamma=max(gs))  # check the sizes before any work
@@ -457,7 +467,7 @@ def bench_cmd(bundle: Path, gammas: str | None, drafters: str, adaptive: bool, t
     floor = None if seq2seq else Floor.measure(bundle, dec.manifest, prompt_tokens + tokens // 2)
     results, text = {}, []
     for t in temps:
-        rows = bench.summarize(bench.run(decoders, cfgs, prompts, tokens, rounds, t, ignore_eos=not seq2seq), floor)
+        rows = bench.summarize(bench.run(decoders, cfgs, prompts, tokens, rounds, t, ignore_eos=not (seq2seq or chat)), floor)
         results[f"T={t:g}"] = rows
         title = f"T={t:g}" + (f", SYNTHETIC acceptance {synthetic_acceptance:g}" if synthetic_acceptance is not None else "")
         plan = bench.planned_gamma(rows, dec.manifest.gamma, names[0])
@@ -467,6 +477,8 @@ def bench_cmd(bundle: Path, gammas: str | None, drafters: str, adaptive: bool, t
         f"bundle {bundle}: target {m.target.parameters / 1e6:.1f}M, draft {m.draft.parameters / 1e6:.2f}M params, {m.dtype}; "
         + (f"{len(prompts)} sources (whole functions of {'held-out stdlib files' if corpus == 'functions' else ', '.join(CODE_PACKAGES)}) of {min(map(len, prompts))}-{max(map(len, prompts))} tokens "
            f"x {rounds} rounds x up to {tokens} new tokens per configuration, interleaved; " if seq2seq else
+           f"{len(prompts)} held-out requests ({corpus}, through the chat template) of {min(map(len, prompts))}-{max(map(len, prompts))} tokens x {rounds} rounds "
+           f"x up to {tokens} new tokens (to EOS) per configuration, interleaved; " if chat else
            f"{len(prompts)} held-out prompts ({corpus}) of {prompt_tokens} tokens x {rounds} rounds x {tokens} new tokens per configuration, interleaved; ")
         + "α is the maximum-likelihood estimate from accepted and rejected drafts, c is per drafted token\n"
         + (f"{floor.line()}; × bandwidth floor = decode time / the floor of the calls it made (specdec/bench/floor.py)\n" if floor else

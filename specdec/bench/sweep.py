@@ -116,6 +116,7 @@ class Row:
     floor_ratio: float | None = None  # decode time / the bandwidth floor of the calls it made (floor.py)
     tokens_per_call: float | None = None  # new tokens per decoding target call (accepted + the target's own)
     rank_acceptance: tuple[float, ...] = ()  # per sibling rank: kept share of tested positions (stats.Stats)
+    tokens: int = 0  # new tokens over every request (requests that end at EOS may differ per configuration at T > 0)
 
 
 def summarize(tallies: dict[Config, Tally], floor=None) -> list[Row]:
@@ -128,7 +129,7 @@ def summarize(tallies: dict[Config, Tally], floor=None) -> list[Row]:
     for cfg, t in tallies.items():
         tps = t.tokens / t.seconds
         share = (t.target_seconds + t.draft_seconds) / t.seconds
-        timing = {"ms_per_token": 1e3 / tps, "floor_ratio": t.seconds / floor.seconds(t.target_calls, t.draft_calls) if floor else None}
+        timing = {"ms_per_token": 1e3 / tps, "floor_ratio": t.seconds / floor.seconds(t.target_calls, t.draft_calls) if floor else None, "tokens": t.tokens}
         if cfg.gamma == 0:
             rows.append(Row("-", 0, tps, 1.0, share, **timing))
             continue

@@ -44,6 +44,29 @@ def test_bench_cli_writes_table_json_and_plot(llama_bundle, tmp_path):
     assert "bandwidth floor" in res.stdout and all(x["floor_ratio"] > 0 and x["ms_per_token"] > 0 for r in rows.values() for x in r)
 
 
+def test_bench_cli_chat_requests_go_through_the_template_and_end_at_eos(chat_bundle, tmp_path):
+    """--corpus chat: the held-out everyday requests through the bundle's chat template; a request
+    stops at EOS (its tokens may be fewer than --tokens), and γ = 0 and the drafter decode the same."""
+    from test_cli import run
+
+    from specdec.bench.corpus import HELD_OUT, chat_prompts
+    from specdec.runtime import SpeculativeDecoder
+
+    out = tmp_path / "b"
+    res = run("bench", str(chat_bundle[1]), "--corpus", "chat", "--gammas", "2", "--temperatures", "0", "--prompts", "2", "--tokens", "24",
+              "--rounds", "1", "--out", str(out))  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert "2 held-out requests (chat, through the chat template)" in res.stdout
+    rows = json.loads((out / "results.json").read_text())["T=0"]
+    assert [(x["drafter"], x["gamma"]) for x in rows] == [("-", 0), ("model", 2)]
+    assert rows[0]["tokens"] == rows[1]["tokens"]  # greedy: the same outputs, so the same lengths
+    dec = SpeculativeDecoder.load(chat_bundle[1])
+    prompts = chat_prompts(chat_bundle[1], dec.manifest, dec.codec, "chat", 2)
+    assert dec.codec.decode(prompts[0]).count(HELD_OUT[0]) == 1
+    lengths = [len(dec.generate(p, max_new_tokens=24, gamma=0).tokens) for p in prompts]
+    assert rows[0]["tokens"] == sum(lengths)
+
+
 def test_code_prompts_are_function_openings_from_third_party_packages():
     from tokenizers import Tokenizer
 
