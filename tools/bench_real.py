@@ -139,7 +139,7 @@ def main() -> None:
             print(f"[exact] {d}: {same}/{len(prompts)} identical, {tied} part at a near-tie, {len(diff)} differ", file=sys.stderr, flush=True)
         del model
 
-    modes = [("autoregressive", "model", 0)] + [(d, d, None) for d in drafters]
+    modes = [("autoregressive", drafters[0], 0)] + [(d, d, None) for d in drafters]  # γ = 0: the drafter is not called
     for temp in (0.0, 1.0):
         for name, d, g in modes:  # warm-up
             decs[d].generate(prompts[0], max_new_tokens=8, gamma=g, temperature=temp, seed=0)
