@@ -126,8 +126,7 @@ def distill(bundle: Path, out: Path, s: Settings, max_batch: int, tokens: int | 
         reqs, temps = plan["requests"], s.temperatures
         done, have = done_jobs(out)
         todo = [j for j in range(len(reqs) * len(temps)) if j not in done]
-        goal = tokens if tokens is not None else None
-        bar = tqdm(total=goal, initial=have, unit="tok", desc="answer tokens", disable=not progress, smoothing=0.05)
+        bar = tqdm(total=tokens, initial=have, unit="tok", desc="answer tokens", disable=not progress, smoothing=0.05)
         shard, pending, made = len(shard_paths(out)), [], 0
         state = {"tokens": have, "stop": False}
 
