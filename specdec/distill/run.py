@@ -53,18 +53,19 @@ def _chat(bundle: Path, engine):
 
 
 def _wait_all(engine, jobs: list[tuple[int, list[int], dict]], on_done: Callable) -> None:
-    """Submit (key, prompt ids, params) to ``engine`` keeping ``max_batch`` in flight, calling on_done(key, result) in submission order."""
+    """Submit (key, prompt ids, params) to ``engine`` keeping 2 × ``max_batch`` in flight (a queued
+    request takes a slot as soon as one frees), calling on_done(key, prompt ids, result) in submission order."""
     from collections import deque
 
     flight: deque = deque()
     for key, ids, params in jobs:
-        flight.append((key, engine.submit(ids, block=True, **params)))
+        flight.append((key, ids, engine.submit(ids, block=True, **params)))
         while len(flight) >= 2 * engine.max_batch:
-            k, h = flight.popleft()
-            on_done(k, h.result())
+            k, i, h = flight.popleft()
+            on_done(k, i, h.result())
     while flight:
-        k, h = flight.popleft()
-        on_done(k, h.result())
+        k, i, h = flight.popleft()
+        on_done(k, i, h.result())
 
 
 def make_plan(folder: Path, bundle: Path, engine, s: Settings, report: Callable[[str], None]) -> dict:
@@ -80,7 +81,7 @@ def make_plan(folder: Path, bundle: Path, engine, s: Settings, report: Callable[
     instruct = [(i, r) for i, r in enumerate(reqs) if "instruct" in r]
     written: dict[int, str] = {}
 
-    def keep(i, res):
+    def keep(i, _, res):
         if P.looks_like_question(res.text or ""):
             written[i] = res.text.strip().strip('"')
 
@@ -141,14 +142,14 @@ def distill(bundle: Path, out: Path, s: Settings, max_batch: int, tokens: int | 
                 yield j, ids, dict(max_new_tokens=s.max_new_tokens, temperature=temps[j % len(temps)], seed=s.seed * 1_000_003 + j,
                                    gamma=0, logprobs=s.top_k)  # fmt: skip
 
-        def on_done(j, res):
+        def on_done(j, prompt, res):
             nonlocal shard, made
             if res.stats.finish_reason not in ("eos", "length"):  # cancelled: not a whole answer
                 return
             top = res.logprobs  # one TokenLogprob per answer token, its top-K alternatives
             ids = np.array([[t for t, _ in x.top] for x in top], np.int32).reshape(len(top), s.top_k)  # [A, K]
             lps = np.array([[lp for _, lp in x.top] for x in top], np.float16).reshape(len(top), s.top_k)  # [A, K]
-            pending.append(Answer(j, encode(reqs[j // len(temps)]["prompt"]), list(res.tokens), ids, lps))
+            pending.append(Answer(j, list(prompt), list(res.tokens), ids, lps))
             state["tokens"] += len(res.tokens)
             bar.update(len(res.tokens))
             if len(pending) >= s.shard_size:
