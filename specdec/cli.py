@@ -14,12 +14,11 @@ from pathlib import Path
 import click
 
 from specdec import __version__
+from specdec.bench.corpus import CHAT_CORPORA
 from specdec.bench.peers.cli import bench_peers_cmd
 from specdec.bench.serve import bench_serve_cmd
 from specdec.errors import ConfigError, SpecDecError
 from specdec.runtime.drafters import DRAFTERS
-
-CHAT_CORPORA = {"chat": "chat", "chat-code": "code", "topics-chat": "topics-chat", "topics-code": "topics-code"}  # specdec bench --corpus -> chat_prompts kind
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -237,7 +236,7 @@ def distill_cmd(bundle: Path, out: Path, tokens: int | None, minutes: float | No
                 temperatures: str, docs: int, seed: int, no_progress: bool) -> None:  # fmt: skip
     """Self-distillation: BUNDLE's target answers varied prompts (topics × forms, questions it
     writes itself, coding requests from installed docs) through its chat template; the answers
-    and their top-20 log-probabilities go to --out for specdec train-drafter --data.
+    and their top-20 log-probabilities go to --out for specdec train-drafter --corpus.
 
     Resumable: run the same command again to continue. Held-out topics never enter (see
     specdec/distill/prompts.py)."""
@@ -449,7 +448,7 @@ def bench_cmd(bundle: Path, gammas: str | None, drafters: str, adaptive: bool, t
     gs = list(range(dec.manifest.gamma + 1)) if gammas is None else sorted({0, *_numbers("--gammas", gammas, int)})
     temps = _numbers("--temperatures", temperatures, float)
     seq2seq = dec.manifest.seq2seq
-    if seq2seq and corpus not in SOURCE_CORPORA or not seq2seq and corpus in SOURCE_CORPORA:
+    if seq2seq != (corpus in SOURCE_CORPORA):
         raise InputError(f"--corpus {corpus}: " + ("an encoder-decoder bundle takes --corpus functions or code-functions (whole functions as sources)" if seq2seq
                                                   else "whole functions are sources for encoder-decoder bundles; use stdlib or code"))  # fmt: skip
     chat = corpus in CHAT_CORPORA

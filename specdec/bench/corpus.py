@@ -169,6 +169,7 @@ def prompts(corpus: str, encode, count: int, length: int) -> list[list[int]]:
 
 
 CHAT_KINDS = ("chat", "code", "topics-chat", "topics-code")
+CHAT_CORPORA = {"chat": "chat", "chat-code": "code", "topics-chat": "topics-chat", "topics-code": "topics-code"}  # specdec bench --corpus -> kind ("code" there is function openings)
 
 
 def chat_texts(kind: str, count: int | None = None) -> list[str]:
