@@ -10,7 +10,9 @@ from __future__ import annotations
 import copy
 import dataclasses
 import importlib.metadata as md
+import json
 import math
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, NamedTuple
@@ -110,6 +112,17 @@ class ExportConfig:
             raise ConfigError(f"--draft-quantize {self.draft_quantize}: expected none or one of {names} (default: as --quantize; int8 under int4)")
         if (self.quantize or self.quantization("draft")) and self.dtype != "float32":
             raise ConfigError(f"--quantize/--draft-quantize need --dtype float32 (they quantize float32 weights), got --dtype {self.dtype}")
+
+    def head(self) -> Path | None:
+        """The feature head to add: ``feature_drafter``, else one the ``draft`` folder holds beside
+        its model (``head_config.json``, as ``specdec train-drafter --save`` writes it), unless the
+        bundle is float16 or quantized: the head reads the target's float32 tables."""
+        if self.feature_drafter is not None:
+            return Path(self.feature_drafter)
+        folder = Path(self.draft)
+        if (folder / "head_config.json").is_file() and self.dtype == "float32" and not self.quantize:
+            return folder
+        return None
 
     def quantization(self, model: str) -> str | None:
         """The weights of ``model`` ("target" or "draft"): None (float) or a QUANTIZATIONS name."""
@@ -214,7 +227,7 @@ def check_seq2seq(cfg: ExportConfig, sources: dict[str, Source]) -> int | None:
             raise ConfigError(f"--max-source-len {cfg.max_source_len}: {cfg.target} is decoder-only; the option is for encoder-decoder models (T5, BART, Marian)")
         return None
     flags = {"--max-batch": cfg.max_batch > 1, "--fused-draft": cfg.fused_draft, "--portable": cfg.portable, "--tree-nodes": bool(cfg.tree_nodes),
-             "--feature-drafter": cfg.feature_drafter is not None}
+             "--feature-drafter": cfg.feature_drafter is not None}  # a head in the draft folder: checked with the sources
     bad = [f for f, on in flags.items() if on]
     if bad:
         raise ConfigError(f"{', '.join(bad)}: not supported for encoder-decoder bundles yet ({cfg.target}); export without {' and '.join(bad)}")
@@ -267,6 +280,9 @@ def export_bundle(cfg: ExportConfig, progress: Progress | None = None) -> Manife
 
     progress = progress or Progress()
     check_destination(cfg.out, cfg.overwrite)
+    if cfg.head() is None and (Path(cfg.draft) / "head_config.json").is_file():
+        warnings.warn(f"{cfg.draft} holds a feature head too; it is left out of this {cfg.quantize or cfg.dtype} bundle "
+                      "(the head reads the target's float32 tables): its default drafter is the draft model", stacklevel=2)  # fmt: skip
     with one_parse():  # a GGUF source is parsed once for its header, config, tokenizer and weights
         progress("read configs")
         sources, max_source, max_seq = _read_sources(cfg)
@@ -311,9 +327,10 @@ def export_bundle(cfg: ExportConfig, progress: Progress | None = None) -> Manife
             validation["draft_tolerance"] = as_json(tols["draft"])
         manifest = _manifest(cfg, target, specs, graphs, max_seq, tokenizer=tokenizer, chat_template=chat_template, ngram=ngram,
                              validation=validation, max_source=max_source)  # fmt: skip
-        if cfg.feature_drafter is not None:
+        if (head := cfg.head()) is not None:
             progress("feature drafter")
-            manifest = _feature_drafter(tmp, manifest, Path(cfg.feature_drafter))
+            manifest = _feature_drafter(tmp, manifest, head)
+            manifest = dataclasses.replace(manifest, drafter=default_drafter(head, cfg))
         progress("write bundle")
         manifest = commit(tmp, cfg.out, manifest)  # with every file's size and digest
     return manifest
@@ -331,6 +348,20 @@ def _feature_drafter(tmp: Path, manifest: Manifest, head_dir: Path) -> Manifest:
     embed, head_t, tied = tables(tmp, manifest)
     head, record = load_head(head_dir, torch.from_numpy(embed), torch.from_numpy(head_t), tied)
     return add_head(tmp, manifest, head, {**record, "loaded_from": str(head_dir)})
+
+
+def default_drafter(head: Path, cfg: ExportConfig) -> dict:
+    """The bundle's default drafter once it has a feature head: the head folder's own
+    recommendation (``head_config.json``'s "serve": {"drafter", "gamma", "why"}, measured where
+    it was trained) when this bundle has what it needs, else the head's chain at γ = 1."""
+    from specdec.runtime.drafters import DRAFTERS
+
+    serve = json.loads((head / "head_config.json").read_text()).get("serve") or {}
+    name, gamma = serve.get("drafter", "feature"), serve.get("gamma", 1)
+    reg = DRAFTERS.get(name)
+    if reg is None or not reg.needs_head or (reg.tree and not cfg.tree_nodes) or not isinstance(gamma, int) or gamma < 1:
+        return {"name": "feature", "gamma": 1, "why": "the feature head's chain (its folder recommends nothing this bundle runs)"}
+    return {"name": name, "gamma": min(gamma, cfg.gamma), "why": serve.get("why", f"recommended by {head / 'head_config.json'}")}
 
 
 def save_chat_template(tokenizer, folder: Path) -> str | None:

@@ -53,7 +53,7 @@ class BatchEngine:
     ``Iteration`` per row decoded in it (what a metrics exporter counts); keep it quick.
     """
 
-    def __init__(self, bundle: str | Path, max_batch: int | None = None, drafter="model", threads: ThreadPolicy | int | None = None,
+    def __init__(self, bundle: str | Path, max_batch: int | None = None, drafter=None, threads: ThreadPolicy | int | None = None,
                  max_queue: int = 64, provider: str = "cpu", manifest: Manifest | None = None, verify: str = "full",
                  prefix_reuse: bool = True, cache_slots: int | None = None):  # fmt: skip
         """``manifest``: the bundle's, when the caller has loaded (and verified) it already;
@@ -61,12 +61,14 @@ class BatchEngine:
         ``prefix_reuse``: a request takes the idle slot holding the longest prefix of its prompt
         and feeds only the rest (a finished request's KV stays in its slot until evicted, least
         recently used first). ``cache_slots``: KV slots allocated at load, >= ``max_batch`` (the
-        rows decoded together); more slots keep more conversations' prefixes [default: max_batch]."""
+        rows decoded together); more slots keep more conversations' prefixes [default: max_batch].
+        ``drafter``: as ``SpeculativeDecoder.load``'s (None: the bundle's default)."""
         bundle = Path(bundle)
         m = self.manifest = manifest or load_manifest(bundle, verify)
+        drafter = m.default_drafter()[0] if drafter is None else drafter
         self.max_batch = self.check_options(m, max_batch, drafter, max_queue, cache_slots)
         self.cache_slots = slots = self.max_batch if cache_slots is None else cache_slots
-        self.limits, self.codec, self.threads = Limits.of(m), TextCodec.from_bundle(bundle, m), ThreadPolicy.of(threads)
+        self.limits, self.codec, self.threads = Limits.of(m, drafter), TextCodec.from_bundle(bundle, m), ThreadPolicy.of(threads)
         sessions = open_sessions(bundle, m, graph_names(m, models_for(drafter), self.max_batch, fused=True, tree=needs_tree(drafter)), provider, self.threads)
         self.beams = BeamRunner(bundle, m, sessions, provider, self.threads, self.codec)  # beam searches, beside the rows in flight
         self.engine = Engine(bundle, m, sessions, drafter, slots, provider, prefill_chunk=PREFILL_CHUNK, reuse=prefix_reuse, rows=self.max_batch)

@@ -55,7 +55,7 @@ class SpeculativeDecoder:
                  drafter: str | Drafter = "model", threads: ThreadPolicy | None = None):  # fmt: skip
         self.bundle, self.manifest, self.codec, self.provider = bundle, manifest, codec, provider
         self.sessions, self.threads = sessions, threads or ThreadPolicy()
-        self.limits = Limits.of(manifest)
+        self.limits = Limits.of(manifest, drafter)
         self.drafter_spec = drafter
         self.engine = Engine(bundle, manifest, sessions, drafter, slots=1, provider=provider)
         self._lock = threading.Lock()
@@ -64,21 +64,24 @@ class SpeculativeDecoder:
 
     @classmethod
     def load(cls, bundle: str | Path, provider: str = "cpu", threads: ThreadPolicy | int | None = None,
-             drafter: str | Drafter = "model", verify: str = "full") -> SpeculativeDecoder:  # fmt: skip
+             drafter: str | Drafter | None = None, verify: str = "full") -> SpeculativeDecoder:  # fmt: skip
         """Check the bundle (manifest, paths, hashes, graph signatures) and load its graphs.
 
         Args:
             provider: "cpu" or "cuda".
             threads: a ``ThreadPolicy`` (``engines.threads``), or an int: the default policy
                 (a pool per session) with that many threads; None: one per core.
-            drafter: a registered name ("model", "model-steps", "ngram", "unigram", "lookup",
-                "hierarchical") or an object with the ``Drafter`` interface.
+            drafter: a registered name (``runtime.drafters.DRAFTERS``: "model", "feature",
+                "lookup", ...) or an object with the ``Drafter`` interface; None: the bundle's
+                default (``manifest.default_drafter()``: the draft model unless export chose
+                another), whose γ is then a request's default.
             verify: "full" checks every file's digest (skipped for files this user verified
                 before and has not changed since); "size" checks sizes only, for a bundle you
                 trust: changed bytes then load and run as another model (``load_manifest``).
         """
         bundle = Path(bundle)
         manifest = load_manifest(bundle, verify)
+        drafter = manifest.default_drafter()[0] if drafter is None else drafter
         check_drafter(drafter)
         policy = ThreadPolicy.of(threads)
         models = ("target", "draft", *(m for m in models_for(drafter) if m == "head"))

@@ -47,6 +47,7 @@ import numpy as np
 
 from specdec.errors import ConfigError
 from specdec.ngram_table import NgramTable
+from specdec.runtime.lookup import latest_match, one_hot
 from specdec.runtime.sampling import SamplingConfig, standardize
 from specdec.runtime.speculative import verify, verify_greedy
 
@@ -68,27 +69,6 @@ class Drafter(Protocol):
     def commit(self, seq: np.ndarray, length: int, accepted: int) -> None:
         """seq[:length + accepted + 1] is now committed (the target's token included)."""
         ...
-
-
-def one_hot(q: np.ndarray, tokens: np.ndarray) -> None:
-    """q[i] = e_{tokens[i]}: the distribution of a deterministic proposal."""
-    k = len(tokens)
-    q[:k] = 0.0
-    q[np.arange(k), tokens] = 1.0
-
-
-def latest_match(hay: np.ndarray, tail: np.ndarray, max_ngram: int) -> tuple[int, int]:
-    """(end, n): the latest occurrence in ``hay`` of the longest suffix of ``tail`` (n tokens,
-    up to ``max_ngram``), as the index just past it, or (-1, 0)."""
-    ends = np.flatnonzero(hay == tail[-1])  # candidates matching 1 token
-    n = 1
-    while n < min(max_ngram, len(tail)) and ends.size:
-        longer = ends[ends >= n]
-        longer = longer[hay[longer - n] == tail[-1 - n]]
-        if not longer.size:
-            break
-        ends, n = longer, n + 1
-    return (int(ends[-1]) + 1, n) if ends.size else (-1, 0)
 
 
 class LookupDrafter:
@@ -326,6 +306,7 @@ register("model-steps", needs_draft_model=True, batched=True)(_draft_model(fused
 register("hierarchical", needs_draft_model=True)(lambda ctx: HierarchicalDrafter(ctx.draft, inner=LookupDrafter()))
 register("feature", batched=True, needs_head=True)(lambda ctx: _feature(ctx))
 register("feature-tree", batched=True, tree=True, needs_head=True)(lambda ctx: _feature(ctx, tree=True))
+register("feature-lookup", batched=True, needs_head=True)(lambda ctx: _feature_lookup(ctx))
 register("lookup")(lambda ctx: LookupDrafter())
 register("lookup-tree", batched=True, tree=True)(lambda ctx: _lookup_tree(ctx))
 register("ngram")(lambda ctx: NgramDrafter(ctx.manifest.vocab_size, bundle_table(ctx), order=2))
@@ -356,6 +337,12 @@ def _feature(ctx: DrafterContext, tree: bool = False):
     if tree:
         return FeatureTree(ctx.head, ctx.target, ctx.manifest.graph("target", "tree")[1].tokens - 1, ctx.manifest.vocab_size)  # the root takes one node
     return FeatureHead(ctx.head, ctx.target)
+
+
+def _feature_lookup(ctx: DrafterContext):
+    from specdec.runtime.proposers import FeatureLookup
+
+    return FeatureLookup(ctx.head, ctx.target)
 
 
 def models_for(spec) -> tuple[str, ...]:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol, Sequence
 
 import numpy as np
 
+from specdec.runtime.lookup import latest_match, one_hot
 from specdec.runtime.sampling import draw, sample
 from specdec.runtime.tree import EMPTY_TREE, DraftTree, lookup_tree
 
@@ -268,6 +269,40 @@ class FeatureTree(FeatureHead):
 
         self.chain(r, depth, choose)
         return DraftTree(tokens, parents, None if cfg.greedy else q[: len(tokens)])
+
+
+class FeatureLookup(FeatureHead):
+    """Prompt lookup first, the feature head elsewhere: where the context's last ``min_ngram``
+    or more tokens occurred before in the row (up to ``max_ngram`` matched), the γ tokens that
+    followed the latest occurrence are proposed (a deterministic proposal: q one-hot);
+    elsewhere the head drafts γ tokens. Which of the two drafts depends on the context alone,
+    so each proposal's q is its true law and verification keeps the target's. A step drafted
+    by lookup skips the head: its next call feeds every position it has not seen, with the
+    target's features (``FeatureHead.chain``)."""
+
+    name = "feature-lookup"
+
+    def __init__(self, head: Executor, target: Executor, min_ngram: int = 2, max_ngram: int = 3):
+        super().__init__(head, target)
+        self.min_ngram, self.max_ngram = min_ngram, max_ngram
+
+    def propose(self, rows: Sequence[Row], gammas: Sequence[int]) -> list[int]:
+        ks = []
+        for r, g in zip(rows, gammas):
+            L = r.length
+            end, n = latest_match(r.seq[: L - 1], r.seq[:L], self.max_ngram) if g else (-1, 0)
+            if n >= self.min_ngram:
+                k = min(g, L - end)
+                r.seq[L : L + k] = r.seq[end : end + k]
+                if not r.req.sampling.greedy:
+                    one_hot(r.q, r.seq[L : L + k])
+            elif g:
+                k = g
+                self.chain(r, g, lambda j, logits, r=r: draw(logits, r.req.sampling, r.rng, r.q[j]))
+            else:
+                k = 0
+            ks.append(k)
+        return ks
 
 
 class SlotModel(NamedTuple):

@@ -22,10 +22,14 @@ class Limits:
     max_gamma: int  # the verify graph takes K = max_gamma + 1 tokens
     eos_token_ids: tuple[int, ...]
     max_source_len: int | None = None  # an encoder-decoder bundle's source tokens; None: decoder-only
+    default_gamma: int | None = None  # a request's γ when it names none; None: max_gamma
 
     @classmethod
-    def of(cls, manifest) -> Limits:
-        return cls(manifest.vocab_size, manifest.max_seq_len, manifest.gamma, tuple(manifest.eos_token_ids), manifest.max_source_len)
+    def of(cls, manifest, drafter=None) -> Limits:
+        """``drafter``: the engine's; with the bundle's default drafter, requests default to its γ."""
+        name, gamma = manifest.default_drafter()
+        return cls(manifest.vocab_size, manifest.max_seq_len, manifest.gamma, tuple(manifest.eos_token_ids), manifest.max_source_len,
+                   gamma if drafter == name else None)  # fmt: skip
 
 
 def token_ids(prompt: Sequence[int] | np.ndarray, vocab: int, what: str = "prompt") -> np.ndarray:
@@ -74,7 +78,7 @@ class Request:
             raise InputError(f"params={par!r}: expected a SamplingParams")
         put("sampling", par.sampling)
         put("adaptive", par.gamma == "auto")
-        gamma = lim.max_gamma if par.gamma is None or self.adaptive else par.gamma
+        gamma = lim.max_gamma if self.adaptive else (lim.default_gamma or lim.max_gamma) if par.gamma is None else par.gamma
         if not _is_int(gamma) or not 0 <= gamma <= lim.max_gamma:
             raise ConfigError(
                 f"gamma={gamma!r}: this bundle's verify graph takes K={lim.max_gamma + 1} tokens, so gamma must be "

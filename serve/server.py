@@ -39,8 +39,8 @@ class ServeConfig:
     port: int = 8000
     max_batch: int | None = None  # None: the bundle's --max-batch
     max_queue: int = 64
-    drafter: str = "model"
-    gamma: int | str | None = None  # None: the bundle's γ; "auto": adaptive
+    drafter: str | None = None  # None: the bundle's default (manifest.default_drafter())
+    gamma: int | str | None = None  # None: the bundle's γ (its default drafter's, with that drafter); "auto": adaptive
     served_model_name: str | None = None  # None: the bundle folder's name
     chat_template: Path | None = None  # None: the bundle's
     threads: int | None = None
@@ -87,8 +87,9 @@ def prepare(cfg: ServeConfig, bind: bool = True) -> ServerState:
         check_bind(cfg.host, cfg.port)
     codec = TextCodec.from_bundle(cfg.bundle, m)
     chat = bundle_template(cfg.bundle, m, codec, cfg.chat_template)
-    BatchEngine.check_options(m, cfg.max_batch, cfg.drafter, cfg.max_queue, cfg.cache_slots)
-    Request([0], Limits.of(m), SamplingParams(max_new_tokens=1, gamma=cfg.gamma), [0] if m.seq2seq else None)  # the --gamma every request will carry
+    drafter = cfg.drafter or m.default_drafter()[0]
+    BatchEngine.check_options(m, cfg.max_batch, drafter, cfg.max_queue, cfg.cache_slots)
+    Request([0], Limits.of(m, drafter), SamplingParams(max_new_tokens=1, gamma=cfg.gamma), [0] if m.seq2seq else None)  # the --gamma every request will carry
     model = cfg.served_model_name or Path(cfg.bundle).resolve().name
     fingerprint = f"specdec-{__version__}"
     if cfg.logprobs_mode not in LOGPROBS_MODES:
@@ -130,7 +131,7 @@ def serve(cfg: ServeConfig) -> int:
     def loader():
         try:
             state.engine = load_engine(cfg, state)
-            log.info("specdec: %s ready (max batch %d, queue %d, drafter %s, gamma %s)", state.model, state.engine.max_batch, cfg.max_queue, cfg.drafter, cfg.gamma)
+            log.info("specdec: %s ready (max batch %d, queue %d, drafter %s, gamma %s)", state.model, state.engine.max_batch, cfg.max_queue, state.engine.drafter_name, cfg.gamma)
         except Exception as e:
             state.failed = str(e).splitlines()[0] if str(e) else type(e).__name__
             log.error("specdec: loading %s failed: %s", cfg.bundle, state.failed)

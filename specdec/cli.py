@@ -151,6 +151,9 @@ def summary(out: Path, m, size: int) -> str:
         quant = f"  quantization target {m.target.quantization or 'none'}, draft {m.draft.quantization or 'none'}"
     lines.append(f"  gamma {m.gamma} (K={m.k})  max-seq-len {m.max_seq_len}  max-batch {m.max_batch}  vocab {m.vocab_size}  dtype {m.dtype}{quant}")
     lines.append(f"  eos {list(m.eos_token_ids)}  bos {m.bos_token_id}  tokenizer {'yes' if m.tokenizer else 'no'}")
+    name, gamma = m.default_drafter()
+    why = f" ({m.drafter['why']})" if m.drafter and m.drafter.get("why") else ""
+    lines.append(f"  default drafter {name}, gamma {gamma}{why}")
     if m.seq2seq:
         lines.append(f"  encoder-decoder: max-source-len {m.max_source_len}  decoder start {m.decoder_start_token_id}")
     if m.ngram:
@@ -300,7 +303,8 @@ def inspect_cmd(bundle: Path, as_json: bool) -> None:
 @click.option("--frequency-penalty", default=0.0, show_default=True, type=float, help="-2..2, times each token's count so far (0 = off).")
 @click.option("--seed", default=None, type=int, help="Makes sampling reproducible.")
 @click.option("--gamma", default=None, help="Draft tokens per target call, 0..bundle gamma [default: the bundle's]; 0 = no draft; auto = chosen each step from the measured acceptance and cost.")
-@click.option("--drafter", default="model", show_default=True, type=click.Choice(list(DRAFTERS)), help="What proposes tokens: the draft model, a bigram or unigram table, prompt lookup, or the draft model sped up by prompt lookup.")
+@click.option("--drafter", default=None, type=click.Choice(list(DRAFTERS)), help="What proposes tokens: the draft model, the feature head (alone, as a tree, or after prompt lookup), "
+              "a bigram or unigram table, prompt lookup, or the draft model sped up by prompt lookup [default: the bundle's, see specdec inspect].")
 @click.option("--lookup-ngram", default=3, show_default=True, type=int, help="Prompt lookup: longest suffix n-gram matched (down to 1).")
 @click.option("--lookup-max-tokens", default=None, type=int, help="Prompt lookup: most tokens copied per call [default: gamma].")
 @click.option("--lenience", default=1.0, show_default=True, type=float, help="1 = exact. Below 1 accepts more drafts and CHANGES the output distribution (no token above p/lenience; paper App. A.5).")
@@ -379,9 +383,9 @@ def _beam_search(bundle: Path, prompt, source, beams, params, drafter: str, prov
         if name not in used and getattr(params, name) != getattr(default, name):
             flag = "--" + name.replace("_", "-")
             raise InputError(f"{flag} {getattr(params, name)}: beam search is deterministic and takes no sampling options; drop it or pass --num-beams 1")
-    if drafter != "model":
+    if drafter not in (None, "model"):
         raise InputError(f"--drafter {drafter}: beam search drafts with the draft model's own beams; drop --drafter or pass --num-beams 1")
-    dec = SpeculativeDecoder.load(bundle, provider=provider, threads=_threads(threads), verify=verify)
+    dec = SpeculativeDecoder.load(bundle, provider=provider, threads=_threads(threads), drafter="model", verify=verify)
     res = dec.beam_search(prompt, beams, source=source)
     s = res.stats
     if as_json:
@@ -404,7 +408,7 @@ SYNTHETIC_OPTION = click.option(
 @cli.command("bench")
 @click.argument("bundle", type=click.Path(path_type=Path))
 @click.option("--gammas", default=None, help="Comma-separated γ to run [default: 0..the bundle's γ]; 0 is always added.")
-@click.option("--drafters", "--drafter", "drafters", default="model", show_default=True, help=f"Comma-separated drafters to compare: {', '.join(DRAFTERS)}.")
+@click.option("--drafters", "--drafter", "drafters", default=None, help=f"Comma-separated drafters to compare: {', '.join(DRAFTERS)} [default: the bundle's].")
 @click.option("--adaptive", is_flag=True, help="Also run each drafter with adaptive γ (gamma=auto).")
 @click.option("--temperatures", default="0,1", show_default=True, help="Comma-separated sampling temperatures.")
 @click.option("--prompts", "n_prompts", default=4, show_default=True, type=int, help="Prompts, from --corpus.")
@@ -432,11 +436,12 @@ def bench_cmd(bundle: Path, gammas: str | None, drafters: str, adaptive: bool, t
     for name, value in (("--prompts", n_prompts), ("--prompt-tokens", prompt_tokens), ("--tokens", tokens), ("--rounds", rounds)):
         if value < 1:
             raise InputError(f"{name} {value}: expected an integer >= 1")
-    names = list(dict.fromkeys(d.strip() for d in drafters.split(",") if d.strip()))
-    for d in names or [drafters]:
+    names = list(dict.fromkeys(d.strip() for d in (drafters or "").split(",") if d.strip()))
+    for d in names or ([drafters] if drafters is not None else []):
         if d not in DRAFTERS:
             raise ConfigError(f"--drafters {drafters!r}: {d!r} is not one of {', '.join(DRAFTERS)}")
-    dec = SpeculativeDecoder.load(bundle, threads=_threads(threads), drafter=names[0])
+    dec = SpeculativeDecoder.load(bundle, threads=_threads(threads), drafter=names[0] if names else None)
+    names = names or [dec.drafter_spec]
     if dec.codec is None:
         raise InputError(f"bundle {bundle} has no tokenizer; specdec bench draws its prompts from text")
     decoders = {names[0]: dec, **{d: dec.fork(drafter=d) for d in names[1:]}}
@@ -596,7 +601,7 @@ def _numbers(option: str, text: str, kind: type) -> list:
 @click.option("--port", default=8000, show_default=True, type=int)
 @click.option("--max-batch", default=None, type=int, help="Requests decoded together [default: the bundle's --max-batch].")
 @click.option("--max-queue", default=64, show_default=True, type=int, help="Requests waiting for a row; past it new requests get 503 + Retry-After.")
-@click.option("--drafter", default="model", show_default=True, type=click.Choice(list(DRAFTERS)))
+@click.option("--drafter", default=None, type=click.Choice(list(DRAFTERS)), help="What proposes tokens [default: the bundle's, see specdec inspect].")
 @click.option("--gamma", default=None, help="Draft tokens per target call: 0..bundle gamma, or auto [default: the bundle's].")
 @click.option("--provider", default="cpu", show_default=True, type=click.Choice(["cpu", "cuda"]), help="ONNX Runtime provider.")
 @click.option("--verify", default="full", show_default=True, type=click.Choice(["full", "size"]),

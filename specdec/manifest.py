@@ -179,6 +179,7 @@ class Manifest:
     integrity: dict[str, Any] | None = None  # {"algorithm", "files": {path: {"size", "digest"}}}; None: an older bundle
     head: ModelSpec | None = None  # the feature drafter (specdec train-drafter): one decoder layer over the target's features
     feature: dict[str, Any] | None = None  # {"width", "training": {...}}: how the head was trained, and the feature width d
+    drafter: dict[str, Any] | None = None  # {"name", "gamma", "why"}: the bundle's default drafter and γ; None: the draft model at gamma
     schema_version: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:
@@ -189,6 +190,14 @@ class Manifest:
         if self.gamma < 1:
             raise BundleError(f"manifest gamma={self.gamma}; expected >= 1: re-export the bundle")
         object.__setattr__(self, "eos_token_ids", tuple(self.eos_token_ids))
+        d = self.drafter
+        if d is not None and not (isinstance(d, dict) and isinstance(d.get("name"), str)
+                                  and isinstance(d.get("gamma"), int) and 1 <= d["gamma"] <= self.gamma):  # fmt: skip
+            raise BundleError(f"manifest drafter={d!r}: expected {{'name': a drafter, 'gamma': 1..{self.gamma}}}; re-export the bundle")
+
+    def default_drafter(self) -> tuple[str, int]:
+        """(name, γ): what decodes a request that names neither (``specdec-export`` chooses it)."""
+        return (self.drafter["name"], self.drafter["gamma"]) if self.drafter else ("model", self.gamma)
 
     @property
     def seq2seq(self) -> bool:

@@ -19,7 +19,8 @@ from specdec.errors import BundleError, ConfigError
 from specdec.runtime import SpeculativeDecoder
 from specdec.ngram_table import NgramTable
 from specdec.runtime.adaptive import AdaptiveGamma
-from specdec.runtime.drafters import DRAFTERS, BigramCounts, LookupDrafter, NgramDrafter, one_hot, register
+from specdec.runtime.drafters import DRAFTERS, BigramCounts, LookupDrafter, NgramDrafter, register
+from specdec.runtime.lookup import one_hot
 from specdec.runtime.stats import Iteration
 
 torch = pytest.importorskip("torch")

@@ -165,3 +165,88 @@ def test_feature_drafter_without_a_head_is_refused_in_one_line(family_bundle):
                          capture_output=True, text=True)  # fmt: skip
     assert run.returncode == 2 and "train-drafter" in run.stderr and len(run.stderr.strip().splitlines()) == 1, run.stderr
     assert json.loads((out / "manifest.json").read_text()).get("head") is None
+
+
+@LLAMA
+def test_feature_lookup_is_the_target_token_for_token_through_both_paths(feature_bundle):
+    """Prompt lookup where the context's last tokens occurred before, the head elsewhere: greedy
+    output is the target's, one request and several in a batch, with both proposers used."""
+    from specdec.runtime.lookup import latest_match
+
+    target, bundle, _, _ = feature_bundle
+    model = load_model(target)
+    dec = SpeculativeDecoder.load(bundle, drafter="feature-lookup")
+    prompts = [PROMPTS[0], *corpus_prompts(dec)]
+    matched = unmatched = 0
+    for prompt in prompts:
+        ref = torch_greedy(model, prompt, NEW)
+        for gamma in (1, 3):
+            assert dec.generate(prompt, max_new_tokens=NEW, gamma=gamma, ignore_eos=True).tokens == ref, f"gamma={gamma} prompt={prompt}"
+        seq = np.array(prompt + ref)
+        for L in range(len(prompt), len(seq)):  # which proposer drafted at each length the decode passed
+            _, n = latest_match(seq[: L - 1], seq[:L], 3)
+            matched, unmatched = matched + (n >= 2), unmatched + (n < 2)
+    assert matched >= 10 and unmatched >= 10, f"lookup matched at {matched} lengths, the head drafted at {unmatched}: both must be crossed"
+    with BatchEngine(bundle, max_batch=4, drafter="feature-lookup") as engine:
+        results = engine.generate_many(prompts, max_new_tokens=NEW, ignore_eos=True, gamma=2)
+    for prompt, res in zip(prompts, results):
+        assert res.tokens == torch_greedy(model, prompt, NEW), f"batched prompt={prompt}"
+
+
+@LLAMA
+def test_feature_lookup_first_two_tokens_follow_the_target(feature_bundle):
+    """Sampled: a prompt whose last tokens occurred before, so lookup drafts the first tokens
+    (a one-hot q) and the head the rest; the first two tokens' law is the target's."""
+    target, bundle, _, _ = feature_bundle
+    cfg = SamplingConfig(1.0, None, None)
+    prompt = PROMPTS[2] + PROMPTS[2][:3]  # ends with a 3-gram seen earlier: lookup proposes PROMPTS[2][3:]
+    p1, p2 = exact_first_two(load_model(target), prompt, cfg)
+    dec = SpeculativeDecoder.load(bundle, drafter="feature-lookup")
+    counts = np.zeros((2, len(p1)), dtype=np.int64)
+    accepted = drafted = 0
+    for seed in range(3000):
+        res = dec.generate(prompt, max_new_tokens=5, seed=seed, ignore_eos=True, gamma=2, temperature=1.0)
+        counts[0, res.tokens[0]] += 1
+        counts[1, res.tokens[1]] += 1
+        accepted += res.stats.accepted_at[0]
+        drafted += res.stats.drafted_at[0]
+    assert 0.05 < accepted / drafted < 0.95, f"acceptance {accepted}/{drafted} does not exercise both paths"
+    for i, p in enumerate((p1, p2)):
+        assert counts[i][p == 0].sum() == 0, f"token {i + 1}: a token the target cannot produce"
+        assert chi_square_p(counts[i], p) > 1e-4, f"token {i + 1}: differs from the target"
+        assert chi_square_p(counts[i], np.full(len(p), 1 / len(p))) < 1e-6
+
+
+@LLAMA
+def test_a_draft_folder_with_a_head_makes_it_the_bundles_default_drafter(feature_bundle, family_bundle, tmp_path):
+    """``specdec-export --draft DIR`` where DIR holds a draft model and a saved head: the bundle
+    carries both, its default drafter is the one the head's folder recommends (γ included), and
+    ``SpeculativeDecoder.load(B)`` decodes with it, exactly; a quantized export leaves it out."""
+    from specdec.export.pipeline import ExportConfig
+
+    target, _, _, root = feature_bundle
+    draft = tmp_path / "draft"
+    shutil.copytree(family_bundle[2], draft)
+    for f in (root / "head").iterdir():
+        shutil.copy(f, draft / f.name)
+    config = json.loads((draft / "head_config.json").read_text())
+    config["serve"] = {"drafter": "feature-lookup", "gamma": 2, "why": "measured best here"}
+    (draft / "head_config.json").write_text(json.dumps(config))
+    out = tmp_path / "bundle"
+    run = subprocess.run([sys.executable, "-c", "from specdec.cli import export_main; export_main()", "--target", str(target), "--draft", str(draft), "--out", str(out),
+                          "--max-seq-len", "128"], capture_output=True, text=True)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["head"] is not None and m["drafter"] == {"name": "feature-lookup", "gamma": 2, "why": "measured best here"}
+    dec = SpeculativeDecoder.load(out)
+    assert dec.drafter_spec == "feature-lookup"
+    model = load_model(target)
+    for prompt in [PROMPTS[0], *corpus_prompts(dec)]:
+        res = dec.generate(prompt, max_new_tokens=NEW, ignore_eos=True)
+        assert res.tokens == torch_greedy(model, prompt, NEW) and res.stats.gamma == 2, f"prompt={prompt}"
+    assert SpeculativeDecoder.load(out, drafter="model").generate(PROMPTS[0], max_new_tokens=4).stats.gamma == m["gamma"], \
+        "another drafter keeps the bundle's gamma"  # fmt: skip
+    shown = subprocess.run([sys.executable, "-m", "specdec", "inspect", str(out)], capture_output=True, text=True)
+    assert "default drafter feature-lookup, gamma 2 (measured best here)" in shown.stdout, shown.stdout + shown.stderr
+    assert ExportConfig(str(target), str(draft), tmp_path / "q", quantize="int8").head() is None, "a quantized bundle leaves the head out"
+    assert ExportConfig(str(target), str(draft), tmp_path / "f").head() == draft
