@@ -111,34 +111,40 @@ def distilled(folder: str, max_len: int, limit: int | None = None) -> tuple[Sequ
     return train, held
 
 
-def features_key(manifest, seqs: Sequences) -> str:
-    """What the features depend on: the target graph and its weights (their digests), and the token ids."""
+def model_key(manifest) -> str:
+    """What the features depend on besides the tokens: the target graph and its weights (their digests)."""
     g = manifest.graphs[manifest.graph("target", "dynamic")[0]]
     h = hashlib.sha256(g.sha256.encode())
     for f in g.data:
         h.update(str(manifest.integrity["files"].get(f, f)).encode())
-    for ids in seqs.ids:
-        h.update(np.asarray(ids, np.int64).tobytes())
     return h.hexdigest()[:16]
+
+
+def sequence_key(ids: np.ndarray) -> str:
+    return hashlib.sha256(np.asarray(ids, np.int64).tobytes()).hexdigest()[:24]
 
 
 def with_features(bundle: Path, manifest, seqs: Sequences, report: Callable[[str], None], cache: Path | None = None) -> Sequences:
     """``seqs`` with the target's features [T_i, d] float16 for each (fed from an empty cache).
-    ``cache``: a folder where they are kept, keyed by ``features_key``, and read back next time."""
-    path = Path(cache) / f"features-{features_key(manifest, seqs)}.npy" if cache is not None else None
-    if path is not None and path.is_file():
-        flat = np.load(path, mmap_mode="r")  # [sum T_i, d] float16
-        at = np.concatenate([[0], np.cumsum([len(x) for x in seqs.ids])])
-        report(f"target features read from {path}")
-        return Sequences(seqs.ids, seqs.mask, [np.asarray(flat[at[i] : at[i + 1]]) for i in range(len(seqs))], seqs.top)
-    out = _compute_features(bundle, manifest, seqs, report)
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.partial")
-        with open(tmp, "wb") as fh:
-            np.save(fh, np.concatenate(out.feats))
-        tmp.replace(path)
-    return out
+    ``cache``: a folder where each conversation's are kept (``<cache>/<model_key>/<sequence_key>.npy``)
+    and read back next time, so a run on a grown ``distill`` folder computes only the new ones."""
+    folder = Path(cache) / model_key(manifest) if cache is not None else None
+    paths = [folder / f"{sequence_key(ids)}.npy" for ids in seqs.ids] if folder is not None else [None] * len(seqs)
+    feats: list[np.ndarray | None] = [np.load(p) if p is not None and p.is_file() else None for p in paths]
+    missing = [i for i, f in enumerate(feats) if f is None]
+    if len(missing) < len(seqs):
+        report(f"target features read from {folder}: {len(seqs) - len(missing)} of {len(seqs)} conversations")
+    if missing:
+        computed = _compute_features(bundle, manifest, Sequences([seqs.ids[i] for i in missing], [], None, None), report)
+        for i, f in zip(missing, computed.feats):
+            feats[i] = f
+            if folder is not None:
+                folder.mkdir(parents=True, exist_ok=True)
+                tmp = paths[i].with_name(f".{paths[i].name}.partial")  # whole files only: a rename
+                with open(tmp, "wb") as fh:
+                    np.save(fh, f)
+                tmp.replace(paths[i])
+    return Sequences(seqs.ids, seqs.mask, feats, seqs.top)
 
 
 def _compute_features(bundle: Path, manifest, seqs: Sequences, report: Callable[[str], None]) -> Sequences:

@@ -26,7 +26,7 @@ from specdec.engines.executor import graph_names, open_sessions
 from specdec.engines.threads import ThreadPolicy
 from specdec.errors import ConfigError, QueueFullError, SpecDecError
 from specdec.manifest import Manifest, load_manifest
-from specdec.runtime.drafters import check_drafter, models_for, needs_tree
+from specdec.runtime.drafters import bundle_default, check_drafter, models_for, needs_tree
 from specdec.runtime.engine import Engine
 from specdec.runtime.handles import Handle
 from specdec.runtime.beam_search import BeamResult, BeamRunner
@@ -65,7 +65,7 @@ class BatchEngine:
         ``drafter``: as ``SpeculativeDecoder.load``'s (None: the bundle's default)."""
         bundle = Path(bundle)
         m = self.manifest = manifest or load_manifest(bundle, verify)
-        drafter = m.default_drafter()[0] if drafter is None else drafter
+        drafter = bundle_default(m) if drafter is None else drafter
         self.max_batch = self.check_options(m, max_batch, drafter, max_queue, cache_slots)
         self.cache_slots = slots = self.max_batch if cache_slots is None else cache_slots
         self.limits, self.codec, self.threads = Limits.of(m, drafter), TextCodec.from_bundle(bundle, m), ThreadPolicy.of(threads)

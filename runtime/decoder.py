@@ -21,7 +21,7 @@ from specdec.engines.threads import ThreadPolicy
 from specdec.errors import BusyError
 from specdec.manifest import Manifest, load_manifest
 from specdec.runtime.adaptive import AdaptiveGamma
-from specdec.runtime.drafters import Drafter, check_drafter, models_for, needs_tree
+from specdec.runtime.drafters import Drafter, bundle_default, check_drafter, models_for, needs_tree
 from specdec.runtime.engine import Engine, clip
 from specdec.runtime.handles import GenerationResult, Handle, Piece
 from specdec.runtime.beam_search import BeamResult, BeamRunner
@@ -81,7 +81,7 @@ class SpeculativeDecoder:
         """
         bundle = Path(bundle)
         manifest = load_manifest(bundle, verify)
-        drafter = manifest.default_drafter()[0] if drafter is None else drafter
+        drafter = bundle_default(manifest) if drafter is None else drafter
         check_drafter(drafter)
         policy = ThreadPolicy.of(threads)
         models = ("target", "draft", *(m for m in models_for(drafter) if m == "head"))

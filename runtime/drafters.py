@@ -45,7 +45,7 @@ from typing import Callable, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
-from specdec.errors import ConfigError
+from specdec.errors import BundleError, ConfigError
 from specdec.ngram_table import NgramTable
 from specdec.runtime.lookup import latest_match, one_hot
 from specdec.runtime.sampling import SamplingConfig, standardize
@@ -343,6 +343,15 @@ def _feature_lookup(ctx: DrafterContext):
     from specdec.runtime.proposers import FeatureLookup
 
     return FeatureLookup(ctx.head, ctx.target)
+
+
+def bundle_default(manifest) -> str:
+    """The drafter a bundle decodes with when none is named (``manifest.default_drafter()``)."""
+    name = manifest.default_drafter()[0]
+    if name not in DRAFTERS:
+        raise BundleError(f"the bundle's default drafter {name!r} is not one this specdec runs ({', '.join(DRAFTERS)}); "
+                          "name one (--drafter) or upgrade specdec")  # fmt: skip
+    return name
 
 
 def models_for(spec) -> tuple[str, ...]:

@@ -22,6 +22,7 @@ from specdec import __version__
 from specdec.errors import ConfigError
 from specdec.manifest import load_manifest
 from specdec.runtime.batch import BatchEngine
+from specdec.runtime.drafters import bundle_default
 from specdec.runtime.params import SamplingParams
 from specdec.runtime.request import Limits, Request
 from specdec.runtime.text import TextCodec
@@ -87,7 +88,7 @@ def prepare(cfg: ServeConfig, bind: bool = True) -> ServerState:
         check_bind(cfg.host, cfg.port)
     codec = TextCodec.from_bundle(cfg.bundle, m)
     chat = bundle_template(cfg.bundle, m, codec, cfg.chat_template)
-    drafter = cfg.drafter or m.default_drafter()[0]
+    drafter = cfg.drafter or bundle_default(m)
     BatchEngine.check_options(m, cfg.max_batch, drafter, cfg.max_queue, cfg.cache_slots)
     Request([0], Limits.of(m, drafter), SamplingParams(max_new_tokens=1, gamma=cfg.gamma), [0] if m.seq2seq else None)  # the --gamma every request will carry
     model = cfg.served_model_name or Path(cfg.bundle).resolve().name

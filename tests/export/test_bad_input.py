@@ -138,6 +138,18 @@ def test_manifest_path_leaving_bundle_is_refused(bundle_copy):
         load_manifest(bundle_copy)
 
 
+def test_a_bad_default_drafter_in_the_manifest_is_refused_by_name(bundle_copy):
+    from specdec.runtime import SpeculativeDecoder
+
+    edit_manifest(bundle_copy, lambda m: m.update(drafter={"name": "feature", "gamma": m["gamma"] + 1}))
+    with pytest.raises(BundleError, match="manifest drafter=.*expected .*re-export"):
+        load_manifest(bundle_copy)
+    edit_manifest(bundle_copy, lambda m: m.update(drafter={"name": "medusa", "gamma": 1}))
+    with pytest.raises(BundleError, match="default drafter 'medusa' is not one this specdec runs"):
+        SpeculativeDecoder.load(bundle_copy)
+    assert SpeculativeDecoder.load(bundle_copy, drafter="lookup").generate([1, 2, 3], max_new_tokens=4).tokens, "naming a drafter still loads it"
+
+
 def test_corrupt_graph_is_refused(bundle_copy):
     with open(bundle_copy / "draft_step.onnx", "ab") as f:
         f.write(b"\0")
