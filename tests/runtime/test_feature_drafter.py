@@ -115,15 +115,21 @@ def test_feature_drafter_in_a_batch_keeps_each_row_exact(feature_bundle):
     assert sum(r.stats.accepted for r in results) > 0
 
 
+# (drafter, sampling, prompt): feature-lookup's prompt ends with a 3-gram seen earlier, so lookup
+# drafts the first tokens (a one-hot q) and the head the later ones.
+SAMPLED = {"feature-plain": ("feature", dict(temperature=1.0), PROMPTS[2]),
+           "feature-top_p": ("feature", dict(temperature=1.0, top_p=0.9), PROMPTS[2]),
+           "feature-lookup-plain": ("feature-lookup", dict(temperature=1.0), PROMPTS[2] + PROMPTS[2][:3])}  # fmt: skip
+
+
 @LLAMA
-@pytest.mark.parametrize("mode", ["plain", "top_p"])
-def test_feature_drafter_first_two_tokens_follow_the_target(feature_bundle, mode):
+@pytest.mark.parametrize("case", list(SAMPLED))
+def test_feature_drafters_first_two_tokens_follow_the_target(feature_bundle, case):
     target, bundle, _, _ = feature_bundle
-    kw = {"plain": dict(temperature=1.0), "top_p": dict(temperature=1.0, top_p=0.9)}[mode]
+    drafter, kw, prompt = SAMPLED[case]
     cfg = SamplingConfig(kw["temperature"], None, kw.get("top_p"))
-    prompt = PROMPTS[2]
     p1, p2 = exact_first_two(load_model(target), prompt, cfg)
-    dec = SpeculativeDecoder.load(bundle, drafter="feature")
+    dec = SpeculativeDecoder.load(bundle, drafter=drafter)
     counts = np.zeros((2, len(p1)), dtype=np.int64)
     accepted = drafted = 0
     for seed in range(3000):
@@ -135,7 +141,7 @@ def test_feature_drafter_first_two_tokens_follow_the_target(feature_bundle, mode
     assert 0.05 < accepted / drafted < 0.95, f"acceptance {accepted}/{drafted} does not exercise both paths"
     for i, p in enumerate((p1, p2)):
         assert counts[i][p == 0].sum() == 0, f"token {i + 1}: a token the target cannot produce"
-        assert chi_square_p(counts[i], p) > 1e-4, f"{mode} token {i + 1}: differs from the target"
+        assert chi_square_p(counts[i], p) > 1e-4, f"{case} token {i + 1}: differs from the target"
         # Power: the counts are clearly not the uniform law nor the target's argmax alone.
         assert chi_square_p(counts[i], np.full(len(p), 1 / len(p))) < 1e-6
 
@@ -191,30 +197,6 @@ def test_feature_lookup_is_the_target_token_for_token_through_both_paths(feature
         results = engine.generate_many(prompts, max_new_tokens=NEW, ignore_eos=True, gamma=2)
     for prompt, res in zip(prompts, results):
         assert res.tokens == torch_greedy(model, prompt, NEW), f"batched prompt={prompt}"
-
-
-@LLAMA
-def test_feature_lookup_first_two_tokens_follow_the_target(feature_bundle):
-    """Sampled: a prompt whose last tokens occurred before, so lookup drafts the first tokens
-    (a one-hot q) and the head the rest; the first two tokens' law is the target's."""
-    target, bundle, _, _ = feature_bundle
-    cfg = SamplingConfig(1.0, None, None)
-    prompt = PROMPTS[2] + PROMPTS[2][:3]  # ends with a 3-gram seen earlier: lookup proposes PROMPTS[2][3:]
-    p1, p2 = exact_first_two(load_model(target), prompt, cfg)
-    dec = SpeculativeDecoder.load(bundle, drafter="feature-lookup")
-    counts = np.zeros((2, len(p1)), dtype=np.int64)
-    accepted = drafted = 0
-    for seed in range(3000):
-        res = dec.generate(prompt, max_new_tokens=5, seed=seed, ignore_eos=True, gamma=2, temperature=1.0)
-        counts[0, res.tokens[0]] += 1
-        counts[1, res.tokens[1]] += 1
-        accepted += res.stats.accepted_at[0]
-        drafted += res.stats.drafted_at[0]
-    assert 0.05 < accepted / drafted < 0.95, f"acceptance {accepted}/{drafted} does not exercise both paths"
-    for i, p in enumerate((p1, p2)):
-        assert counts[i][p == 0].sum() == 0, f"token {i + 1}: a token the target cannot produce"
-        assert chi_square_p(counts[i], p) > 1e-4, f"token {i + 1}: differs from the target"
-        assert chi_square_p(counts[i], np.full(len(p), 1 / len(p))) < 1e-6
 
 
 @LLAMA
