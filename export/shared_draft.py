@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from specdec.errors import ModelError
+from specdec.export.head import WEIGHTS_NAME as HEAD_WEIGHTS
 
 KEY = "specdec_draft"
 FILL = -1e4  # the logit of a token outside the draft's subset; finite, so float16 graphs hold it too
@@ -110,7 +111,7 @@ def load(folder: Path, config: Any, target: torch.nn.Module) -> torch.nn.Module:
 
     spec = spec_of(config)
     ids = read_vocab(folder, spec, config.vocab_size)
-    files = sorted(folder.glob("*.safetensors"))
+    files = sorted(f for f in folder.glob("*.safetensors") if f.name != HEAD_WEIGHTS)  # a feature head may share the folder
     if not files:
         raise ModelError(f"shared draft {folder}: no .safetensors weights")
     state = {k: v.float() for f in files for k, v in load_file(str(f)).items()}

@@ -147,3 +147,33 @@ def test_a_shared_draft_of_another_target_is_refused_before_loading(shared, tmp_
     with pytest.raises(ModelError, match="shared draft"):
         export_bundle(ExportConfig(str(root / "draft"), str(root / "target"), tmp_path / "b3", max_seq_len=64))
     assert not any(p.name.startswith("b") for p in tmp_path.iterdir())  # nothing half-written
+
+
+def test_a_feature_head_beside_the_shared_draft_is_exported_and_is_the_default(shared, tmp_path):
+    """``models/smollm2-draft``'s layout: a shared draft and a feature head in one folder. The
+    draft loads without the head's weights, the bundle carries both, and its default drafter
+    (the head's chain at γ = 1: no recommendation in the folder) decodes exactly."""
+    import shutil
+
+    from models import CORPUS
+
+    from specdec.export.train_head import Recipe, train
+
+    root, target, ids, out, manifest = shared
+    staged, corpus = tmp_path / "staged", tmp_path / "corpus"
+    shutil.copytree(out, staged)
+    corpus.mkdir()
+    for i in range(2):
+        (corpus / f"part{i}.py").write_text(CORPUS[i * 50 :] + CORPUS[: i * 50])
+    train(staged, str(corpus), Recipe(steps=2, batch=2, window=32, windows=8), save=tmp_path / "head", report=lambda s: None)
+    draft = tmp_path / "draft"
+    shutil.copytree(root / "draft", draft)
+    for f in (tmp_path / "head").iterdir():
+        shutil.copy(f, draft / f.name)
+    m = export_bundle(ExportConfig(str(root / "target"), str(draft), tmp_path / "bundle", gamma=4, max_seq_len=128))
+    assert m.head is not None and m.draft.num_layers == 2 and m.default_drafter() == ("feature", 1)
+    dec = SpeculativeDecoder.load(tmp_path / "bundle")
+    assert dec.drafter_spec == "feature"
+    for prompt in PROMPTS:
+        res = dec.generate(prompt, max_new_tokens=40, ignore_eos=True)
+        assert res.tokens == _greedy(target, prompt, 40) and res.stats.gamma == 1, f"prompt {prompt}"
