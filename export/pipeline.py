@@ -227,7 +227,7 @@ def check_seq2seq(cfg: ExportConfig, sources: dict[str, Source]) -> int | None:
             raise ConfigError(f"--max-source-len {cfg.max_source_len}: {cfg.target} is decoder-only; the option is for encoder-decoder models (T5, BART, Marian)")
         return None
     flags = {"--max-batch": cfg.max_batch > 1, "--fused-draft": cfg.fused_draft, "--portable": cfg.portable, "--tree-nodes": bool(cfg.tree_nodes),
-             "--feature-drafter": cfg.feature_drafter is not None}  # a head in the draft folder: checked with the sources
+             "--feature-drafter": cfg.head() is not None}
     bad = [f for f, on in flags.items() if on]
     if bad:
         raise ConfigError(f"{', '.join(bad)}: not supported for encoder-decoder bundles yet ({cfg.target}); export without {' and '.join(bad)}")
