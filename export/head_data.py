@@ -25,6 +25,7 @@ from typing import Callable
 
 import numpy as np
 
+from specdec.atomic import write_atomic
 from specdec.errors import ConfigError
 
 TEXT_SUFFIXES = (".py", ".txt", ".md", ".rst", ".json", ".c", ".h", ".js", ".ts", ".go", ".rs", ".java")
@@ -140,10 +141,7 @@ def with_features(bundle: Path, manifest, seqs: Sequences, report: Callable[[str
             feats[i] = f
             if folder is not None:
                 folder.mkdir(parents=True, exist_ok=True)
-                tmp = paths[i].with_name(f".{paths[i].name}.partial")  # whole files only: a rename
-                with open(tmp, "wb") as fh:
-                    np.save(fh, f)
-                tmp.replace(paths[i])
+                write_atomic(paths[i], lambda fh, f=f: np.save(fh, f))
     return Sequences(seqs.ids, seqs.mask, feats, seqs.top)
 
 

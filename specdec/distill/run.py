@@ -24,6 +24,7 @@ from typing import Callable
 
 import numpy as np
 
+from specdec.atomic import write_atomic
 from specdec.distill import prompts as P
 from specdec.distill.shards import Answer, done_jobs, shard_paths, write_shard
 from specdec.errors import ConfigError
@@ -97,9 +98,7 @@ def make_plan(folder: Path, bundle: Path, engine, s: Settings, report: Callable[
     plan = {"settings": _settings_record(s), "bundle": str(bundle), "requests": final,
             "self_instruct": {"asked": len(instruct), "kept": len(written)}}  # fmt: skip
     folder.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(plan, indent=1))
-    tmp.replace(path)
+    write_atomic(path, lambda fh: fh.write(json.dumps(plan, indent=1).encode()))
     report(f"plan: {len(final)} requests ({len(written)} of {len(instruct)} self-instruct questions kept) -> {path}")
     return plan
 

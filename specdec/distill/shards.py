@@ -14,12 +14,13 @@ leaves whole shards only; ``done_jobs`` is what a resumed run skips.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
 import numpy as np
+
+from specdec.atomic import write_atomic
 
 
 @dataclass
@@ -42,20 +43,16 @@ def _offsets(lengths: list[int]) -> np.ndarray:
 def write_shard(folder: Path, index: int, answers: list[Answer]) -> Path:
     """Write ``answers`` as shard ``index``, atomically."""
     path = Path(folder) / f"shard-{index:05d}.npz"
-    tmp = path.with_name(f".{path.name}.partial")  # not a shard's name: an interrupted write is never read
-    with open(tmp, "wb") as fh:
-        np.savez_compressed(
-            fh,
-            job=np.array([a.job for a in answers], np.int32),
-            prompt=np.concatenate([np.asarray(a.prompt, np.int32) for a in answers]),
-            prompt_at=_offsets([len(a.prompt) for a in answers]),
-            answer=np.concatenate([np.asarray(a.answer, np.int32) for a in answers]),
-            answer_at=_offsets([len(a.answer) for a in answers]),
-            top_id=np.concatenate([a.top_id for a in answers]).astype(np.int32),
-            top_lp=np.concatenate([a.top_lp for a in answers]).astype(np.float16),
-        )
-    os.replace(tmp, path)
-    return path
+    return write_atomic(path, lambda fh: np.savez_compressed(
+        fh,
+        job=np.array([a.job for a in answers], np.int32),
+        prompt=np.concatenate([np.asarray(a.prompt, np.int32) for a in answers]),
+        prompt_at=_offsets([len(a.prompt) for a in answers]),
+        answer=np.concatenate([np.asarray(a.answer, np.int32) for a in answers]),
+        answer_at=_offsets([len(a.answer) for a in answers]),
+        top_id=np.concatenate([a.top_id for a in answers]).astype(np.int32),
+        top_lp=np.concatenate([a.top_lp for a in answers]).astype(np.float16),
+    ))  # fmt: skip
 
 
 def read_shard(path: Path) -> Iterator[Answer]:
