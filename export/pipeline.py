@@ -76,6 +76,7 @@ class ExportConfig:
     draft_revision: str | None = None
     trust_remote_code: bool = False
     ngram_corpus: Path | None = None  # text file or folder: the n-gram drafter's table
+    chat_template: Path | None = None  # a Jinja chat template for a target whose tokenizer has none (or another one)
     max_source_len: int | None = None  # encoder-decoder: source tokens per request [default: the models' limit, or 512]
     max_kl: float | None = None  # bound on the mean KL over the validation text for float16/quantized models [default: validate.TOLERANCES]
     seed: int = 0
@@ -84,6 +85,9 @@ class ExportConfig:
         object.__setattr__(self, "out", Path(self.out))
         if self.ngram_corpus is not None:
             object.__setattr__(self, "ngram_corpus", Path(self.ngram_corpus))
+        if self.chat_template is not None:
+            object.__setattr__(self, "chat_template", Path(self.chat_template))
+            check_template(self.chat_template)
         if not isinstance(self.gamma, int) or not 1 <= self.gamma <= MAX_GAMMA:
             raise ConfigError(f"--gamma {self.gamma}: expected an integer in 1..{MAX_GAMMA} (draft tokens per target call)")
         if self.max_seq_len is not None and (not isinstance(self.max_seq_len, int) or self.max_seq_len < self.gamma + 2):
@@ -315,7 +319,7 @@ def export_bundle(cfg: ExportConfig, progress: Progress | None = None) -> Manife
         if target.tokenizer is not None:
             target.tokenizer.save_pretrained(tmp / "tokenizer")
             tokenizer = "tokenizer"
-            chat_template = save_chat_template(target.tokenizer, tmp / "tokenizer")
+            chat_template = save_chat_template(target.tokenizer, tmp / "tokenizer", cfg.chat_template)
         ngram = None
         if cfg.ngram_corpus is not None:
             progress("count n-grams")
@@ -364,10 +368,22 @@ def default_drafter(head: Path, cfg: ExportConfig) -> dict:
     return {"name": name, "gamma": min(gamma, cfg.gamma), "why": serve.get("why", f"recommended by {head / 'head_config.json'}")}
 
 
-def save_chat_template(tokenizer, folder: Path) -> str | None:
-    """Write the tokenizer's chat template (its default one, when it has several) as
-    ``chat_template.jinja`` in ``folder``; returns its bundle path, or None without one."""
-    template = getattr(tokenizer, "chat_template", None)
+def check_template(path: Path) -> None:
+    """A ConfigError unless ``path`` is a file holding a Jinja template that parses."""
+    from jinja2 import Environment, TemplateSyntaxError
+
+    if not path.is_file():
+        raise ConfigError(f"--chat-template {path}: not a file; expected a Jinja chat template (as a tokenizer's chat_template.jinja)")
+    try:
+        Environment().parse(path.read_text())
+    except (TemplateSyntaxError, UnicodeDecodeError) as e:
+        raise ConfigError(f"--chat-template {path}: not a Jinja template ({e}); fix it or drop the option to keep the tokenizer's own") from None
+
+
+def save_chat_template(tokenizer, folder: Path, given: Path | None = None) -> str | None:
+    """Write ``given``'s text, else the tokenizer's chat template (its default one, when it has
+    several), as ``chat_template.jinja`` in ``folder``; returns its bundle path, or None without one."""
+    template = given.read_text() if given is not None else getattr(tokenizer, "chat_template", None)
     if isinstance(template, dict):
         template = template.get("default")
     if not isinstance(template, str) or not template.strip():

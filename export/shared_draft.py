@@ -115,20 +115,14 @@ def load(folder: Path, config: Any, target: torch.nn.Module) -> torch.nn.Module:
     if not files:
         raise ModelError(f"shared draft {folder}: no .safetensors weights")
     state = {k: v.float() for f in files for k, v in load_file(str(f)).items()}
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
-    model = model.to_empty(device="cpu")
+    model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)  # on the CPU, not "meta": non-persistent
+    # buffers (rotary inv_freq, Gemma's embed_scale) are made by the constructor, not read from the file
     own = {k for k in model.state_dict() if not k.startswith(("model.embed_tokens.", "lm_head."))}
     missing, extra = own - state.keys(), state.keys() - own
     if missing or extra:
         what = f"missing {sorted(missing)[:3]}" if missing else f"unexpected {sorted(extra)[:3]}"
         raise ModelError(f"shared draft {folder}: weights do not match its config ({what})")
     model.load_state_dict(state, strict=False)
-    for name, buf in model.named_buffers():  # non-persistent buffers (rotary inv_freq) are not in the file
-        if "inv_freq" in name:
-            module = model.get_submodule(name.rsplit(".", 1)[0])
-            inv, scaling = module.rope_init_fn(module.config, "cpu")
-            module.inv_freq, module.original_inv_freq, module.attention_scaling = inv, inv, scaling
     return assemble(model, target, ids).eval()
 
 

@@ -123,6 +123,8 @@ def _plan_trees(rank_acceptance: str, cost: float, tree_cost: Path | None, max_d
 @click.option("--draft-revision", default=None, help="Hub revision of the draft.")
 @click.option("--trust-remote-code", is_flag=True, help="Allow models that run their own code (off by default).")
 @click.option("--ngram-corpus", default=None, type=click.Path(path_type=Path), help="Text file or folder: count a bigram table into the bundle for --drafter ngram.")
+@click.option("--chat-template", default=None, type=click.Path(path_type=Path),
+              help="A Jinja chat template file for the bundle, for a target whose tokenizer has none (many GGUF files) or to replace its own.")
 @click.option("--max-source-len", default=None, type=int, help="Encoder-decoder models: source tokens per request [default: the encoders' positions, at most 512].")
 @click.option("--max-kl", default=None, type=float, help="Refuse a float16 or quantized target whose mean KL from the float32 model on the "
               "validation text exceeds this many nats [default: 0.05; inf records it without refusing]. Given, it is the bound that "

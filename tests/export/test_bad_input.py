@@ -236,3 +236,32 @@ def test_bidirectional_gemma3_is_refused_by_name(llama_bundle, tmp_path):
     out = export_cli("--target", str(tmp_path / "gemma3-bi"), "--draft", str(target), "--out", str(tmp_path / "b"))
     assert_one_line_error(out, "use_bidirectional_attention=True (need False)", "cannot be exported exactly yet")
     assert not (tmp_path / "b").exists()
+
+
+@pytest.mark.parametrize("text, words", [(None, ["not a file"]), ("{% for m in messages %}{{ m['content'] }}", ["not a Jinja template"])])
+def test_a_bad_chat_template_is_refused_before_loading_models(llama_bundle, tmp_path, text, words):
+    target, draft, _ = llama_bundle
+    path = tmp_path / "t.jinja"
+    if text is not None:
+        path.write_text(text)
+    out = export_cli("--target", str(target), "--draft", str(draft), "--out", str(tmp_path / "b"), "--chat-template", str(path))
+    assert_one_line_error(out, "--chat-template", str(path), *words)
+    assert not (tmp_path / "b").exists()
+
+
+def test_a_chat_template_given_at_export_is_the_bundles(llama_bundle, tmp_path):
+    """A target without a chat template (as most GGUF files) gets the given one: the server,
+    ``specdec distill`` and ``specdec bench --corpus chat`` render it with the bundle's bos name."""
+    from specdec.manifest import inside
+    from specdec.runtime.text import TextCodec
+    from specdec.serve.chat import bundle_template
+
+    target, draft, _ = llama_bundle
+    text = "{{ bos_token }}{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}"
+    (tmp_path / "t.jinja").write_text(text)
+    m = export_bundle(ExportConfig(str(target), str(draft), tmp_path / "b", max_seq_len=64, chat_template=tmp_path / "t.jinja"))
+    assert m.chat_template == "tokenizer/chat_template.jinja"
+    assert inside(tmp_path / "b", m.chat_template).read_text() == text
+    codec = TextCodec.from_bundle(tmp_path / "b", m)
+    bos = codec.tokenizer.id_to_token(m.bos_token_id)
+    assert bundle_template(tmp_path / "b", m, codec).render([{"role": "user", "content": "hi"}], True) == f"{bos}<user>hi\n<assistant>"

@@ -177,3 +177,25 @@ def test_a_feature_head_beside_the_shared_draft_is_exported_and_is_the_default(s
     for prompt in PROMPTS:
         res = dec.generate(prompt, max_new_tokens=40, ignore_eos=True)
         assert res.tokens == _greedy(target, prompt, 40) and res.stats.gamma == 1, f"prompt {prompt}"
+
+
+def test_a_gemma3_shared_draft_loads_as_the_model_it_was_saved_from(tmp_path):
+    """Gemma scales its embedding by √hidden with a buffer the weights file does not hold (as
+    rotary's inv_freq): the loaded draft must compute what the saved one did (Gemma-3-270M's
+    layer-initialized draft once loaded with that buffer unset and drafted nothing)."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    target = peaked_model(config_for("gemma3", "target"), 0)
+    target.save_pretrained(tmp_path / "target", safe_serialization=True)
+    make_tokenizer(tmp_path / "target")
+    draft = near_copy(target, 0.1, 1)
+    draft.model.layers = draft.model.layers[:1]
+    draft.config.num_hidden_layers, draft.config.layer_types = 1, draft.config.layer_types[:1]
+    ids = list(range(0, target.config.vocab_size, 2))
+    shared_draft.save(draft, tmp_path / "draft", ids, AutoTokenizer.from_pretrained(tmp_path / "target"), dtype=torch.float32)
+    loaded = shared_draft.load(tmp_path / "draft", AutoConfig.from_pretrained(tmp_path / "draft"), target)
+    prompt = torch.tensor([PROMPTS[2]])
+    saved = shared_draft.assemble(draft, target, torch.tensor(ids))  # the in-memory draft with the target's tables
+    with torch.no_grad():
+        want, got = saved(prompt).logits[0][:, ids], loaded(prompt).logits[0][:, ids]  # [S, V']
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)  # the same float32 weights: rounding only

@@ -221,6 +221,8 @@ def build(target, layers: int):
 
     cfg = target.config.__class__.from_dict(target.config.to_dict())
     cfg.num_hidden_layers = layers
+    if getattr(cfg, "layer_types", None):  # per-layer kinds (Gemma 3's sliding/full): the first layers'
+        cfg.layer_types = cfg.layer_types[:layers]
     cfg.tie_word_embeddings = False
     draft = AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.float32)
     draft.load_state_dict({k: v for k, v in target.state_dict().items() if k in draft.state_dict()}, strict=False)
