@@ -183,6 +183,21 @@ def test_missing_gguf_file_is_refused(tmp_path):
     assert_one_line_error(res, "none.gguf", "does not exist")
 
 
+def save_shared_draft_of(g, folder, layers: int) -> None:
+    """A shared draft of the GGUF model ``g`` in ``folder``: a near copy of its first ``layers`` layers over every other token id."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from models import near_copy
+    from specdec.export import shared_draft
+
+    target = AutoModelForCausalLM.from_pretrained(str(g.parent), gguf_file=g.name, dtype=torch.float32).eval()
+    draft = near_copy(target, 0.1, 3)
+    draft.model.layers = draft.model.layers[:layers]
+    draft.config.num_hidden_layers = layers
+    draft.config.tie_word_embeddings = False
+    shared_draft.save(draft, folder, list(range(0, 320, 2)), AutoTokenizer.from_pretrained(str(g.parent), gguf_file=g.name))
+
+
 def test_real_model_demo_runs_on_a_gguf_and_its_shared_draft(gguf_pair, tmp_path):
     """``specdec demo --model smollm2`` end to end, with a tiny GGUF standing in for SmolLM2's
     (``SPECDEC_SMOLLM2_GGUF``) and a shared draft trained for it in ``models/smollm2-draft``:
@@ -191,21 +206,12 @@ def test_real_model_demo_runs_on_a_gguf_and_its_shared_draft(gguf_pair, tmp_path
     import subprocess
     import sys
 
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from models import near_copy
     from specdec import demo
-    from specdec.export import shared_draft
 
     files, _ = gguf_pair
     g = files["target"]
-    target = AutoModelForCausalLM.from_pretrained(str(g.parent), gguf_file=g.name, dtype=torch.float32).eval()
-    draft = near_copy(target, 0.1, 3)
-    draft.model.layers = draft.model.layers[:2]
-    draft.config.num_hidden_layers = 2
-    draft.config.tie_word_embeddings = False
     models = tmp_path / "models"
-    shared_draft.save(draft, models / "smollm2-draft", list(range(0, 320, 2)), AutoTokenizer.from_pretrained(str(g.parent), gguf_file=g.name))
+    save_shared_draft_of(g, models / "smollm2-draft", layers=2)
     env = {**os.environ, "SPECDEC_CACHE": str(tmp_path / "cache"), demo.ENV: str(models / "demo"), demo.GGUF_ENV: str(g)}
     cmd = [sys.executable, "-m", "specdec", "demo", "--model", "smollm2", "--prompt", "def add", "--max-new-tokens", "20"]
     first = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
@@ -241,21 +247,12 @@ def test_gemma3_demo_exports_the_chat_template_its_draft_folder_ships(gguf_pair,
     import subprocess
     import sys
 
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from models import near_copy
     from specdec import demo
-    from specdec.export import shared_draft
 
     files, _ = gguf_pair
     g = files["target"]
-    target = AutoModelForCausalLM.from_pretrained(str(g.parent), gguf_file=g.name, dtype=torch.float32).eval()
-    draft = near_copy(target, 0.1, 3)
-    draft.model.layers = draft.model.layers[:1]
-    draft.config.num_hidden_layers = 1
-    draft.config.tie_word_embeddings = False
     folder = tmp_path / "models" / "gemma3-270m-draft"
-    shared_draft.save(draft, folder, list(range(0, 320, 2)), AutoTokenizer.from_pretrained(str(g.parent), gguf_file=g.name))
+    save_shared_draft_of(g, folder, layers=1)
     template = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}[model] "
     (folder / "chat_template.jinja").write_text(template)
     env = {**os.environ, "SPECDEC_CACHE": str(tmp_path / "cache"), demo.ENV: str(tmp_path / "models" / "demo"), demo.GEMMA3_ENV: str(g)}
