@@ -284,9 +284,12 @@ def export_bundle(cfg: ExportConfig, progress: Progress | None = None) -> Manife
 
     progress = progress or Progress()
     check_destination(cfg.out, cfg.overwrite)
+    fallback = None
     if cfg.head() is None and (Path(cfg.draft) / "head_config.json").is_file():
+        fallback = headless_drafter(Path(cfg.draft), cfg)
         warnings.warn(f"{cfg.draft} holds a feature head too; it is left out of this {cfg.quantize or cfg.dtype} bundle "
-                      "(the head reads the target's float32 tables): its default drafter is the draft model", stacklevel=2)  # fmt: skip
+                      f"(the head reads the target's float32 tables): its default drafter is {fallback['name'] if fallback else 'the draft model'}",
+                      stacklevel=2)  # fmt: skip
     with one_parse():  # a GGUF source is parsed once for its header, config, tokenizer and weights
         progress("read configs")
         sources, max_source, max_seq = _read_sources(cfg)
@@ -335,6 +338,8 @@ def export_bundle(cfg: ExportConfig, progress: Progress | None = None) -> Manife
             progress("feature drafter")
             manifest = _feature_drafter(tmp, manifest, head)
             manifest = dataclasses.replace(manifest, drafter=default_drafter(head, cfg))
+        elif fallback is not None:
+            manifest = dataclasses.replace(manifest, drafter=fallback)
         progress("write bundle")
         manifest = commit(tmp, cfg.out, manifest)  # with every file's size and digest
     return manifest
@@ -366,6 +371,20 @@ def default_drafter(head: Path, cfg: ExportConfig) -> dict:
     if reg is None or not reg.needs_head or (reg.tree and not cfg.tree_nodes) or not isinstance(gamma, int) or gamma < 1:
         return {"name": "feature", "gamma": 1, "why": "the feature head's chain (its folder recommends nothing this bundle runs)"}
     return {"name": name, "gamma": min(gamma, cfg.gamma), "why": serve.get("why", f"recommended by {head / 'head_config.json'}")}
+
+
+def headless_drafter(folder: Path, cfg: ExportConfig) -> dict | None:
+    """The default drafter of a bundle that leaves ``folder``'s head out (float16 or quantized):
+    ``head_config.json``'s "serve" → "without_head" ({"drafter", "gamma", "why"}), when it names
+    a drafter this bundle runs without a head; else None (the draft model at the bundle's γ)."""
+    from specdec.runtime.drafters import DRAFTERS
+
+    entry = (json.loads((folder / "head_config.json").read_text()).get("serve") or {}).get("without_head") or {}
+    name, gamma = entry.get("drafter"), entry.get("gamma", cfg.gamma)
+    reg = DRAFTERS.get(name)
+    if reg is None or reg.needs_head or (reg.tree and not cfg.tree_nodes) or not isinstance(gamma, int) or gamma < 1:
+        return None
+    return {"name": name, "gamma": min(gamma, cfg.gamma), "why": entry.get("why", f"recommended without the head by {folder / 'head_config.json'}")}
 
 
 def check_template(path: Path) -> None:

@@ -232,3 +232,39 @@ def test_a_draft_folder_with_a_head_makes_it_the_bundles_default_drafter(feature
     assert "default drafter feature-lookup, gamma 2 (measured best here)" in shown.stdout, shown.stdout + shown.stderr
     assert ExportConfig(str(target), str(draft), tmp_path / "q", quantize="int8").head() is None, "a quantized bundle leaves the head out"
     assert ExportConfig(str(target), str(draft), tmp_path / "f").head() == draft
+
+
+@LLAMA
+def test_a_bundle_that_leaves_the_head_out_takes_the_folders_headless_default(feature_bundle, family_bundle, tmp_path):
+    """A quantized export of a folder with a head leaves the head out; its default drafter is the
+    folder's ``"serve": {"without_head": ...}`` (Gemma-3-270M's: lookup, as its draft model does
+    not pay), named in the warning, and decodes exactly; a recommendation it cannot run is ignored."""
+    import warnings
+
+    from specdec.export.pipeline import ExportConfig, export_bundle
+
+    target, _, _, root = feature_bundle
+    draft = tmp_path / "draft"
+    shutil.copytree(family_bundle[2], draft)
+    for f in (root / "head").iterdir():
+        shutil.copy(f, draft / f.name)
+    config = json.loads((draft / "head_config.json").read_text())
+    config["serve"] = {"drafter": "feature-lookup", "gamma": 2, "without_head": {"drafter": "lookup", "gamma": 3, "why": "no head here"}}
+    (draft / "head_config.json").write_text(json.dumps(config))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        m = export_bundle(ExportConfig(str(target), str(draft), tmp_path / "q", max_seq_len=128, quantize="int8"))
+    assert any("its default drafter is lookup" in str(w.message) for w in caught), [str(w.message) for w in caught]
+    assert m.head is None and m.drafter == {"name": "lookup", "gamma": 3, "why": "no head here"}
+    dec = SpeculativeDecoder.load(tmp_path / "q")
+    assert dec.drafter_spec == "lookup"
+    ref = SpeculativeDecoder.load(tmp_path / "q")
+    for prompt in [PROMPTS[0], *corpus_prompts(dec)]:  # the quantized target's own greedy output
+        res = dec.generate(prompt, max_new_tokens=NEW, ignore_eos=True)
+        assert res.tokens == ref.generate(prompt, max_new_tokens=NEW, ignore_eos=True, gamma=0).tokens and res.stats.gamma == 3
+    config["serve"]["without_head"] = {"drafter": "feature", "gamma": 3}  # needs the head it lacks: ignored
+    (draft / "head_config.json").write_text(json.dumps(config))
+    assert ExportConfig(str(target), str(draft), tmp_path / "r", quantize="int8").head() is None
+    from specdec.export.pipeline import headless_drafter
+
+    assert headless_drafter(draft, ExportConfig(str(target), str(draft), tmp_path / "r", quantize="int8")) is None
