@@ -359,32 +359,35 @@ def _feature_drafter(tmp: Path, manifest: Manifest, head_dir: Path) -> Manifest:
     return add_head(tmp, manifest, head, {**record, "loaded_from": str(head_dir)})
 
 
+def _recommended(folder: Path, cfg: ExportConfig, with_head: bool) -> dict | None:
+    """``head_config.json``'s recommendation for a bundle with the head ("serve") or without it
+    ("serve" → "without_head"), as a manifest ``drafter`` entry; None when it names nothing this
+    bundle runs (a drafter that needs a head it lacks, or not, a tree without --tree-nodes, a bad γ)."""
+    from specdec.runtime.drafters import DRAFTERS
+
+    serve = json.loads((folder / "head_config.json").read_text()).get("serve") or {}
+    entry = serve if with_head else serve.get("without_head") or {}
+    name, gamma = entry.get("drafter", "feature" if with_head else None), entry.get("gamma", 1 if with_head else cfg.gamma)
+    reg = DRAFTERS.get(name)
+    if reg is None or reg.needs_head != with_head or (reg.tree and not cfg.tree_nodes) or not isinstance(gamma, int) or gamma < 1:
+        return None
+    why = entry.get("why", f"recommended{'' if with_head else ' without the head'} by {folder / 'head_config.json'}")
+    return {"name": name, "gamma": min(gamma, cfg.gamma), "why": why}
+
+
 def default_drafter(head: Path, cfg: ExportConfig) -> dict:
     """The bundle's default drafter once it has a feature head: the head folder's own
     recommendation (``head_config.json``'s "serve": {"drafter", "gamma", "why"}, measured where
     it was trained) when this bundle has what it needs, else the head's chain at γ = 1."""
-    from specdec.runtime.drafters import DRAFTERS
-
-    serve = json.loads((head / "head_config.json").read_text()).get("serve") or {}
-    name, gamma = serve.get("drafter", "feature"), serve.get("gamma", 1)
-    reg = DRAFTERS.get(name)
-    if reg is None or not reg.needs_head or (reg.tree and not cfg.tree_nodes) or not isinstance(gamma, int) or gamma < 1:
-        return {"name": "feature", "gamma": 1, "why": "the feature head's chain (its folder recommends nothing this bundle runs)"}
-    return {"name": name, "gamma": min(gamma, cfg.gamma), "why": serve.get("why", f"recommended by {head / 'head_config.json'}")}
+    return _recommended(head, cfg, with_head=True) or {
+        "name": "feature", "gamma": 1, "why": "the feature head's chain (its folder recommends nothing this bundle runs)"}
 
 
 def headless_drafter(folder: Path, cfg: ExportConfig) -> dict | None:
     """The default drafter of a bundle that leaves ``folder``'s head out (float16 or quantized):
-    ``head_config.json``'s "serve" → "without_head" ({"drafter", "gamma", "why"}), when it names
-    a drafter this bundle runs without a head; else None (the draft model at the bundle's γ)."""
-    from specdec.runtime.drafters import DRAFTERS
-
-    entry = (json.loads((folder / "head_config.json").read_text()).get("serve") or {}).get("without_head") or {}
-    name, gamma = entry.get("drafter"), entry.get("gamma", cfg.gamma)
-    reg = DRAFTERS.get(name)
-    if reg is None or reg.needs_head or (reg.tree and not cfg.tree_nodes) or not isinstance(gamma, int) or gamma < 1:
-        return None
-    return {"name": name, "gamma": min(gamma, cfg.gamma), "why": entry.get("why", f"recommended without the head by {folder / 'head_config.json'}")}
+    ``head_config.json``'s "serve" → "without_head", when it names a drafter this bundle runs
+    without a head; else None (the draft model at the bundle's γ)."""
+    return _recommended(folder, cfg, with_head=False)
 
 
 def check_template(path: Path) -> None:

@@ -14,6 +14,7 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -199,6 +200,18 @@ def test_feature_lookup_is_the_target_token_for_token_through_both_paths(feature
         assert res.tokens == torch_greedy(model, prompt, NEW), f"batched prompt={prompt}"
 
 
+def _draft_with_head(model: Path, head: Path, draft: Path, serve: dict) -> tuple[Path, dict]:
+    """``draft``: a copy of the draft model folder with the saved head beside it, its
+    head_config.json's "serve" entry set to ``serve``; returns the folder and that config."""
+    shutil.copytree(model, draft)
+    for f in head.iterdir():
+        shutil.copy(f, draft / f.name)
+    config = json.loads((draft / "head_config.json").read_text())
+    config["serve"] = serve
+    (draft / "head_config.json").write_text(json.dumps(config))
+    return draft, config
+
+
 @LLAMA
 def test_a_draft_folder_with_a_head_makes_it_the_bundles_default_drafter(feature_bundle, family_bundle, tmp_path):
     """``specdec-export --draft DIR`` where DIR holds a draft model and a saved head: the bundle
@@ -207,13 +220,8 @@ def test_a_draft_folder_with_a_head_makes_it_the_bundles_default_drafter(feature
     from specdec.export.pipeline import ExportConfig
 
     target, _, _, root = feature_bundle
-    draft = tmp_path / "draft"
-    shutil.copytree(family_bundle[2], draft)
-    for f in (root / "head").iterdir():
-        shutil.copy(f, draft / f.name)
-    config = json.loads((draft / "head_config.json").read_text())
-    config["serve"] = {"drafter": "feature-lookup", "gamma": 2, "why": "measured best here"}
-    (draft / "head_config.json").write_text(json.dumps(config))
+    draft, config = _draft_with_head(family_bundle[2], root / "head", tmp_path / "draft",
+                                     {"drafter": "feature-lookup", "gamma": 2, "why": "measured best here"})
     out = tmp_path / "bundle"
     run = subprocess.run([sys.executable, "-c", "from specdec.cli import export_main; export_main()", "--target", str(target), "--draft", str(draft), "--out", str(out),
                           "--max-seq-len", "128"], capture_output=True, text=True)  # fmt: skip
@@ -244,13 +252,8 @@ def test_a_bundle_that_leaves_the_head_out_takes_the_folders_headless_default(fe
     from specdec.export.pipeline import ExportConfig, export_bundle
 
     target, _, _, root = feature_bundle
-    draft = tmp_path / "draft"
-    shutil.copytree(family_bundle[2], draft)
-    for f in (root / "head").iterdir():
-        shutil.copy(f, draft / f.name)
-    config = json.loads((draft / "head_config.json").read_text())
-    config["serve"] = {"drafter": "feature-lookup", "gamma": 2, "without_head": {"drafter": "lookup", "gamma": 3, "why": "no head here"}}
-    (draft / "head_config.json").write_text(json.dumps(config))
+    draft, config = _draft_with_head(family_bundle[2], root / "head", tmp_path / "draft",
+                                     {"drafter": "feature-lookup", "gamma": 2, "without_head": {"drafter": "lookup", "gamma": 3, "why": "no head here"}})
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         m = export_bundle(ExportConfig(str(target), str(draft), tmp_path / "q", max_seq_len=128, quantize="int8"))
