@@ -95,7 +95,7 @@ class BatchRunner:
         # a rows graph's body of B rows returns its own outputs (export/rows.py); an older graph has one B
         self.out = (lambda name, b: body_output(name, b, spec.batch)) if spec.rows else (lambda name, b: name)
         specs = {t.name: t for t in (*spec.inputs, *spec.outputs)}
-        layers = len(cache.keys)
+        layers = len(cache.views[0].keys)
         if len(spec.io.past) != self.rows * layers or tuple(specs[spec.io.past[0][0]].shape) != cache.views[0].shape:
             raise SignatureError(f"graph {name} takes {len(spec.io.past)} KV pairs of {list(specs[spec.io.past[0][0]].shape)}, "
                                  f"the slot cache holds {layers} layers of {list(cache.views[0].shape)}; rebuild it from the manifest")  # fmt: skip
@@ -126,9 +126,9 @@ class BatchRunner:
         for i, ptrs in enumerate(view.pointers()):
             (k_in, v_in), (k_out, v_out) = self.io.past[r * self.layers + i], self.io.present[r * self.layers + i]
             for tin, tout, ptr in ((k_in, k_out, ptrs[0]), (v_in, v_out, ptrs[1])):
-                binding.bind_input(tin, view.device, 0, view.dtype, list(view.shape), ptr)
+                binding.bind_input(tin, view.memory, 0, view.dtype, list(view.shape), ptr)
                 if r < body:
-                    binding.bind_output(self.out(tout, body), view.device, 0, view.dtype, list(view.shape), ptr)
+                    binding.bind_output(self.out(tout, body), view.memory, 0, view.dtype, list(view.shape), ptr)
         self.bound_slots[body][r] = slot
 
     def _bind_tokens(self, body: int, s: int) -> None:

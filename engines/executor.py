@@ -124,6 +124,9 @@ class Executor:
             self.encoder = EncoderRunner(sessions[name], name, g, self.cross[0])
         found = [(n, g) for n, g in m.graphs.items() if g.model == model and g.role == "tree" and n in sessions]
         self.tree_runner = TreeRunner(sessions[found[0][0]], *found[0], view) if found else None  # a tree drafter's verify graph
+        if self.tree_runner is not None and self.device != "cpu":  # a tree keeps rows out of order: a row move (KVCache.keep)
+            raise EngineError(f"tree drafters move KV rows, which runs on host buffers only so far; on provider={provider!r} use a chain drafter "
+                              "(model, feature, feature-lookup, lookup, ...)")
         self._cross_slot = {id(self.dynamic): -1, id(self.static): -1}  # slot whose cross K/V each batch-1 runner reads
         # The target's features for a feature drafter (export/features.py): per slot, row t + 1
         # holds the feature of position t (row 0 stays zero: what the head reads at position 0).

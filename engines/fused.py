@@ -67,12 +67,12 @@ class FusedRunner:
         pairs, b = self.rows * self.layers, self.binding
         for i, (k_ptr, v_ptr) in enumerate(cache.pointers()):
             k_in, v_in = self.io.past[r * self.layers + i]
-            b.bind_input(k_in, cache.device, 0, cache.dtype, list(cache.shape), k_ptr)
-            b.bind_input(v_in, cache.device, 0, cache.dtype, list(cache.shape), v_ptr)
+            b.bind_input(k_in, cache.memory, 0, cache.dtype, list(cache.shape), k_ptr)
+            b.bind_input(v_in, cache.memory, 0, cache.dtype, list(cache.shape), v_ptr)
             for j in range(self.gamma):  # step j's write goes into the same buffers
                 k_out, v_out = self.io.present[j * pairs + r * self.layers + i]
-                b.bind_output(k_out, cache.device, 0, cache.dtype, list(cache.shape), k_ptr)
-                b.bind_output(v_out, cache.device, 0, cache.dtype, list(cache.shape), v_ptr)
+                b.bind_output(k_out, cache.memory, 0, cache.dtype, list(cache.shape), k_ptr)
+                b.bind_output(v_out, cache.memory, 0, cache.dtype, list(cache.shape), v_ptr)
         self.bound[r] = cache
 
     def run(self, slots: Sequence[int], last: Sequence[int], cfgs: Sequence[SamplingConfig] = (), rngs: Sequence[np.random.Generator] = ()) -> np.ndarray:

@@ -7,7 +7,10 @@ import numpy as np
 from specdec.errors import EngineError, InputError
 
 NP_DTYPES = {"float32": np.float32, "float16": np.float16, "int64": np.int64, "int32": np.int32, "bool": np.bool_}
-DEVICES = ("cpu", "cuda")
+# Where a cache's buffers live -> the memory ORT binds them as. "ortvalue" keeps host memory in
+# OrtValues, the way a device cache is kept: the device code path, run where there is no GPU.
+MEMORY = {"cpu": "cpu", "cuda": "cuda", "ortvalue": "cpu"}
+DEVICES = tuple(MEMORY)
 
 
 class KVCache:
@@ -18,7 +21,8 @@ class KVCache:
     (attention reads [0, total) of the call that wrote them), so a rollback is a length change.
 
     On ``device="cuda"`` the buffers are device OrtValues (``keys``/``values`` are then
-    OrtValues, not arrays); engines bind them by pointer either way (``pointers``).
+    OrtValues, not arrays; "ortvalue" does the same in host memory); engines bind them by
+    pointer either way (``pointers``), as ``memory``.
     """
 
     def __init__(self, layers: int, kv_heads: int, max_seq: int, head_dim: int, dtype: str, device: str = "cpu"):
@@ -26,7 +30,7 @@ class KVCache:
             raise EngineError(f"KV cache device {device!r}: expected one of {DEVICES}")
         self.shape = (1, kv_heads, max_seq, head_dim)
         self.dtype = NP_DTYPES[dtype]
-        self.device = device
+        self.device, self.memory = device, MEMORY[device]
         self.keys = [self._buffer() for _ in range(layers)]
         self.values = [self._buffer() for _ in range(layers)]
         self.max_seq = max_seq
@@ -37,7 +41,7 @@ class KVCache:
         """A cache over existing host buffers [1, kvH, MAX, D] per layer (e.g. one slot of a
         ``SlotCache``), with its own committed length."""
         cache = cls.__new__(cls)
-        cache.shape, cache.dtype, cache.device = tuple(keys[0].shape), keys[0].dtype.type, "cpu"
+        cache.shape, cache.dtype, cache.device, cache.memory = tuple(keys[0].shape), keys[0].dtype.type, "cpu", "cpu"
         cache.keys, cache.values, cache.max_seq, cache.length = keys, values, keys[0].shape[2], 0
         return cache
 
@@ -46,7 +50,7 @@ class KVCache:
             return np.zeros(self.shape, dtype=self.dtype)  # [1, kvH, MAX, D]
         import onnxruntime as ort
 
-        return ort.OrtValue.ortvalue_from_shape_and_type(list(self.shape), self.dtype, "cuda", 0)
+        return ort.OrtValue.ortvalue_from_shape_and_type(list(self.shape), self.dtype, self.memory, 0)
 
     def pointers(self) -> list[tuple[int, int]]:
         """(key, value) data pointers per layer, for I/O binding."""

@@ -117,7 +117,7 @@ class GraphRunner:
         self.cache = cache
         for (k_name, v_name), ptrs in zip(self.io_names.past, cache.pointers()):
             for tensor, ptr in zip((k_name, v_name), ptrs):
-                self.binding.bind_input(tensor, cache.device, 0, self.kv_dtype, list(cache.shape), ptr)
+                self.binding.bind_input(tensor, cache.memory, 0, self.kv_dtype, list(cache.shape), ptr)
         self._bind_kv_outputs()
 
     def _bind_kv_outputs(self) -> None:
@@ -125,7 +125,7 @@ class GraphRunner:
         c = self.cache
         for (k_name, v_name), ptrs in zip(self.io_names.present, c.pointers()):
             for tensor, ptr in zip((k_name, v_name), ptrs):
-                self.binding.bind_output(tensor, c.device, 0, self.kv_dtype, list(c.shape), ptr)
+                self.binding.bind_output(tensor, c.memory, 0, self.kv_dtype, list(c.shape), ptr)
 
     def _bind_scalars(self) -> None:
         self.seqlens = np.zeros((1,), dtype=np.int32)  # [1]: total - 1

