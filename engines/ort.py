@@ -11,6 +11,7 @@ differs from the last one's, with the same memory.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Sequence
 
@@ -23,10 +24,15 @@ from specdec.errors import EngineError, InputError, SignatureError
 from specdec.manifest import GraphSpec
 
 ORT_TYPES = {"float32": "tensor(float)", "float16": "tensor(float16)", "int64": "tensor(int64)", "int32": "tensor(int32)", "bool": "tensor(bool)"}
+# A provider name -> ONNX Runtime's providers, with their options. CUDA: no TF32 (ORT's default
+# is on), so that a float32 bundle computes in float32, as on the CPU.
 PROVIDERS = {
     "cpu": ["CPUExecutionProvider"],
-    "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"],  # written, never run on a GPU yet
+    "cuda": [("CUDAExecutionProvider", {"use_tf32": "0"}), "CPUExecutionProvider"],
 }
+# GroupQueryAttention's CUDA kernels take float16 / bfloat16 only: a float32 graph's attention
+# runs on the CPU provider, and its KV crosses to the host and back every call.
+CUDA_ATTENTION_DTYPES = ("float16",)
 DEVICE = {"cpu": "cpu", "cuda": "cuda"}  # where a provider's KV buffers live
 
 
@@ -302,19 +308,30 @@ def open_session(
     """
     if provider not in PROVIDERS:
         raise EngineError(f"provider {provider!r} is not supported; use one of {sorted(PROVIDERS)}")
-    if PROVIDERS[provider][0] not in ort.get_available_providers():
+    first = provider_name(provider) if provider in PROVIDERS else None
+    if first not in ort.get_available_providers():
         raise EngineError(
-            f"provider {provider!r} needs {PROVIDERS[provider][0]}, which this onnxruntime lacks; "
+            f"provider {provider!r} needs {first}, which this onnxruntime lacks; "
             "install onnxruntime-gpu (pip install 'specdec[gpu]') or use provider='cpu'"
         )
     if spec.flavour not in RUNNERS:
         raise EngineError(f"graph {name} has flavour {spec.flavour!r}; ONNX Runtime runs {sorted(RUNNERS)}")
     if spec.flavour == "portable" and DEVICE[provider] != "cpu":
         raise EngineError(f"graph {name} is a portable graph, which this engine runs on the CPU only; use provider='cpu' or the ort graphs")
+    kv = next((t.dtype for t in spec.inputs if spec.io.past and t.name == spec.io.past[0][0]), None)
+    if DEVICE[provider] == "cuda" and kv is not None and kv not in CUDA_ATTENTION_DTYPES:
+        warnings.warn(f"graph {name} is {kv}: GroupQueryAttention has no {kv} CUDA kernel, so attention runs on the CPU and the KV "
+                      "crosses to the host every call; export with --dtype float16 for the GPU", RuntimeWarning, stacklevel=2)  # fmt: skip
     options = ThreadPolicy.of(threads).session_options()
     session = ort.InferenceSession(str(bundle / spec.file), options, providers=PROVIDERS[provider])
     check_signature(name, session, spec)
     return session
+
+
+def provider_name(provider: str) -> str:
+    """ONNX Runtime's name of ``provider``'s first (main) execution provider."""
+    first = PROVIDERS[provider][0]
+    return first if isinstance(first, str) else first[0]
 
 
 def runner_for(

@@ -6,7 +6,7 @@ needs is ~450 MB: onnxruntime-gpu (CUDA 13 build), transformers 4.57 and the tok
 huggingface_hub it pins, gguf, blake3, the demo pair, the SmolLM2 draft and its GGUF target.
 This script downloads the wheels from the package index, unpacks them (an unpacked wheel on
 PYTHONPATH is an install), adds the models, and writes one xz-compressed tar split into
-pieces of --piece-mib under --out, with the payload's sha256 beside them:
+pieces of --piece-mib under --out, with the payload's sha256 and the GGUF's size beside them:
 
     python tools/gpu/pack.py --out .gpu        # here, once (~4 min on 2 cores)
 
@@ -42,6 +42,7 @@ WHEELS = [
 # Parts of the wheels no check runs: TensorRT's provider library (no TensorRT there) and
 # onnxruntime's own graph tools.
 DROP = ("onnxruntime/capi/libonnxruntime_providers_tensorrt.so", "onnxruntime/transformers/", "onnxruntime/tools/", "onnxruntime/quantization/")
+GGUF = "gguf/SmolLM2-135M-Instruct.Q4_1.gguf"
 MODELS = ["models/demo/target", "models/demo/draft", "models/demo/head", "models/smollm2-draft"]
 
 
@@ -53,14 +54,14 @@ def download(dest: Path) -> list[Path]:
     return wheels
 
 
-def add_wheel(tar: tarfile.TarFile, wheel: Path) -> None:
-    """Unpack ``wheel`` into the tar under site/, without the parts in DROP."""
+def add_wheel(tar: tarfile.TarFile, wheel: Path, prefix: str) -> None:
+    """Unpack ``wheel`` into the tar under ``prefix``/, without the parts in DROP."""
     with zipfile.ZipFile(wheel) as z:
         for info in z.infolist():
             if info.is_dir() or info.filename.startswith(DROP):
                 continue
             data = z.read(info)
-            member = tarfile.TarInfo(f"site/{info.filename}")
+            member = tarfile.TarInfo(f"{prefix}/{info.filename}")
             member.size, member.mode = len(data), 0o755 if info.filename.endswith(".so") or ".so." in info.filename else 0o644
             tar.addfile(member, io.BytesIO(data))
 
@@ -80,12 +81,21 @@ def pack(out: Path, piece_mib: int) -> list[Path]:
         tmp = Path(tmp)
         wheels = download(tmp / "wheels")
         raw = tmp / "payload.tar"
+        # Order matters: what the exports need comes first, so that the first pieces alone
+        # unpack it and exports start on the machine while the rest travels (check.sh
+        # --export-early); onnxruntime-gpu, the bulk, comes last, under a prefix of its own.
+        gguf = smollm2_gguf()
         with tarfile.open(raw, "w") as tar:
             for wheel in wheels:
-                add_wheel(tar, wheel)
+                if not wheel.name.startswith("onnxruntime"):
+                    add_wheel(tar, wheel, "site")
             for folder in MODELS:
                 tar.add(ROOT / folder, arcname=folder)
-            tar.add(smollm2_gguf(), arcname="gguf/SmolLM2-135M-Instruct.Q4_1.gguf")
+            tar.add(gguf, arcname=GGUF)
+            for wheel in wheels:
+                if wheel.name.startswith("onnxruntime"):
+                    add_wheel(tar, wheel, "ortgpu")
+        (out / "gguf.size").write_text(f"{gguf.stat().st_size}\n")
         print(f"payload {raw.stat().st_size / 2**20:.0f} MiB before compression", flush=True)
         subprocess.run(["xz", "-6", "-T0", "-f", str(raw)], check=True)  # -> payload.tar.xz
         packed = raw.with_suffix(".tar.xz")

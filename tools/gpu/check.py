@@ -1,0 +1,411 @@
+"""specdec on a GPU: exactness, host<->device traffic and speed, in one bounded run.
+
+Run by tools/gpu/check.sh on the device machine (``--provider cuda``), or here as a dry run
+(``--provider cpu --quick``). Stages, each recorded in ``--out``/results.json as it ends (a
+stage that fails records its error and the run goes on; one that would pass ``--budget`` is
+skipped and says so):
+
+1. export: the demo pair (float32 with its feature head, float16) and SmolLM2-135M-Instruct
+   from its GGUF with the shipped draft (float16; float32 with the head), in parallel.
+2. exact: per bundle, every drafter's greedy output on the provider against autoregressive
+   decoding on the provider and on the CPU (same bundle, same machine), batch 1 and
+   ``BatchEngine`` with 8 rows; tree drafters are expected to be refused at load.
+3. traffic: the target's graphs run under ORT's profiler over device KV buffers: bytes moved
+   by Memcpy nodes per call (KV would show here) and the nodes each provider ran; plus the
+   bytes the host binds per call (ids, positions, logits), computed from the bindings.
+4. speed: tokens/s on the provider, autoregressive and speculative per drafter, ``BatchEngine``
+   at 1/8/32 rows, and transformers' ``generate`` and assisted generation with the same draft,
+   on the same GPU, in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+
+TEXT_PROMPTS = [
+    'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n',
+    "The three most important things to know about photosynthesis are",
+    "import numpy as np\n\n\ndef normalize(x):\n",
+]
+
+
+class Run:
+    """The results file, written after every stage, and the time budget."""
+
+    def __init__(self, out: Path, budget: float):
+        self.out, self.deadline, self.t0 = out, time.monotonic() + budget, time.monotonic()
+        self.results: dict = {"stages": {}}
+        out.mkdir(parents=True, exist_ok=True)
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def stage(self, name: str, fn, *args, need: float = 0.0):
+        if self.left() < need:
+            self.results["stages"][name] = {"skipped": f"{self.left():.0f} s left of the budget, this stage needs ~{need:.0f} s"}
+            print(f"[{name}] skipped: budget", flush=True)
+            self.save()
+            return None
+        t = time.monotonic()
+        print(f"[{name}] start at {t - self.t0:.0f} s", flush=True)
+        try:
+            value = fn(*args)
+            self.results["stages"][name] = {"seconds": round(time.monotonic() - t, 1), "result": value}
+        except Exception as e:  # a stage's failure is a result too; the others still run
+            value = None
+            self.results["stages"][name] = {"seconds": round(time.monotonic() - t, 1), "error": f"{type(e).__name__}: {e}",
+                                            "traceback": traceback.format_exc()[-3000:]}  # fmt: skip
+            print(f"[{name}] FAILED: {type(e).__name__}: {e}", flush=True)
+        print(f"[{name}] done in {time.monotonic() - t:.0f} s", flush=True)
+        self.save()
+        return value
+
+    def save(self) -> None:
+        self.results["wall_seconds"] = round(time.monotonic() - self.t0, 1)
+        (self.out / "results.json").write_text(json.dumps(self.results, indent=1, default=str))
+
+
+# -- 0. the machine ----------------------------------------------------------------------------
+
+
+def environment(provider: str) -> dict:
+    import onnxruntime as ort
+
+    env = {"python": platform.python_version(), "onnxruntime": ort.__version__, "providers": ort.get_available_providers(),
+           "cpus": os.cpu_count(), "provider": provider}  # fmt: skip
+    try:
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30)  # fmt: skip
+        env["gpu"] = smi.stdout.strip() or smi.stderr.strip()
+    except (OSError, subprocess.TimeoutExpired) as e:
+        env["gpu"] = f"none ({e})"
+    try:
+        import torch
+        import transformers
+
+        env.update(torch=torch.__version__, transformers=transformers.__version__, torch_cuda=torch.cuda.is_available())
+    except ImportError as e:
+        env["torch"] = f"missing ({e})"
+    if provider == "cuda" and "CUDAExecutionProvider" not in env["providers"]:
+        raise RuntimeError(f"onnxruntime {ort.__version__} has no CUDAExecutionProvider: {env['providers']}")
+    return env
+
+
+# -- 1. export -----------------------------------------------------------------------------------
+
+
+def export_jobs(models: Path, gguf: Path, work: Path, quick: bool) -> dict[str, list[str]]:
+    demo = ["--target", str(models / "demo/target"), "--draft", str(models / "demo/draft"), "--max-batch", "8", "--max-seq-len", "512"]
+    smol = ["--target", str(gguf), "--draft", str(models / "smollm2-draft"), "--max-seq-len", "512"]
+    # Batched and fused graphs are exported per row count, and a 135M target's take minutes
+    # each: only what a stage below uses, so that the exports fit the machine's slot.
+    jobs = {
+        "demo-fp32": [*demo, "--fused-draft", "--feature-drafter", str(models / "demo/head")],
+        "smollm2-fp16": [*smol, "--dtype", "float16", "--fused-draft", "--max-batch", "8"],
+        "smollm2-fp32": smol,  # its head rides along from the draft folder; batch 1 (attention runs on the CPU provider)
+        "demo-fp16": [*demo, "--dtype", "float16"],
+        "smollm2-fp16-b32": [*smol, "--dtype", "float16", "--max-batch", "32"],  # BatchEngine at 32 rows, if it exports in time
+    }
+    if quick:  # the dry run: one float32 and one float16 bundle
+        jobs = {name: jobs[name] for name in ("demo-fp32", "smollm2-fp16")}
+    return {name: [*args, "--out", str(work / name), "--overwrite"] for name, args in jobs.items()}
+
+
+def run_exports(jobs: dict[str, list[str]], work: Path) -> None:
+    """Every export in its own process at once, the cores split between them; each one's end
+    is written to ``work/NAME.done`` (JSON), which ``wait_export`` reads. Runs detached
+    (check.sh --export-early starts it while the last pieces travel)."""
+    threads = str(max(1, (os.cpu_count() or 2) // len(jobs)))
+    env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "TOKENIZERS_PARALLELISM": "false"}
+    code = "import sys; from specdec.cli import export_main; sys.argv[0] = 'specdec-export'; export_main()"
+    procs = {}
+    for name, args in jobs.items():
+        log = open(work / f"{name}.log", "w")
+        procs[name] = (subprocess.Popen([sys.executable, "-c", code, *args], stdout=log, stderr=subprocess.STDOUT, env=env, cwd=work), time.monotonic())
+    for name, (proc, started) in procs.items():
+        rc = proc.wait()
+        tail = (work / f"{name}.log").read_text(errors="replace")[-1500:]
+        size = sum(f.stat().st_size for f in (work / name).rglob("*") if f.is_file()) if rc == 0 else 0
+        done = {"rc": rc, "seconds": round(time.monotonic() - started, 1), "bundle_mib": round(size / 2**20, 1), "log_tail": tail}
+        (work / f"{name}.done").write_text(json.dumps(done))
+
+
+def ensure_exports(args) -> None:
+    """Start the exports detached unless check.sh --export-early did (``work/started``)."""
+    args.work.mkdir(parents=True, exist_ok=True)
+    marker = args.work / "started"
+    if marker.exists():
+        return
+    marker.write_text(str(time.time()))
+    cmd = [sys.executable, __file__, "--exports-only", "--provider", args.provider, "--out", str(args.out), "--models", str(args.models),
+           "--gguf", str(args.gguf), "--work", str(args.work), *(["--quick"] if args.quick else [])]  # fmt: skip
+    subprocess.Popen(cmd, stdout=open(args.work / "exports.log", "w"), stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def wait_export(name: str, work: Path, timeout: float) -> dict:
+    done, until = work / f"{name}.done", time.monotonic() + timeout
+    while not done.exists():
+        if time.monotonic() > until:
+            raise RuntimeError(f"export {name} not done within the budget; its log ends: {(work / f'{name}.log').read_text(errors='replace')[-600:]}")
+        time.sleep(1.0)
+    result = json.loads(done.read_text())
+    if result["rc"] != 0:
+        raise RuntimeError(f"export {name} exited {result['rc']}: {result['log_tail']}")
+    result["log_tail"] = result["log_tail"][-300:]
+    return result
+
+
+# -- 2. exactness -----------------------------------------------------------------------------
+
+
+def prompts_for(bundle: Path, count: int) -> list[list[int]]:
+    from specdec.manifest import load_manifest
+    from specdec.runtime.text import TextCodec
+
+    m = load_manifest(bundle, "size")
+    codec = TextCodec.from_bundle(bundle, m)
+    try:
+        from specdec.bench.corpus import chat_prompts
+
+        chat = chat_prompts(bundle, m, codec, "chat", count // 2) + chat_prompts(bundle, m, codec, "code", count - count // 2)
+    except Exception:  # no chat template (the demo pair): plain text
+        chat = []
+    return chat or [codec.encode(t) for t in (TEXT_PROMPTS * count)[:count]]
+
+
+def greedy(dec, prompts, tokens: int, gamma=None) -> list[list[int]]:
+    return [dec.generate(p, max_new_tokens=tokens, ignore_eos=True, gamma=gamma).tokens for p in prompts]
+
+
+def first_diff(a: list[int], b: list[int]) -> int | None:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None if len(a) == len(b) else min(len(a), len(b)))
+
+
+def compare(got: list[list[int]], want: list[list[int]]) -> dict:
+    diffs = [first_diff(g, w) for g, w in zip(got, want)]
+    return {"equal": all(d is None for d in diffs), "first_diff": diffs}
+
+
+def exactness(bundle: Path, provider: str, tokens: int) -> dict:
+    from specdec.errors import SpecDecError
+    from specdec.runtime import SpeculativeDecoder
+    from specdec.runtime.batch import BatchEngine
+    from specdec.runtime.drafters import DRAFTERS
+
+    prompts = prompts_for(bundle, 4)
+    cpu_ar = greedy(SpeculativeDecoder.load(bundle, provider="cpu", drafter="lookup"), prompts, tokens, gamma=0)
+    dev = SpeculativeDecoder.load(bundle, provider=provider, drafter="model")  # each drafter below forks its sessions
+    dev_ar = greedy(dev, prompts, tokens, gamma=0)
+    report = {"prompts": len(prompts), "tokens": tokens, "ar_vs_cpu": compare(dev_ar, cpu_ar), "drafters": {}}
+    for name, reg in DRAFTERS.items():
+        try:
+            dec = dev.fork(name)
+        except SpecDecError as e:
+            report["drafters"][name] = {"refused": f"{type(e).__name__}: {e}", "tree": reg.tree}
+            continue
+        got = greedy(dec, prompts, tokens)
+        report["drafters"][name] = {"vs_ar_on_device": compare(got, dev_ar), "vs_cpu": compare(got, cpu_ar)}
+    m = dev.manifest
+    rows = min(8, m.max_batch)
+    if rows > 1:
+        many = (prompts * 4)[: 2 * rows]
+        with BatchEngine(bundle, max_batch=rows, provider=provider) as engine:
+            got = [r.tokens for r in engine.generate_many(many, max_new_tokens=tokens, ignore_eos=True)]
+        report["batch"] = {"rows": rows, "requests": len(many), "drafter": engine.drafter_name,
+                           "vs_ar_on_device": compare(got, (dev_ar * 4)[: len(many)]), "vs_cpu": compare(got, (cpu_ar * 4)[: len(many)])}  # fmt: skip
+    return report
+
+
+# -- 3. host<->device traffic -------------------------------------------------------------------
+
+
+def traffic(bundle: Path, provider: str) -> dict:
+    """The target's graph over device KV: what ORT copies per call, from its profile."""
+    import onnxruntime as ort
+
+    from specdec.engines.kv import KVCache
+    from specdec.engines.ort import DEVICE, PROVIDERS, GraphRunner, check_signature
+    from specdec.engines.threads import ThreadPolicy
+    from specdec.manifest import load_manifest
+
+    m = load_manifest(bundle, "size")
+    name, spec = m.graph("target", "dynamic")
+    options = ThreadPolicy.of(None).session_options()
+    options.enable_profiling = True
+    options.profile_file_prefix = str(Path.cwd() / "specdec-profile")
+    session = ort.InferenceSession(str(bundle / spec.file), options, providers=PROVIDERS[provider])
+    check_signature(name, session, spec)
+    t = m.target
+    cache = KVCache(t.num_layers, t.num_kv_heads, m.max_seq_len, t.head_dim, m.dtype, DEVICE[provider])
+    prefill, one, verify = (GraphRunner(session, name, spec, cache, tokens=s) for s in (32, 1, m.k))
+    rng = np.random.default_rng(0)
+    prefill.run(rng.integers(0, m.vocab_size, 32))
+    cache.append(32)
+    calls = {"single": 16, "verify": 16}
+    for _ in range(calls["single"]):
+        one.run(rng.integers(0, m.vocab_size, 1))
+        cache.append(1)
+    for _ in range(calls["verify"]):
+        verify.run(rng.integers(0, m.vocab_size, m.k))
+        cache.append(1)
+    profile = Path(session.end_profiling())
+    events = json.loads(profile.read_text())
+    nodes = [e for e in events if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time")]
+    runs = 1 + calls["single"] + calls["verify"]
+    memcpy = [e for e in nodes if e["args"].get("op_name", "").startswith("Memcpy")]
+    by_provider: dict[str, set] = {}
+    for e in nodes:
+        by_provider.setdefault(e["args"].get("provider", "?"), set()).add(e["args"].get("op_name", "?"))
+    kv_bytes = 2 * t.num_layers * int(np.prod(cache.shape)) * np.dtype(cache.dtype).itemsize
+    host = {s: 2 * s * 8 + 8 + s * m.vocab_size * 4 for s in (1, m.k)}  # ids + positions in, seqlens + total, logits out
+    return {
+        "graph": name, "runs": runs, "kv_cache_bytes": kv_bytes,
+        "memcpy_nodes_per_run": round(len(memcpy) / runs, 2),
+        "memcpy_bytes_per_run": round(sum(int(e["args"].get("output_size", 0)) for e in memcpy) / runs),
+        "memcpy_ops": sorted({(e["args"]["op_name"], e["name"].removesuffix("_kernel_time")) for e in memcpy})[:20],
+        "ops_by_provider": {p: sorted(ops) for p, ops in by_provider.items()},
+        "bound_host_bytes_per_call": {"1 token": host[1], f"{m.k} tokens (verify)": host[m.k]},
+    }  # fmt: skip
+
+
+# -- 4. speed -----------------------------------------------------------------------------------
+
+
+def _timed(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def speed(bundle: Path, provider: str, tokens: int, drafters: list[str], batch_rows: list[int]) -> dict:
+    from specdec.errors import SpecDecError
+    from specdec.runtime import SpeculativeDecoder
+    from specdec.runtime.batch import BatchEngine
+
+    prompts = prompts_for(bundle, 4)
+    out: dict = {"prompts": len(prompts), "tokens": tokens, "single": {}, "batch": {}}
+    base = SpeculativeDecoder.load(bundle, provider=provider, drafter="model")
+    for drafter in ["ar", *drafters]:
+        try:
+            dec = base if drafter == "ar" else base.fork(drafter)
+        except SpecDecError as e:
+            out["single"][drafter] = {"refused": str(e)}
+            continue
+        gamma = 0 if drafter == "ar" else None
+        dec.generate(prompts[0], max_new_tokens=16, ignore_eos=True, gamma=gamma)  # warm-up
+        results = []
+        seconds = _timed(lambda: results.extend(dec.generate(p, max_new_tokens=tokens, ignore_eos=True, gamma=gamma) for p in prompts))
+        new = sum(len(r.tokens) for r in results)
+        acc = [r.stats.acceptance_rate for r in results if r.stats.acceptance_rate is not None]
+        out["single"][drafter] = {"tok_s": round(new / seconds, 1), "acceptance": round(float(np.mean(acc)), 3) if acc else None}
+    ar = out["single"]["ar"]["tok_s"]
+    for d, r in out["single"].items():
+        if "tok_s" in r:
+            r["speedup"] = round(r["tok_s"] / ar, 2)
+    for rows in batch_rows:
+        for mode, gamma in (("ar", 0), ("spec", None)):
+            try:
+                with BatchEngine(bundle, max_batch=rows, provider=provider, max_queue=4 * rows) as engine:
+                    engine.generate_many(prompts[:1], max_new_tokens=8, ignore_eos=True, gamma=gamma)  # warm-up
+                    many = (prompts * (4 * rows))[: 4 * rows]
+                    results = []
+                    seconds = _timed(lambda: results.extend(engine.generate_many(many, max_new_tokens=tokens // 2, ignore_eos=True, gamma=gamma)))
+                    out["batch"][f"{rows} rows {mode}"] = {"drafter": engine.drafter_name if gamma is None else "-", "requests": len(many),
+                                                          "tok_s": round(sum(len(r.tokens) for r in results) / seconds, 1)}  # fmt: skip
+            except SpecDecError as e:
+                out["batch"][f"{rows} rows {mode}"] = {"refused": str(e)}
+    return out
+
+
+def transformers_speed(bundle: Path, gguf: Path, draft: Path, dtype: str, tokens: int) -> dict:
+    """transformers' generate, plain and assisted by the same draft, greedy, on the GPU."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    tdtype = {"float16": torch.float16, "float32": torch.float32}[dtype]
+    target = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, torch_dtype=tdtype).to(dev).eval()
+    assistant = AutoModelForCausalLM.from_pretrained(str(draft), torch_dtype=tdtype).to(dev).eval()
+    prompts = prompts_for(bundle, 4)
+    sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
+    out = {"device": dev, "dtype": dtype, "prompts": len(prompts), "tokens": tokens}
+    for mode, kw in (("generate", {}), ("assisted", {"assistant_model": assistant})):
+        def run(n: int, kw=kw) -> int:
+            new = 0
+            for p in prompts:
+                ids = torch.tensor([p], device=dev)
+                with torch.inference_mode():
+                    seq = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                                          pad_token_id=0, **kw)  # fmt: skip
+                new += seq.shape[1] - ids.shape[1]
+            sync()
+            return new
+
+        run(8)  # warm-up
+        t = time.perf_counter()
+        new = run(tokens)
+        out[mode] = {"tok_s": round(new / (time.perf_counter() - t), 1)}
+    return out
+
+
+# -- the run ------------------------------------------------------------------------------------
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--provider", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--budget", type=float, default=420.0, help="seconds; stages that would pass it are skipped")
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--models", type=Path, required=True, help="the checkout's models/ folder")
+    ap.add_argument("--gguf", type=Path, required=True, help="SmolLM2-135M-Instruct's GGUF")
+    ap.add_argument("--work", type=Path, required=True, help="where bundles are exported")
+    ap.add_argument("--quick", action="store_true", help="the dry run: two bundles, fewer tokens")
+    ap.add_argument("--exports-only", action="store_true", help="run the exports and exit (started detached by ensure_exports)")
+    args = ap.parse_args()
+    if args.exports_only:
+        run_exports(export_jobs(args.models, args.gguf, args.work, args.quick), args.work)
+        return
+    run = Run(args.out, args.budget)
+    p = args.provider
+    run.results["environment"] = run.stage("environment", environment, p)
+    if run.results["environment"] is None:
+        return
+    jobs = export_jobs(args.models, args.gguf, args.work, args.quick)
+    ensure_exports(args)
+    tokens = 24 if args.quick else 48
+    speed_tokens = 32 if args.quick else 128
+    draft = args.models / "smollm2-draft"
+    # In priority order: a bundle's stages run once its export is done, while the later ones export.
+    plan = {
+        "demo-fp32": [("exact", exactness, (p, tokens), 30)],
+        "smollm2-fp16": [("exact", exactness, (p, tokens), 40), ("traffic", traffic, (p,), 20),
+                         ("speed", speed, (p, speed_tokens, ["model", "lookup"], [1, 8]), 60),
+                         ("transformers", transformers_speed, (args.gguf, draft, "float16", speed_tokens), 60)],
+        "smollm2-fp32": [("exact", exactness, (p, tokens), 40), ("traffic", traffic, (p,), 20),
+                         ("speed", speed, (p, speed_tokens, ["model", "feature-lookup", "lookup"], []), 60),
+                         ("transformers", transformers_speed, (args.gguf, draft, "float32", speed_tokens), 60)],
+        "demo-fp16": [("exact", exactness, (p, tokens), 30)],
+        "smollm2-fp16-b32": [("speed", speed, (p, speed_tokens, [], [32]), 60)],
+    }  # fmt: skip
+    for name, stages in plan.items():
+        if name not in jobs:
+            continue
+        if run.stage(f"export {name}", wait_export, name, args.work, run.left() - 45) is None:
+            continue
+        for stage, fn, rest, need in stages:
+            run.stage(f"{stage} {name}", fn, args.work / name, *rest, need=need)
+    print(json.dumps({k: ("ok" if "result" in v else v.get("error") or v.get("skipped")) for k, v in run.results["stages"].items()}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
