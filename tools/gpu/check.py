@@ -5,8 +5,10 @@ Run by tools/gpu/check.sh on the device machine (``--provider cuda``), or here a
 stage that fails records its error and the run goes on; one that would pass ``--budget`` is
 skipped and says so):
 
-1. export: the demo pair (float32 with its feature head, float16) and SmolLM2-135M-Instruct
-   from its GGUF with the shipped draft (float16; float32 with the head), in parallel.
+1. export: the demo pair (float32 with its feature head and fused drafting, float16) and
+   SmolLM2-135M-Instruct from its GGUF with the shipped draft (float16 with fused drafting,
+   float32 with the head, float16 with 8 and 32 rows), all at once in detached processes;
+   a bundle's stages run as soon as its export is done, in priority order.
 2. exact: per bundle, every drafter's greedy output on the provider against autoregressive
    decoding on the provider and on the CPU (same bundle, same machine), batch 1 and
    ``BatchEngine`` with 8 rows; tree drafters are expected to be refused at load.
@@ -111,8 +113,9 @@ def export_jobs(models: Path, gguf: Path, work: Path, quick: bool) -> dict[str, 
     # each: only what a stage below uses, so that the exports fit the machine's slot.
     jobs = {
         "demo-fp32": [*demo, "--fused-draft", "--feature-drafter", str(models / "demo/head")],
-        "smollm2-fp16": [*smol, "--dtype", "float16", "--fused-draft", "--max-batch", "8"],
-        "smollm2-fp32": smol,  # its head rides along from the draft folder; batch 1 (attention runs on the CPU provider)
+        "smollm2-fp16": [*smol, "--dtype", "float16", "--fused-draft"],  # batch 1: the main path, ready first
+        "smollm2-fp32": smol,  # its head rides along from the draft folder (attention runs on the CPU provider)
+        "smollm2-fp16-b8": [*smol, "--dtype", "float16", "--max-batch", "8"],
         "demo-fp16": [*demo, "--dtype", "float16"],
         "smollm2-fp16-b32": [*smol, "--dtype", "float16", "--max-batch", "32"],  # BatchEngine at 32 rows, if it exports in time
     }
@@ -330,24 +333,31 @@ def speed(bundle: Path, provider: str, tokens: int, drafters: list[str], batch_r
 def transformers_speed(bundle: Path, gguf: Path, draft: Path, dtype: str, tokens: int) -> dict:
     """transformers' generate, plain and assisted by the same draft, greedy, on the GPU."""
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from specdec.export import shared_draft
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     tdtype = {"float16": torch.float16, "float32": torch.float32}[dtype]
-    target = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, torch_dtype=tdtype).to(dev).eval()
-    assistant = AutoModelForCausalLM.from_pretrained(str(draft), torch_dtype=tdtype).to(dev).eval()
+    target = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32).eval()
+    # the shipped draft borrows the target's embedding and output rows (export/shared_draft.py),
+    # as it does in the bundle: the same draft model, in transformers
+    assistant = shared_draft.load(draft, AutoConfig.from_pretrained(str(draft)), target).to(dev, tdtype)
+    target = target.to(dev, tdtype)
     prompts = prompts_for(bundle, 4)
     sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
     out = {"device": dev, "dtype": dtype, "prompts": len(prompts), "tokens": tokens}
+    outputs = {}
     for mode, kw in (("generate", {}), ("assisted", {"assistant_model": assistant})):
-        def run(n: int, kw=kw) -> int:
-            new = 0
+        def run(n: int, kw=kw, mode=mode) -> int:
+            new, outputs[mode] = 0, []
             for p in prompts:
                 ids = torch.tensor([p], device=dev)
                 with torch.inference_mode():
-                    seq = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                                          pad_token_id=0, **kw)  # fmt: skip
+                    seq = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False,
+                                          eos_token_id=None, pad_token_id=0, **kw)  # no EOS: n tokens, as ignore_eos  # fmt: skip
                 new += seq.shape[1] - ids.shape[1]
+                outputs[mode].append(seq[0, ids.shape[1] :].tolist())
             sync()
             return new
 
@@ -355,6 +365,7 @@ def transformers_speed(bundle: Path, gguf: Path, draft: Path, dtype: str, tokens
         t = time.perf_counter()
         new = run(tokens)
         out[mode] = {"tok_s": round(new / (time.perf_counter() - t), 1)}
+    out["assisted_equals_generate"] = compare(outputs["assisted"], outputs["generate"])
     return out
 
 
@@ -389,11 +400,12 @@ def main() -> None:
     plan = {
         "demo-fp32": [("exact", exactness, (p, tokens), 30)],
         "smollm2-fp16": [("exact", exactness, (p, tokens), 40), ("traffic", traffic, (p,), 20),
-                         ("speed", speed, (p, speed_tokens, ["model", "lookup"], [1, 8]), 60),
+                         ("speed", speed, (p, speed_tokens, ["model", "model-steps", "lookup"], []), 60),
                          ("transformers", transformers_speed, (args.gguf, draft, "float16", speed_tokens), 60)],
         "smollm2-fp32": [("exact", exactness, (p, tokens), 40), ("traffic", traffic, (p,), 20),
                          ("speed", speed, (p, speed_tokens, ["model", "feature-lookup", "lookup"], []), 60),
                          ("transformers", transformers_speed, (args.gguf, draft, "float32", speed_tokens), 60)],
+        "smollm2-fp16-b8": [("exact", exactness, (p, tokens), 40), ("speed", speed, (p, speed_tokens, [], [1, 8]), 60)],
         "demo-fp16": [("exact", exactness, (p, tokens), 30)],
         "smollm2-fp16-b32": [("speed", speed, (p, speed_tokens, [], [32]), 60)],
     }  # fmt: skip
