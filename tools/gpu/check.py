@@ -388,6 +388,9 @@ def main() -> None:
         return
     run = Run(args.out, args.budget)
     p = args.provider
+    from specdec.bench.report import provenance
+
+    run.results["provenance"] = {**provenance(), "command": f"python tools/gpu/check.py --provider {p} --budget {args.budget:.0f}"}
     run.results["environment"] = run.stage("environment", environment, p)
     if run.results["environment"] is None:
         return
@@ -402,19 +405,27 @@ def main() -> None:
         "smollm2-fp16": [("exact", exactness, (p, tokens), 40), ("traffic", traffic, (p,), 20),
                          ("speed", speed, (p, speed_tokens, ["model", "model-steps", "lookup"], []), 60),
                          ("transformers", transformers_speed, (args.gguf, draft, "float16", speed_tokens), 60)],
+        "smollm2-fp16-b8": [("exact", exactness, (p, tokens), 40), ("speed", speed, (p, speed_tokens, [], [1, 8]), 60)],
         "smollm2-fp32": [("exact", exactness, (p, tokens), 40), ("traffic", traffic, (p,), 20),
                          ("speed", speed, (p, speed_tokens, ["model", "feature-lookup", "lookup"], []), 60),
                          ("transformers", transformers_speed, (args.gguf, draft, "float32", speed_tokens), 60)],
-        "smollm2-fp16-b8": [("exact", exactness, (p, tokens), 40), ("speed", speed, (p, speed_tokens, [], [1, 8]), 60)],
         "demo-fp16": [("exact", exactness, (p, tokens), 30)],
         "smollm2-fp16-b32": [("speed", speed, (p, speed_tokens, [], [32]), 60)],
     }  # fmt: skip
-    for name, stages in plan.items():
-        if name not in jobs:
+    pending = [name for name in plan if name in jobs]
+    while pending:  # the first bundle in priority order whose export has ended, as soon as one has
+        name = next((n for n in pending if (args.work / f"{n}.done").exists()), None)
+        if name is None:
+            if run.left() < 45:
+                for n in pending:
+                    run.stage(f"export {n}", wait_export, n, args.work, 0)
+                break
+            time.sleep(1.0)
             continue
-        if run.stage(f"export {name}", wait_export, name, args.work, run.left() - 45) is None:
+        pending.remove(name)
+        if run.stage(f"export {name}", wait_export, name, args.work, 0) is None:
             continue
-        for stage, fn, rest, need in stages:
+        for stage, fn, rest, need in plan[name]:
             run.stage(f"{stage} {name}", fn, args.work / name, *rest, need=need)
     print(json.dumps({k: ("ok" if "result" in v else v.get("error") or v.get("skipped")) for k, v in run.results["stages"].items()}, indent=1))
 
