@@ -20,6 +20,7 @@ from typing import Sequence
 import numpy as np
 import onnxruntime as ort
 
+from specdec.engines.binding import Binding, stale_memories
 from specdec.engines.kv import NP_DTYPES, KVCache
 from specdec.errors import InputError, SignatureError
 from specdec.manifest import GraphSpec, body_output
@@ -113,7 +114,8 @@ class BatchRunner:
         self.vocab, self.layers = vocab, layers
         # one binding per body: a call binds only the outputs of the body it runs (a rows graph's
         # other bodies return empty tensors, unfetched), and each binding keeps its rows' slots
-        self.bindings = {b: session.io_binding() for b in self.sizes}
+        stale = stale_memories(cache.views[0].device, cache.views[0].dtype)
+        self.bindings = {b: Binding(session, stale) for b in self.sizes}
         self.bound_slots = {b: [-1] * self.rows for b in self.sizes}  # body -> the slot each row is bound to
         self.bound_tokens = {b: 0 for b in self.sizes}  # body -> the S its token-sized buffers are bound at
         for b in self.sizes:
@@ -170,7 +172,7 @@ class BatchRunner:
                 self._bind_row(rows, r, slot)
         if s != self.bound_tokens[rows]:
             self._bind_tokens(rows, s)
-        self.session.run_with_iobinding(self.bindings[rows])
+        self.bindings[rows].run()
         if self._features is not None:
             self.features = self._features[: rows * s * self.width].reshape(rows, s, self.width)  # [B, S, d] view
         return self._logits[: rows * s * self.vocab].reshape(rows, s, self.vocab)[:n]

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 import numpy as np
 import onnxruntime as ort
 
+from specdec.engines.binding import Binding, stale_memories
 from specdec.engines.kv import KVCache
 from specdec.errors import InputError, SignatureError
 from specdec.manifest import GraphSpec
@@ -45,7 +46,7 @@ class FusedRunner:
         self.pos = np.zeros((b, 1), dtype=np.int64)  # [B, 1]
         self.seqlens = np.zeros((b,), dtype=np.int32)  # [B]: the fed token's row
         self.tokens = np.zeros((b, g), dtype=np.int64)  # [B, γ]
-        self.binding = session.io_binding()
+        self.binding = Binding(session, stale_memories(first.device, first.dtype))
         feeds = [(self.io.ids, self.ids), (self.io.positions, self.pos), (self.io.seqlens, self.seqlens)]
         if self.sampling:
             vocab = specs[spec.io.logits].shape[-1]
@@ -99,5 +100,5 @@ class FusedRunner:
                 self.top_p[r] = cfg.top_p if cfg and cfg.top_p is not None else 1.0
                 if cfg and not cfg.greedy:
                     rngs[r].random(dtype=np.float32, out=self.uniforms[r])
-        self.session.run_with_iobinding(self.binding)
+        self.binding.run()
         return self.tokens[:n]

@@ -18,6 +18,7 @@ from typing import Sequence
 import numpy as np
 import onnxruntime as ort
 
+from specdec.engines.binding import CUDA_ATTENTION_DTYPES, Binding, stale_memories
 from specdec.engines.kv import NP_DTYPES, CrossKV, KVCache
 from specdec.engines.threads import ThreadPolicy
 from specdec.errors import EngineError, InputError, SignatureError
@@ -30,9 +31,6 @@ PROVIDERS = {
     "cpu": ["CPUExecutionProvider"],
     "cuda": [("CUDAExecutionProvider", {"use_tf32": "0"}), "CPUExecutionProvider"],
 }
-# GroupQueryAttention's CUDA kernels take float16 / bfloat16 only: a float32 graph's attention
-# runs on the CPU provider, and its KV crosses to the host and back every call.
-CUDA_ATTENTION_DTYPES = ("float16",)
 DEVICE = {"cpu": "cpu", "cuda": "cuda"}  # where a provider's KV buffers live
 
 
@@ -95,9 +93,9 @@ class GraphRunner:
         self.features = np.zeros((1, self.capacity, width), dtype=np.float32) if spec.io.features else None  # [1, S, d]
         self.context = np.zeros((1, self.capacity, width), dtype=np.float32) if spec.io.context else None  # [1, S, d]
         self._arange = np.arange(self.capacity, dtype=np.int64)
-        self.binding = self.session.io_binding()
         kv_spec = specs[spec.io.past[0][0]]
         self.kv_dtype = NP_DTYPES[kv_spec.dtype]
+        self.binding = Binding(session, stale_memories(cache.device, self.kv_dtype))
         if self.kv_dtype != cache.dtype or len(spec.io.past) != len(cache.keys) or tuple(kv_spec.shape) != cache.shape:
             raise SignatureError(
                 f"graph {name} takes {len(spec.io.past)} layers of {kv_spec.dtype} KV {list(kv_spec.shape)}, the cache holds "
@@ -181,7 +179,7 @@ class GraphRunner:
         self._set_scalars(start, s)
         if s != self.bound_tokens:
             self._bind_tokens(s)
-        self.session.run_with_iobinding(self.binding)
+        self.binding.run()
         self._store_new_rows(start, s)
         return self.logits[0, :n]
 
@@ -238,7 +236,7 @@ class TreeRunner(GraphRunner):
         self.ids[0, n:cap] = self.ids[0, 0]
         np.add(self.depth, start, out=self.pos[0, :cap])
         self._set_scalars(start, cap)
-        self.session.run_with_iobinding(self.binding)
+        self.binding.run()
         return self.logits[0, :n]
 
 

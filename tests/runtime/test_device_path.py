@@ -53,3 +53,35 @@ def test_a_tree_drafter_on_device_buffers_is_refused_by_name(family_bundle, monk
     monkeypatch.setitem(ort_engine.DEVICE, "cpu", "ortvalue")
     with pytest.raises(EngineError, match="chain drafter"):
         SpeculativeDecoder.load(family_bundle[3], drafter="lookup-tree")
+
+
+def test_stale_memories_follow_where_the_graph_reads_its_inputs():
+    """ORT copies a bound input to the device that reads it at bind time: what must be bound
+    again before each run depends on where the cache lives and where attention runs."""
+    import numpy as np
+
+    from specdec.engines.binding import stale_memories
+
+    assert stale_memories("cpu", np.float32) == frozenset()  # a host buffer is read in place
+    assert stale_memories("cuda", np.float16) == {"cpu"}  # host token buffers; the KV stays put
+    assert stale_memories("cuda", np.float32) == {"cpu", "cuda"}  # float32 attention runs on the CPU provider
+
+
+@LLAMA
+def test_device_runners_bind_their_host_inputs_again_before_each_run(family_bundle, monkeypatch):
+    """The first GPU run decoded from token ids copied once, at bind time (docs/gpu.md): on a
+    device cache every runner re-binds its host inputs before each run; on the CPU none does."""
+    bundle = family_bundle[3]
+    host = SpeculativeDecoder.load(bundle).engine.target.static
+    assert host.binding.inputs == {}
+    monkeypatch.setitem(ort_engine.DEVICE, "cpu", "ortvalue")
+    device = SpeculativeDecoder.load(bundle).engine
+    io = device.target.static.io_names
+    assert {io.ids, io.positions, io.seqlens, io.total} <= set(device.target.static.binding.inputs)
+    fused = next(iter(device.draft.fused_runners.values()))
+    assert {fused.io.ids, fused.io.positions, fused.io.seqlens} <= set(fused.binding.inputs)
+    with BatchEngine(bundle, max_batch=4) as engine:
+        engine.generate_many(PROMPTS, max_new_tokens=4)
+        runner = next(iter(engine.engine.target.batched.values()))
+        ran = [b for b, s in runner.bound_tokens.items() if s]  # bodies bind their token buffers at their first run
+        assert ran and all({runner.io.ids, runner.io.positions, runner.io.seqlens} <= set(runner.bindings[b].inputs) for b in ran)

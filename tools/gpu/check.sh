@@ -31,11 +31,11 @@ if compgen -G ".gpu/part-*" >/dev/null; then cp .gpu/part-* "$STAGE/parts/"; fi
 for f in payload.sha256 gguf.size; do if [ -f ".gpu/$f" ]; then cp ".gpu/$f" "$STAGE/"; fi; done
 ls -l "$STAGE/parts"
 GGUF="$STAGE/gguf/SmolLM2-135M-Instruct.Q4_1.gguf"
-args=(--provider "$provider" --out "$OUT" --models "$REPO/models" --gguf "$GGUF" --work "$STAGE/work" "${quick[@]}")
+args=(--provider "$provider" --out "$OUT" --models "$STAGE/models" --gguf "$GGUF" --work "$STAGE/work" "${quick[@]}")
 
-install() {  # the payload's models into the slim tree, this tree into the stage (once)
-  mkdir -p models
-  for m in "$STAGE"/models/*; do [ -e "models/$(basename "$m")" ] || cp -r "$m" models/; done
+install() {  # this tree into the stage (once); the models are read from the payload's copy, in the
+  # stage: the device tool mirrors the tree on every call, so files put into the slim tree's
+  # models/ would vanish under a running export
   if [ ! -f "$STAGE/installed" ]; then
     PYTHONPATH="$STAGE/site" python3 -m pip install -q --no-deps --no-build-isolation --no-index --upgrade --target "$STAGE/pkg" . 2>&1 | grep -v -i warning || true
     touch "$STAGE/installed"
