@@ -128,6 +128,11 @@ def run_exports(jobs: dict[str, list[str]], work: Path) -> None:
     """Every export in its own process at once, the cores split between them; each one's end
     is written to ``work/NAME.done`` (JSON), which ``wait_export`` reads. Runs detached
     (check.sh --export-early starts it while the last pieces travel)."""
+    prebuilt = work.parent / "prebuilt.txt"  # sent whole by tools/gpu/pack.py: not exported here
+    skip = set(prebuilt.read_text().split()) if prebuilt.exists() else set()
+    jobs = {n: a for n, a in jobs.items() if n not in skip}
+    if not jobs:
+        return
     threads = str(max(1, (os.cpu_count() or 2) // len(jobs)))
     env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "TOKENIZERS_PARALLELISM": "false"}
     code = "import sys; from specdec.cli import export_main; sys.argv[0] = 'specdec-export'; export_main()"

@@ -28,7 +28,7 @@ while [ $# -gt 0 ]; do
 done
 mkdir -p "$STAGE/parts" "$STAGE/work" "$OUT"
 if compgen -G ".gpu/part-*" >/dev/null; then cp .gpu/part-* "$STAGE/parts/"; fi
-for f in payload.sha256 gguf.size; do if [ -f ".gpu/$f" ]; then cp ".gpu/$f" "$STAGE/"; fi; done
+for f in payload.sha256 gguf.size prebuilt.txt; do if [ -f ".gpu/$f" ]; then cp ".gpu/$f" "$STAGE/"; fi; done
 ls -l "$STAGE/parts"
 GGUF="$STAGE/gguf/SmolLM2-135M-Instruct.Q4_1.gguf"
 args=(--provider "$provider" --out "$OUT" --models "$STAGE/models" --gguf "$GGUF" --work "$STAGE/work" "${quick[@]}")
@@ -48,7 +48,8 @@ case $mode in
     [ -f "$STAGE/work/started" ] && { echo "exports already started"; exit 0; }
     # the pieces so far are a prefix of the xz stream: unpack the members it holds whole
     (cat "$STAGE"/parts/part-* | xz -dc 2>/dev/null | tar -x -C "$STAGE" 2>/dev/null) || true
-    rm -rf "$STAGE/ortgpu"  # cut short here; the full unpack writes it
+    rm -rf "$STAGE/ortgpu"  # cut short here; the full unpack writes it, and the bundles sent whole
+    if [ -f "$STAGE/prebuilt.txt" ]; then while read -r n; do rm -rf "$STAGE/work/$n" "$STAGE/work/$n.done"; done < "$STAGE/prebuilt.txt"; fi
     if [ "$(stat -c %s "$GGUF" 2>/dev/null || echo 0)" != "$(cat "$STAGE/gguf.size")" ]; then
       rm -rf "$STAGE/site" "$STAGE/models" "$STAGE/gguf"
       echo "the GGUF is not whole yet; send more pieces"; exit 0

