@@ -42,6 +42,8 @@ class Binding:
     def bind_input(self, name: str, memory: str, device_id: int, dtype, shape: list[int], ptr: int) -> None:
         if memory in self.stale:
             self.inputs[name] = (memory, device_id, dtype, shape, ptr)
+        else:
+            self.inputs.pop(name, None)
         self.io.bind_input(name, memory, device_id, dtype, shape, ptr)
 
     def bind_output(self, name: str, memory: str, device_id: int, dtype, shape: list[int], ptr: int) -> None:
