@@ -169,7 +169,9 @@ def wait_export(name: str, work: Path, timeout: float) -> dict:
     done, until = work / f"{name}.done", time.monotonic() + timeout
     while not done.exists():
         if time.monotonic() > until:
-            raise RuntimeError(f"export {name} not done within the budget; its log ends: {(work / f'{name}.log').read_text(errors='replace')[-600:]}")
+            log = work / f"{name}.log"  # none for a bundle sent whole that has not arrived
+            tail = log.read_text(errors="replace")[-600:] if log.exists() else "(no log: sent whole, not unpacked yet)"
+            raise RuntimeError(f"export {name} not done within the budget; its log ends: {tail}")
         time.sleep(1.0)
     result = json.loads(done.read_text())
     if result["rc"] != 0:
