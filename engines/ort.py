@@ -318,7 +318,8 @@ def open_session(
         raise EngineError(f"graph {name} is a portable graph, which this engine runs on the CPU only; use provider='cpu' or the ort graphs")
     kv = next((t.dtype for t in spec.inputs if spec.io.past and t.name == spec.io.past[0][0]), None)
     if DEVICE[provider] == "cuda" and kv is not None and kv not in CUDA_ATTENTION_DTYPES:
-        warnings.warn(f"graph {name} is {kv}: GroupQueryAttention has no {kv} CUDA kernel, so attention runs on the CPU and the KV "
+        # one message per dtype, not per graph: Python shows it once for the whole bundle
+        warnings.warn(f"a {kv} bundle on CUDA: GroupQueryAttention has no {kv} CUDA kernel, so attention runs on the CPU and the KV "
                       "crosses to the host every call; export with --dtype float16 for the GPU", RuntimeWarning, stacklevel=2)  # fmt: skip
     options = ThreadPolicy.of(threads).session_options()
     session = ort.InferenceSession(str(bundle / spec.file), options, providers=PROVIDERS[provider])

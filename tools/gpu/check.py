@@ -202,12 +202,11 @@ def greedy(dec, prompts, tokens: int, gamma=None) -> list[list[int]]:
     return [dec.generate(p, max_new_tokens=tokens, ignore_eos=True, gamma=gamma).tokens for p in prompts]
 
 
-def first_diff(a: list[int], b: list[int]) -> int | None:
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None if len(a) == len(b) else min(len(a), len(b)))
-
-
 def compare(got: list[list[int]], want: list[list[int]]) -> dict:
-    diffs = [first_diff(g, w) for g, w in zip(got, want)]
+    """Per pair, None where the tokens are the same, else how many agree before the first difference."""
+    from specdec.bench.quality import kept
+
+    diffs = [None if g == w else kept(w, g) for g, w in zip(got, want)]
     return {"equal": all(d is None for d in diffs), "first_diff": diffs}
 
 
