@@ -8,7 +8,9 @@ thousands of seeded requests decoded four at a time (chi-square, as for batch 1)
 
 from __future__ import annotations
 
+import threading
 import time
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -25,6 +27,19 @@ REQUESTS = [  # (prompt, max_new_tokens, gamma): 8 requests for 4 slots; one pro
     ([77], 50, 4), ([12, 250, 12, 250, 12], 70, 3), ([(7 * i) % 300 + 3 for i in range(2 * PREFILL_CHUNK + 6)], 40, "auto"),
     (PROMPTS[0][:3], 33, "auto"),
 ]
+
+
+@contextmanager
+def all_queued(engine):
+    """Hold the engine thread after its first step until every request of the block is queued, so
+    the rows overlap however the box schedules the submitting thread (a loaded CI box may not)."""
+    queued = threading.Event()
+    engine.observer = lambda its: queued.wait(timeout=60)
+    try:
+        yield
+    finally:
+        queued.set()
+        engine.observer = None
 
 
 @pytest.mark.parametrize("drafter", ["model", "lookup", "hierarchical"])
@@ -117,7 +132,8 @@ def test_a_user_drafter_object_runs_per_row(family_bundle):
     wrong = np.random.default_rng(0).random(40) < 0.25
     script = [(t + 1) % 320 if w else t for t, w in zip(refs[0], wrong)]
     with BatchEngine(out, drafter=ScriptDrafter(script)) as engine:
-        handles = [engine.submit(p, max_new_tokens=40, ignore_eos=True) for p in PROMPTS]
+        with all_queued(engine):
+            handles = [engine.submit(p, max_new_tokens=40, ignore_eos=True) for p in PROMPTS]
         results = [h.result(timeout=120) for h in handles]
         assert engine.occupancy[len(PROMPTS)] > 0  # the rows ran together
     for p, res, ref in zip(PROMPTS, results, refs):
@@ -194,8 +210,9 @@ def test_greedy_rows_beside_sampled_rows_in_fused_calls(family_bundle):
     refs = [torch_greedy(model, p, 40) for p in PROMPTS]
     with BatchEngine(out) as engine:
         assert engine.engine.draft.fused_runners, "the llama bundle has fused draft graphs"
-        greedy = [engine.submit(p, max_new_tokens=40, ignore_eos=True) for p in PROMPTS]
-        sampled = [engine.submit(PROMPTS[0], max_new_tokens=40, temperature=1.0, top_p=0.9, seed=s, ignore_eos=True) for s in range(3)]
+        with all_queued(engine):
+            greedy = [engine.submit(p, max_new_tokens=40, ignore_eos=True) for p in PROMPTS]
+            sampled = [engine.submit(PROMPTS[0], max_new_tokens=40, temperature=1.0, top_p=0.9, seed=s, ignore_eos=True) for s in range(3)]
         results = [h.result(timeout=120) for h in greedy]
         assert all(len(h.result(timeout=120).tokens) == 40 for h in sampled)
         assert engine.occupancy[4] > 0
@@ -218,7 +235,9 @@ def test_per_size_batch_graphs_still_decode_exactly(llama_bundle, tmp_path):
     model = load_model(target)
     requests = [(PROMPTS[0], 30, 4), (PROMPTS[1], 20, 2), ([77], 25, "auto")]
     with BatchEngine(out) as engine:
-        results = [h.result(timeout=120) for h in [engine.submit(p, max_new_tokens=n, gamma=g, ignore_eos=True) for p, n, g in requests]]
+        with all_queued(engine):
+            handles = [engine.submit(p, max_new_tokens=n, gamma=g, ignore_eos=True) for p, n, g in requests]
+        results = [h.result(timeout=120) for h in handles]
         assert engine.occupancy[2] > 0  # the 2-row graph ran
     for (prompt, n, _), res in zip(requests, results):
         assert res.tokens == torch_greedy(model, prompt, n)
