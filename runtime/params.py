@@ -15,6 +15,7 @@ import numpy as np
 
 from specdec.errors import InputError
 from specdec.runtime.beam import BeamConfig
+from specdec.runtime.constraints import StructuredOutputs
 from specdec.runtime.logprobs import LOGPROBS_MODES, MAX_LOGPROBS
 from specdec.runtime.penalties import Penalties
 from specdec.runtime.sampling import SamplingConfig
@@ -44,6 +45,9 @@ class SamplingParams:
     ``logit_bias`` ({token id: -100..100}) and ``min_p`` follow vLLM; they transform the target's
     and the draft's rows alike, so the output is the target's under them (runtime/penalties.py).
     ``min_tokens`` (vLLM's) keeps EOS and ``stop_token_ids`` from being drawn before that many tokens.
+    ``structured_outputs`` (vLLM's field; a ``StructuredOutputs`` or a dict of its fields) holds
+    the output to a JSON schema, regex, choice or grammar: the target's and the draft's rows are
+    masked alike, so the output is the target's own under the constraint (runtime/constraints.py).
     """
 
     max_new_tokens: int = 128
@@ -64,9 +68,13 @@ class SamplingParams:
     logit_bias: Mapping[int, float] | None = None
     min_p: float = 0.0
     min_tokens: int = 0
+    structured_outputs: StructuredOutputs | None = None
 
     def __post_init__(self) -> None:
         self.sampling  # raises SamplingError on a bad value
+        object.__setattr__(self, "structured_outputs", StructuredOutputs.of(self.structured_outputs))
+        if self.structured_outputs is not None and self.ignore_eos:
+            raise InputError("ignore_eos=True with structured_outputs: the output ends where the grammar is complete (with EOS); drop ignore_eos")
         object.__setattr__(self, "lenience", check_lenience(self.lenience))
         if not is_int(self.max_new_tokens) or self.max_new_tokens < 1:
             raise InputError(f"max_new_tokens={self.max_new_tokens!r}: expected an integer >= 1")

@@ -9,7 +9,8 @@ import numpy as np
 
 from specdec.errors import ConfigError, InputError
 from specdec.runtime.params import SamplingParams, is_int as _is_int
-from specdec.runtime.penalties import Penalties, penalize_chain
+from specdec.runtime.constraints import Grammars, GrammarState
+from specdec.runtime.penalties import Penalties, penalize_chain, penalize_tree
 from specdec.runtime.sampling import SamplingConfig
 
 
@@ -65,12 +66,14 @@ class Request:
     limits: Limits
     params: SamplingParams = SamplingParams()
     source: np.ndarray | None = None  # [N] int64: an encoder-decoder's source ids (a list is converted)
+    grammars: Grammars | None = None  # the bundle's compiled grammars (``make_request`` passes them)
     sampling: SamplingConfig = field(init=False)
     gamma: int = field(init=False)
     adaptive: bool = field(init=False)
     stop: frozenset[int] = field(init=False)  # tokens that end the request (kept in the output)
     penalties: Penalties | None = field(init=False)  # None: raw logits go to sampling as they are
     prompt_seen: np.ndarray = field(init=False)  # [u] the prompt's distinct ids (the repetition penalty's)
+    grammar: GrammarState | None = field(init=False)  # this request's matcher (structured outputs), else None
 
     def __post_init__(self) -> None:
         lim, par, put = self.limits, self.params, lambda k, v: object.__setattr__(self, k, v)
@@ -108,19 +111,44 @@ class Request:
             pen = replace(pen or Penalties(), min_tokens=par.min_tokens, stop_ids=tuple(sorted(self.stop)))
         put("penalties", pen)
         put("prompt_seen", np.unique(self.prompt))
+        put("grammar", self._grammar())
+
+    def _grammar(self) -> GrammarState | None:
+        spec = self.params.structured_outputs
+        if spec is None:
+            return None
+        if self.grammars is None:
+            raise InputError("structured_outputs needs the bundle's tokenizer (tokenizer.json), which this bundle lacks; re-export it with its tokenizer")
+        return self.grammars.state(spec, len(self.prompt))
 
     @property
     def fusable(self) -> bool:
         """Whether a fused draft graph can propose for it (it samples with temperature, top-k and
         top-p only)."""
-        return self.penalties is None and not self.sampling.min_p
+        return self.penalties is None and not self.sampling.min_p and self.grammar is None
 
     def transform(self, logits: np.ndarray, seq: np.ndarray, start: int) -> np.ndarray:
         """Raw logits [n, V] whose row i predicts seq[start + i], with the request's penalties
-        applied from that row's prefix (a float64 copy), or ``logits`` itself when there are none."""
-        if self.penalties is None:
+        and then its grammar's mask applied from that row's prefix (a float64 copy), or
+        ``logits`` itself when there are neither."""
+        if self.penalties is None and self.grammar is None:
             return logits
-        return penalize_chain(logits, self.penalties, self.prompt_seen, seq, len(self.prompt), start)
+        if self.penalties is None:
+            out = np.array(logits, dtype=np.float64)  # [n, V]
+        else:
+            out = penalize_chain(logits, self.penalties, self.prompt_seen, seq, len(self.prompt), start)
+        return out if self.grammar is None else self.grammar.mask_chain(out, seq, start)
+
+    def transform_tree(self, logits: np.ndarray, seq: np.ndarray, length: int, tokens, parents) -> np.ndarray:
+        """``transform`` for a tree call's logits [n + 1, V] (row 0 the root, predicting
+        seq[length]; row i + 1 the children of node i)."""
+        if self.penalties is None and self.grammar is None:
+            return logits
+        if self.penalties is None:
+            out = np.array(logits, dtype=np.float64)  # [n + 1, V]
+        else:
+            out = penalize_tree(logits, self.penalties, self.prompt_seen, seq, len(self.prompt), length, tokens, parents)
+        return out if self.grammar is None else self.grammar.mask_tree(out, seq, length, tokens, parents)
 
     @property
     def input_ids(self) -> np.ndarray:
@@ -180,4 +208,5 @@ def make_request(prompt, params: SamplingParams, limits: Limits, codec, source=N
         prompt = [start_token] + ([] if prompt is None else token_ids(prompt, limits.vocab_size).tolist())
     elif isinstance(prompt, str):
         prompt = encode(prompt, "prompt")
-    return Request(prompt, limits, params, source)
+    grammars = codec.grammars(limits) if codec is not None and params.structured_outputs is not None else None
+    return Request(prompt, limits, params, source, grammars)

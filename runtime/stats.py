@@ -78,6 +78,9 @@ class Stats:
             self.drafted += k
             self.accepted += n
             self.rejected += n < k
+            if k > len(self.drafted_at):  # a grammar's forced span may pass the request's γ
+                grow = [0] * (k - len(self.drafted_at))
+                self.drafted_at, self.accepted_at = self.drafted_at + grow, self.accepted_at + grow
             for i in range(k):
                 self.drafted_at[i] += 1
                 self.accepted_at[i] += i < n

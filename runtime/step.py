@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Callable, NamedTuple, Sequence
 import numpy as np
 
 from specdec.runtime.logprobs import score, score_probs
-from specdec.runtime.penalties import penalize_tree
+from specdec.runtime.lookup import one_hot
 from specdec.runtime.request import Request
 from specdec.runtime.sampling import standardize
 from specdec.runtime.speculative import accept, synthetic_accept
@@ -89,7 +89,14 @@ def speculative_step(rows: Sequence[Row], gammas: Sequence[int], proposer: Propo
     ``synthetic``: benchmarks only, keep each draft token with that probability instead
     (``speculative.synthetic_accept``; the output is then not the target's)."""
     t0, calls = clock(), proposer.calls
-    ks = proposer.propose(rows, gammas)  # x_1..x_k at seq[L:L+k]
+    spans = [forced_span(r, g, len(r.q)) for r, g in zip(rows, gammas)]  # q: [the bundle's γ, V]
+    ks = proposer.propose(rows, [0 if f else g for f, g in zip(spans, gammas)])  # x_1..x_k at seq[L:L+k]
+    for i, (r, f) in enumerate(zip(rows, spans)):
+        if f:  # the grammar's forced tokens are this row's draft, at no draft cost
+            ks[i] = len(f)
+            r.seq[r.length : r.length + len(f)] = f
+            if not r.req.sampling.greedy:
+                one_hot(r.q, r.seq[r.length : r.length + len(f)])
     t1 = clock()
     logits = target.forward([r.slot for r in rows], [r.seq[r.length - 1 : r.length + k] for r, k in zip(rows, ks)])  # [n, S, V]
     t2 = clock()
@@ -109,6 +116,16 @@ def speculative_step(rows: Sequence[Row], gammas: Sequence[int], proposer: Propo
     t3 = clock()
     draft_calls = proposer.calls - calls
     return [Iteration(k, n, draft_calls, t1 - t0, t2 - t1, t3 - t2) for k, n in zip(ks, kept)]
+
+
+def forced_span(r: Row, gamma: int, room: int) -> list[int]:
+    """The tokens a constrained row's grammar forces next, when they make a better draft than
+    the drafter's: two or more, or any for a row drafting nothing (γ = 0); at most ``room``
+    (the verify call's drafts) and the row's budget less its bonus token."""
+    if r.req.grammar is None:
+        return []
+    f = r.req.grammar.forced(r.seq, r.length, min(room, r.left - 1))
+    return f if len(f) >= 2 or (f and gamma == 0) else []
 
 
 def scored(r: Row, raw: np.ndarray, transformed: np.ndarray, tokens: np.ndarray) -> list:
@@ -144,8 +161,7 @@ def tree_step(rows: Sequence[Row], gammas: Sequence[int], proposer, target: Exec
         tb = clock()
         nodes, tree_parents = np.asarray(tokens, dtype=np.int64), np.asarray(parents, dtype=np.int64)
         raw = logits
-        if r.req.penalties is not None:  # each row with its own node's prefix
-            logits = penalize_tree(raw, r.req.penalties, r.req.prompt_seen, r.seq, len(r.req.prompt), L, tokens, parents)
+        logits = r.req.transform_tree(raw, r.seq, L, tokens, parents)  # penalties and grammar, each row with its own node's prefix
         if cfg.greedy:
             v = verify_tree_greedy(nodes, tree_parents, logits)
         else:

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from specdec.errors import BundleError
 from specdec.manifest import Manifest, inside
+
+if TYPE_CHECKING:
+    from specdec.runtime.constraints import Grammars
 
 REPLACEMENT = "\ufffd"  # what a decoder prints for an incomplete UTF-8 sequence
 
@@ -20,6 +25,17 @@ class TextCodec:
             self.tokenizer = Tokenizer.from_file(str(path))
         except Exception as e:  # tokenizers raises its own Exception type
             raise BundleError(f"{path} is not a readable tokenizer.json ({str(e).splitlines()[0]}); re-export the bundle") from None
+        self._grammars = None
+        self._lock = threading.Lock()
+
+    def grammars(self, limits) -> Grammars:
+        """The compiled grammars over this tokenizer (built on first use: ~0.2 s at 49k tokens)."""
+        with self._lock:
+            if self._grammars is None:
+                from specdec.runtime.constraints import Grammars
+
+                self._grammars = Grammars(self.tokenizer.to_str(), limits.vocab_size, limits.eos_token_ids)
+            return self._grammars
 
     @classmethod
     def from_bundle(cls, bundle: Path, manifest: Manifest) -> TextCodec | None:
