@@ -452,6 +452,7 @@ def build_app(state: ServerState, lifespan=None) -> FastAPI:
             body = await read(request, cls)
             if body.use_beam_search:
                 return await beam_search(body, kind)
+            await compile_grammar(body)
             handles = admit(body, kind)
         except Refused as e:
             if state.metrics:
@@ -538,6 +539,20 @@ def build_app(state: ServerState, lifespan=None) -> FastAPI:
         head = {"id": f"{kind.id_prefix}-{uuid.uuid4().hex}", "object": kind.object, "created": int(time.time()), "model": state.model,
                 "system_fingerprint": state.fingerprint}  # fmt: skip
         return {**head, "choices": choices, "usage": {"prompt_tokens": p_tokens, "completion_tokens": c_tokens, "total_tokens": p_tokens + c_tokens}}
+
+    async def compile_grammar(body) -> None:
+        """Compile the request's constraint off the event loop (a large schema takes up to a
+        second; the engine's cache then holds it for ``admit``); a bad one is a 400."""
+        spec = body.structured()
+        if spec is None:
+            return
+        engine = state.ready()
+        if state.codec is None:
+            raise Refused(400, "structured outputs need the bundle's tokenizer, which this bundle lacks", param="response_format")
+        try:
+            await asyncio.to_thread(lambda: state.codec.grammars(engine.limits).matcher(spec))
+        except ValueError as e:  # specdec's InputError and ConfigError are ValueErrors
+            raise Refused(400, str(e), param="structured_outputs" if body.structured_outputs is not None else "response_format") from None
 
     def admit(body, kind) -> list[Handle]:
         """Submit a parsed request (``read``), one handle per choice (prompt i's choice j at

@@ -12,7 +12,11 @@ in serve/limits.py. A request asks for prompts x ``n`` choices, at most ``MAX_CH
 
 Fields clients send back unchanged are accepted at their empty values: an assistant message's
 null ``refusal``, ``tool_calls``, ``function_call``, ``audio`` and ``annotations`` (as the openai
-library dumps it), ``response_format: {"type": "text"}``, and no ``model`` (the served one).
+library dumps it), and no ``model`` (the served one).
+
+Structured outputs: OpenAI's ``response_format`` (``json_object``, ``json_schema``) or vLLM's
+``structured_outputs`` (json, regex, choice, grammar, json_object), checked here and compiled
+when the request is admitted (runtime/constraints.py); a bad one is a 400 naming the field.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from specdec.errors import InputError
+from specdec.runtime.constraints import StructuredOutputs
 from specdec.runtime.logprobs import MAX_LOGPROBS
 
 
@@ -64,9 +69,19 @@ class StreamOptions(_Body):
     continuous_usage_stats: bool = False  # vLLM: usage on every chunk
 
 
+class JsonSchemaFormat(_Body):
+    """OpenAI's ``response_format.json_schema``: the output is held to ``schema`` whether or not
+    ``strict`` is set (constrained decoding makes every output valid)."""
+
+    name: str = Field(max_length=64)
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+    description: str | None = None
+
+
 class ResponseFormat(_Body):
     type: Literal["text", "json_object", "json_schema"]
-    json_schema: dict[str, Any] | None = None
+    json_schema: JsonSchemaFormat | None = None
 
 
 class _Sampling(_Body):
@@ -84,7 +99,8 @@ class _Sampling(_Body):
     return_token_ids: bool = False
     user: str | None = None  # metadata; not used
     n: int | None = 1  # choices per prompt; choice j of a seeded request draws from seed + j
-    response_format: ResponseFormat | None = None  # only {"type": "text"} (see ``parse``)
+    response_format: ResponseFormat | None = None  # text, json_object or json_schema (constrained decoding)
+    structured_outputs: dict[str, Any] | None = None  # vLLM's extension: one of json, regex, choice, grammar, json_object
     # Applied to the target's and the draft's rows alike (runtime/penalties.py), so output stays the target's:
     presence_penalty: float | None = 0.0
     frequency_penalty: float | None = 0.0
@@ -112,7 +128,30 @@ class _Sampling(_Body):
             min_p=self.min_p or 0.0,
             min_tokens=self.min_tokens or 0,
             logit_bias={_token_key(k): v for k, v in self.logit_bias.items()} if self.logit_bias else None,
+            structured_outputs=self.structured(),
         )
+
+    def structured(self) -> StructuredOutputs | None:
+        """The request's constraint: ``response_format`` (OpenAI's) or ``structured_outputs``
+        (vLLM's), not both; a ``FieldError`` names the field that is wrong."""
+        fmt, so = self.response_format, self.structured_outputs
+        asked = fmt is not None and fmt.type != "text"
+        if asked and so is not None:
+            raise FieldError("response_format and structured_outputs both constrain the output; send one of them", "structured_outputs")
+        try:
+            if so is not None:
+                return StructuredOutputs.of(so)
+            if not asked:
+                return None
+            if fmt.type == "json_object":
+                return StructuredOutputs(json_object=True)
+            if fmt.json_schema is None or fmt.json_schema.schema_ is None:
+                raise FieldError("response_format type 'json_schema' needs json_schema.schema (the JSON schema the output follows)", "response_format")
+            return StructuredOutputs(json=fmt.json_schema.schema_)
+        except FieldError:
+            raise
+        except InputError as e:
+            raise FieldError(str(e), "structured_outputs" if so is not None else "response_format") from None
 
     @property
     def stops(self) -> list[str]:
@@ -249,9 +288,7 @@ def parse(cls: type[_Body], raw: Any) -> _Body:
         raise FieldError("send either prompt or messages to tokenize", "prompt")
     if isinstance(body, (TokenizeRequest, DetokenizeRequest)):
         return body
-    if body.response_format is not None and body.response_format.type != "text":
-        raise FieldError(f"response_format type {body.response_format.type!r} is not supported (only 'text'): constrained "
-                         "decoding is not implemented; ask for JSON in the prompt and parse the text", "response_format")  # fmt: skip
+    body.structured()  # a bad constraint is refused here, naming its field (its grammar is compiled on admission)
     top = body.logprobs if isinstance(body, CompletionRequest) else body.top_logprobs
     if top is not None and not 0 <= top <= MAX_LOGPROBS:
         name = "logprobs" if isinstance(body, CompletionRequest) else "top_logprobs"
@@ -287,7 +324,8 @@ def parse(cls: type[_Body], raw: Any) -> _Body:
 # Fields beam search does not use, and their "off" values: a beam request setting one gets a 400.
 BEAM_OFF = {"stream": (False, None), "logprobs": (None, False), "top_logprobs": (None,), "echo": (False, None), "top_p": (1.0, None),
             "top_k": (None, 0, -1), "min_p": (0.0, None), "min_tokens": (0, None), "presence_penalty": (0.0, None),
-            "frequency_penalty": (0.0, None), "repetition_penalty": (1.0, None), "logit_bias": (None,), "stop": (None, [])}  # fmt: skip
+            "frequency_penalty": (0.0, None), "repetition_penalty": (1.0, None), "logit_bias": (None,), "stop": (None, []),
+            "structured_outputs": (None,)}  # fmt: skip
 
 
 def _check_beam_fields(body) -> None:
@@ -301,6 +339,9 @@ def _check_beam_fields(body) -> None:
         if hasattr(body, name) and getattr(body, name) not in off:
             why = "stream=false: beam search returns its beams when it ends" if name == "stream" else "drop it (beam search ranks by the model's own log-probs)"
             raise FieldError(f"{name}={str(getattr(body, name))[:60]!r} is not supported with use_beam_search; {why}", name)
+    if body.response_format is not None and body.response_format.type != "text":
+        raise FieldError(f"response_format type {body.response_format.type!r} is not supported with use_beam_search; "
+                         "drop one of them (beam search has no constrained decoding)", "response_format")  # fmt: skip
     if body.temperature not in (None, 0.0, 1.0):
         raise FieldError(f"temperature={body.temperature}: beam search is deterministic and scores the model's own distribution; "
                          "send 0, 1 or none with use_beam_search", "temperature")  # fmt: skip

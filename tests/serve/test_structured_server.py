@@ -1,0 +1,102 @@
+"""Structured outputs behind ``specdec serve``: OpenAI's ``response_format`` and vLLM's
+``structured_outputs``, through the official ``openai`` client and raw HTTP. Served greedy
+tokens equal the single-request decoder's under the same constraint; every output validates."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+from conftest import KEY
+
+openai = pytest.importorskip("openai")
+jsonschema = pytest.importorskip("jsonschema")
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 10}, "size": {"type": "integer", "minimum": 0, "maximum": 99},
+                   "kind": {"enum": ["stack", "queue"]}},
+    "required": ["name", "size", "kind"],
+    "additionalProperties": False,
+}  # fmt: skip
+MESSAGES = [{"role": "user", "content": "Describe a stack as JSON."}]
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def decoder(chat_bundle):
+    from specdec.runtime.decoder import SpeculativeDecoder
+
+    return SpeculativeDecoder.load(chat_bundle[1])
+
+
+def extra(obj, name):
+    return (obj.model_extra or {})[name]
+
+
+def test_json_schema_response_format_is_the_constrained_target_streamed_or_not(client, decoder):
+    fmt = {"type": "json_schema", "json_schema": {"name": "thing", "schema": SCHEMA, "strict": True}}
+    r = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=80, temperature=0, response_format=fmt,
+                                       extra_body={"return_token_ids": True})  # fmt: skip
+    choice = r.choices[0]
+    assert choice.finish_reason == "stop"
+    jsonschema.validate(json.loads(choice.message.content), SCHEMA)
+    ref = decoder.generate(extra(r, "prompt_token_ids"), max_new_tokens=80, structured_outputs={"json": SCHEMA})
+    assert extra(choice, "token_ids") == ref.tokens
+    stream = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=80, temperature=0, response_format=fmt, stream=True)
+    pieces = [c.choices[0].delta.content or "" for c in stream if c.choices]
+    assert "".join(pieces) == choice.message.content and len(pieces) > 2
+
+
+def test_json_object_regex_choice_and_sampled_choices_all_validate(client, decoder):
+    r = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=60, temperature=0, response_format={"type": "json_object"})
+    if r.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(r.choices[0].message.content), dict)
+    else:  # the tiny model may write an object past max_tokens; what it wrote is still the object's start
+        assert r.choices[0].message.content.startswith("{")
+    r = client.completions.create(model="tiny", prompt="def add(a, b):", max_tokens=20, temperature=0,
+                                  extra_body={"structured_outputs": {"regex": "[a-z]{2,5}-[0-9]{2}"}, "return_token_ids": True})  # fmt: skip
+    text = r.choices[0].text
+    assert r.choices[0].finish_reason == "stop" and len(text.split("-")) == 2 and text.split("-")[1].isdigit(), text
+    ref = decoder.generate(extra(r, "prompt_token_ids"), max_new_tokens=20, structured_outputs={"regex": "[a-z]{2,5}-[0-9]{2}"})
+    assert extra(r.choices[0], "token_ids") == ref.tokens
+    choices = ["push", "pop", "peek"]
+    r = client.completions.create(model="tiny", prompt="class Stack:\n", max_tokens=10, temperature=1.0, seed=3, n=6,
+                                  extra_body={"structured_outputs": {"choice": choices}})  # fmt: skip
+    assert len(r.choices) == 6 and all(c.text in choices and c.finish_reason == "stop" for c in r.choices)
+    r = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=80, temperature=1.0, seed=5, n=4,
+                                       response_format={"type": "json_schema", "json_schema": {"name": "t", "schema": SCHEMA}})  # fmt: skip
+    for c in r.choices:
+        if c.finish_reason == "stop":
+            jsonschema.validate(json.loads(c.message.content), SCHEMA)
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "words"),
+    [
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "bogus"}}}}, "response_format", "json"),
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format", "json_schema.schema"),
+        ({"response_format": {"type": "json_object"}, "structured_outputs": {"regex": "a"}}, "structured_outputs", "send one"),
+        ({"structured_outputs": {"regex": "(unclosed"}}, "structured_outputs", "regex"),
+        ({"structured_outputs": {"regex": "a", "choice": ["b"]}}, "structured_outputs", "exactly one"),
+        ({"structured_outputs": {"whitespace": "x"}}, "structured_outputs", "not a field"),
+        ({"structured_outputs": {"grammar": "start: nothing_defined"}}, "structured_outputs", "grammar"),
+        ({"response_format": {"type": "json_object"}, "ignore_eos": True}, None, "ignore_eos"),
+        ({"response_format": {"type": "json_object"}, "use_beam_search": True, "n": 2, "temperature": 0}, "response_format", "beam"),
+    ],
+)
+def test_bad_constraints_are_400_naming_the_field(server, client, body, param, words):
+    r = httpx.post(server.url + "/v1/chat/completions", headers={"Authorization": f"Bearer {KEY}"}, timeout=60,
+                   json={"model": "tiny", "messages": MESSAGES, "max_tokens": 5, **body})  # fmt: skip
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert words in err["message"] and "\n" not in err["message"], err
+    if param:
+        assert err["param"] == param, err
+    ok = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=5, temperature=0)  # the server still serves
+    assert ok.choices[0].message.content is not None
