@@ -95,7 +95,8 @@ class StructuredOutputs:
 
     def grammar_text(self) -> str:
         """llguidance's grammar for it (compiled and checked by ``Grammars``)."""
-        from llguidance import LLMatcher, gbnf_to_lark
+        from llguidance import LLMatcher
+        from llguidance.gbnf_to_lark import gbnf_to_lark
 
         try:
             if self.kind in ("json", "json_object"):
@@ -123,9 +124,13 @@ class StructuredOutputs:
         return cls(**value)
 
 
-def one_line(e: BaseException) -> str:
+def one_line(e: BaseException | str) -> str:
+    """An error as one line: its first line and the ``error:`` line of a parser's report."""
     lines = [s.strip() for s in str(e).splitlines() if s.strip()]
-    return (lines[0] if lines else type(e).__name__)[:300]
+    if not lines:
+        return type(e).__name__
+    cause = next((s.removeprefix("error:").strip() for s in lines[1:] if s.startswith("error:")), None)
+    return (lines[0] + (f" {cause}" if cause else ""))[:300]
 
 
 def byte_level_decoder(tokenizer_json: str) -> str:

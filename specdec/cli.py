@@ -324,9 +324,17 @@ def inspect_cmd(bundle: Path, as_json: bool) -> None:
 @click.option("--early-stopping", default="false", show_default=True, type=click.Choice(["true", "false", "never"]),
               help="Beam search: stop when num-beams beams finished (true), when none can improve (false), or never before max length.")
 @click.option("--num-return-sequences", default=1, show_default=True, type=int, help="Beam search: the best this many, one per line.")
+@click.option("--json-schema", "json_schema", default=None, type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Hold the output to this JSON schema (a .json file); exact under speculation.")
+@click.option("--json-object", is_flag=True, help="Hold the output to any JSON object.")
+@click.option("--regex", default=None, help="Hold the output to this regular expression.")
+@click.option("--choice", "choices", multiple=True, help="The output is one of these strings (repeat the option for each).")
+@click.option("--grammar", default=None, type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Hold the output to this grammar file: Lark (as llguidance reads it) or GBNF (llama.cpp's).")
 def generate_cmd(bundle: Path, prompt: str | None, prompt_ids: str | None, source: str | None, source_ids: str | None, provider: str,
                  verify: str, threads: int | None, as_json: bool, drafter: str, lookup_ngram: int, lookup_max_tokens: int | None, gamma: str | None,
                  num_beams: int, draft_width: int | None, length_penalty: float, early_stopping: str, num_return_sequences: int,
+                 json_schema: Path | None, json_object: bool, regex: str | None, choices: tuple[str, ...], grammar: Path | None,
                  **kw) -> None:  # fmt: skip
     """Decode with a bundle: text (or token ids) to stdout as accepted, a stats line to stderr.
 
@@ -337,7 +345,8 @@ def generate_cmd(bundle: Path, prompt: str | None, prompt_ids: str | None, sourc
     from specdec.runtime.drafters import LookupDrafter
     from specdec.runtime.params import BeamParams, SamplingParams
 
-    params = SamplingParams(gamma=_gamma(gamma), **kw)  # the options map one to one onto its fields
+    structured = _structured(json_schema, json_object, regex, choices, grammar)
+    params = SamplingParams(gamma=_gamma(gamma), structured_outputs=structured, **kw)  # the other options map one to one onto its fields
     prompt = _text_or_ids("--prompt", prompt, prompt_ids)
     source = _text_or_ids("--source", source, source_ids)
     if prompt is None and source is None:
@@ -362,6 +371,29 @@ def generate_cmd(bundle: Path, prompt: str | None, prompt_ids: str | None, sourc
     else:
         click.echo("")
         click.echo(res.stats.line(), err=True)
+
+
+def _structured(json_schema: Path | None, json_object: bool, regex: str | None, choices: tuple[str, ...], grammar: Path | None):
+    """``generate``'s constraint options as a ``StructuredOutputs`` (at most one), or None."""
+    from specdec.errors import InputError
+    from specdec.runtime.constraints import StructuredOutputs
+
+    given = {"--json-schema": json_schema is not None, "--json-object": json_object, "--regex": regex is not None, "--choice": bool(choices),
+             "--grammar": grammar is not None}  # fmt: skip
+    named = [k for k, v in given.items() if v]
+    if not named:
+        return None
+    if len(named) > 1:
+        raise InputError(f"{' and '.join(named)}: give one constraint at a time")
+    if json_schema is not None:
+        try:
+            schema = json.loads(json_schema.read_text())
+        except (ValueError, UnicodeDecodeError) as e:
+            raise InputError(f"--json-schema {json_schema}: not a JSON file ({str(e).splitlines()[0]}); pass a JSON schema file") from None
+        return StructuredOutputs(json=schema)
+    if grammar is not None:
+        return StructuredOutputs(grammar=grammar.read_text())
+    return StructuredOutputs(json_object=json_object, regex=regex, choice=choices or None)
 
 
 def _int_gamma(gamma: str) -> int:

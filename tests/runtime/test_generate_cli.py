@@ -91,3 +91,31 @@ def test_generate_bad_input_exits_2_with_one_line(llama_bundle, args, msg):
 def test_generate_missing_bundle(tmp_path):
     res = run("generate", str(tmp_path / "nope"), "--prompt-ids", "1")
     assert res.returncode == 2 and "is not a folder" in res.stderr
+
+
+def test_generate_holds_the_output_to_a_schema_regex_choice_or_grammar(llama_bundle, tmp_path):
+    """--json-schema / --regex / --choice / --grammar: the decoder's constrained output, as the
+    API gives it; a bad or doubled constraint exits 2 with one line."""
+    out = llama_bundle[2]
+    dec = SpeculativeDecoder.load(out)
+    schema = {"type": "object", "properties": {"k": {"enum": ["a", "bc"]}, "n": {"type": "integer", "minimum": 0, "maximum": 9}},
+              "required": ["k", "n"], "additionalProperties": False}  # fmt: skip
+    (tmp_path / "s.json").write_text(json.dumps(schema))
+    (tmp_path / "g.lark").write_text('start: "x" /[0-9]{1,3}/ | "yes"')
+    (tmp_path / "g.gbnf").write_text('root ::= "n" [0-9] [0-9]?')
+    cases = [(["--json-schema", str(tmp_path / "s.json")], {"json": schema}), (["--regex", "[a-z]{2,4}-[0-9]"], {"regex": "[a-z]{2,4}-[0-9]"}),
+             (["--choice", "def", "--choice", "class"], {"choice": ["def", "class"]}),
+             (["--grammar", str(tmp_path / "g.lark")], {"grammar": 'start: "x" /[0-9]{1,3}/ | "yes"'}),
+             (["--grammar", str(tmp_path / "g.gbnf")], {"grammar": 'root ::= "n" [0-9] [0-9]?'})]  # fmt: skip
+    for flags, spec in cases:
+        res = run("generate", str(out), "--prompt-ids", "5,17,42", "--max-new-tokens", "40", "--json", *flags)
+        assert res.returncode == 0, res.stderr
+        got = json.loads(res.stdout)
+        assert got["tokens"] == dec.generate([5, 17, 42], max_new_tokens=40, structured_outputs=spec).tokens
+        assert got["stats"]["finish_reason"] == "eos", (flags, got)
+    text = json.loads(run("generate", str(out), "--prompt-ids", "5,17,42", "--max-new-tokens", "40", "--json", *cases[0][0]).stdout)["text"]
+    assert json.loads(text)["k"] in ("a", "bc")
+    for flags, words in ((["--regex", "("], "regex"), (["--regex", "a", "--choice", "b"], "one constraint"),
+                         (["--json-schema", str(tmp_path / "g.lark")], "not a JSON file")):  # fmt: skip
+        res = run("generate", str(out), "--prompt-ids", "5,17,42", "--max-new-tokens", "20", *flags)
+        assert res.returncode == 2 and words in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
