@@ -157,6 +157,13 @@ class Executor:
                 self.store[s, start + 1 : start + 1 + len(feed)] = runner.features[i, : len(feed)]
         return logits
 
+    def feed_limit(self, rows: int) -> int | None:
+        """The most tokens one row feeds in a call of ``rows`` rows (None: any length)."""
+        if rows == 1 and self.dynamic is not None:
+            return None
+        runner = self.batched[self.rows_for(rows)]
+        return runner.single if rows == 1 and runner.single else runner.max_tokens
+
     @staticmethod
     def rows_cap(sizes: Sequence[int], slots: int) -> int:
         """The largest B an engine of ``slots`` rows runs: the smallest size holding them all."""

@@ -98,13 +98,16 @@ class DraftModel:
 
     def _feed(self, r: Row, end: int, rows: int) -> np.ndarray:
         """What the draft is fed up to position ``end`` in a call of ``rows`` rows: the tokens its
-        slot has not seen. In a batched call a backlog longer than the graph takes (after plain
-        steps) is caught up alone first; one row's call takes any length."""
-        done = self.draft.length(r.slot)
-        if rows > 1 and end - done > self.max_tokens:
-            self.draft.forward([r.slot], [r.seq[done : end - 1]])
-            self.draft.commit(r.slot, end - 1 - done)
-            done = end - 1
+        slot has not seen. A backlog longer than the call takes (after plain steps, or spans a
+        grammar forced) is caught up alone first, in pieces a lone row's call takes."""
+        done, limit = self.draft.length(r.slot), self.draft.feed_limit(rows)
+        if limit is not None and end - done > limit:
+            piece = self.draft.feed_limit(1) or end
+            while done < end - 1:
+                stop = min(end - 1, done + piece)
+                self.draft.forward([r.slot], [r.seq[done:stop]])
+                self.draft.commit(r.slot, stop - done)
+                done = stop
         return r.seq[done:end]
 
     def commit(self, rows: Sequence[Row], accepted: Sequence[int], logits: np.ndarray) -> None:

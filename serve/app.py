@@ -40,6 +40,7 @@ from specdec.runtime.text import TextCodec
 from specdec.serve.chat import ChatTemplate
 from specdec.serve.limits import MAX_BODY, BodyLimit, loads
 from specdec.serve.metrics import Metrics
+from specdec.serve.tools import plan, stream_chunks, template_messages
 from specdec.serve.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, FieldError, TokenizeRequest, parse, prompts_of
 from specdec.serve.stops import StopStrings
 
@@ -159,8 +160,9 @@ class Chat:
             raise FieldError("messages: this bundle has no chat template; start the server with --chat-template FILE, or use /v1/completions", "messages")
         if state.codec is None:
             raise FieldError("messages: the bundle has no tokenizer to encode a chat; use /v1/completions with token ids", "messages")
-        messages = [{"role": m.role, "content": m.text(), **({"name": m.name} if m.name else {})} for m in body.messages]
-        text = state.chat.render(messages, body.add_generation_prompt, **(body.chat_template_kwargs or {}))
+        tools = plan(body)
+        extra = {**(body.chat_template_kwargs or {}), **({"tools": list(tools.tools)} if tools else {})}
+        text = state.chat.render(template_messages(body.messages), body.add_generation_prompt, **extra)
         return [state.codec.encode(text, special=False)]  # the template wrote the special tokens
 
     @staticmethod
@@ -461,7 +463,8 @@ def build_app(state: ServerState, lifespan=None) -> FastAPI:
         gens = [Generation(h, body.stops, arrival, state.metrics) for h in handles]
         rid, created = f"{kind.id_prefix}-{uuid.uuid4().hex}", int(time.time())
         head = {"id": rid, "object": kind.object, "created": created, "model": state.model, "system_fingerprint": state.fingerprint}
-        if body.stream:
+        tools = plan(body) if kind is Chat else None
+        if body.stream and tools is None:
             return StreamingResponse(sse(gens, kind, body, {**head, "object": kind.chunk_object}, state.codec), media_type="text/event-stream")
         text, tokens, scored = [[] for _ in gens], [[] for _ in gens], [[] for _ in gens]
         keep = kind.max_tokens(body) != 0  # max_tokens=0 (with echo): the prompt alone; the one token decoded is dropped
@@ -506,6 +509,13 @@ def build_app(state: ServerState, lifespan=None) -> FastAPI:
                     choice["prompt_token_ids"] = handles[i].request.input_ids.tolist()
             if len(handles) == body.rows:
                 out["prompt_token_ids"] = handles[0].request.input_ids.tolist()
+        if tools is not None:
+            for choice in choices:
+                choice["message"], choice["finish_reason"] = tools.message(choice["message"]["content"], choice["finish_reason"])
+            if body.stream:  # a tool request streams its finished message: calls are known when the output ends
+                opts = body.stream_options
+                events = [f"data: {json.dumps(c)}\n\n" for c in stream_chunks(out, bool(opts and opts.include_usage))] + ["data: [DONE]\n\n"]
+                return StreamingResponse(iter(events), media_type="text/event-stream")
         return out
 
     async def beam_search(body, kind):

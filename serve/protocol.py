@@ -50,6 +50,8 @@ BOUNDS = {
     "messages": (1024, "messages in a chat; the whole conversation must fit the context"),
     "content": (256, "text parts of one message"),
     "chat_template_kwargs": (32, "extra template variables"),
+    "tools": (128, "functions offered to the model; each one's schema is rendered into the prompt and compiled for required calls"),
+    "tool_calls": (128, "calls in one assistant message sent back"),
 }
 _LEN = {kind: Field(max_length=bound) for kind, (bound, _) in BOUNDS.items()}
 MAX_CHOICES = 64  # prompts x n in one request: each choice is a row of the batched engine (the rest queue)
@@ -189,13 +191,48 @@ class TextPart(_Body):
     text: str
 
 
+class CalledFunction(_Body):
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCall(_Body):
+    """A tool call of an assistant message sent back."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+
+class Function(_Body):
+    name: str = Field(pattern=r"^[a-zA-Z0-9_.-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema of the arguments object
+    strict: bool | None = None  # required and named calls are always held to the schema
+
+
+class Tool(_Body):
+    type: Literal["function"]
+    function: Function
+
+
+class NamedFunction(_Body):
+    name: str
+
+
+class NamedToolChoice(_Body):
+    type: Literal["function"]
+    function: NamedFunction
+
+
 class Message(_Body):
     role: Literal["system", "user", "assistant", "developer", "tool"]
     content: str | Annotated[list[TextPart], _LEN["content"]] | None = None
     name: str | None = None
+    tool_calls: Annotated[list[ToolCall], _LEN["tool_calls"]] | None = None  # an assistant's calls, sent back
+    tool_call_id: str | None = None  # a tool message: the call it answers
     # what the openai library dumps for an assistant message sent back: accepted when empty (_MESSAGE_OFF)
     refusal: str | None = None
-    tool_calls: list[Any] | None = None
     function_call: dict[str, Any] | None = None
     audio: dict[str, Any] | None = None
     annotations: list[Any] | None = None
@@ -213,6 +250,24 @@ class ChatCompletionRequest(_Sampling):
     top_logprobs: int | None = None
     add_generation_prompt: bool = True  # vLLM's extension
     chat_template_kwargs: Annotated[dict[str, Any], _LEN["chat_template_kwargs"]] | None = None  # vLLM's extension: extra template variables
+    tools: Annotated[list[Tool], _LEN["tools"], Field(min_length=1)] | None = None  # OpenAI refuses an empty list too
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None  # None: "auto" with tools
+    parallel_tool_calls: bool | None = None  # None: true
+
+    def structured(self) -> StructuredOutputs | None:
+        """A required or named tool call holds the output to the calls' JSON (serve/tools.py)."""
+        from specdec.serve.tools import plan
+
+        tools = plan(self)
+        if tools is None or tools.constraint is None:
+            return super().structured()
+        if (self.response_format is not None and self.response_format.type != "text") or self.structured_outputs is not None:
+            raise FieldError(f"tool_choice={self.tool_choice if isinstance(self.tool_choice, str) else 'a named function'!r} holds the "
+                             "output to the tool calls; drop response_format / structured_outputs or use tool_choice='auto'", "tool_choice")  # fmt: skip
+        try:
+            return tools.constraint
+        except InputError as e:
+            raise FieldError(f"tools: a function's parameters are not a usable JSON schema: {e}", "tools") from None
 
 
 class TokenizeRequest(_Body):
@@ -241,7 +296,6 @@ SEED_RANGE = (-(2**63), 2**63 - 1)  # vLLM's: a 64-bit signed integer
 # message field -> (values that mean "empty", why anything else is refused)
 _MESSAGE_OFF = {
     "refusal": ((None, ""), "a refusal is the model's own output; send it as content"),
-    "tool_calls": ((None, []), "tool calls are not supported"),
     "function_call": ((None,), "function calls are not supported"),
     "audio": ((None,), "audio is not supported"),
     "annotations": ((None, []), "annotations are not supported"),
@@ -288,6 +342,8 @@ def parse(cls: type[_Body], raw: Any) -> _Body:
         raise FieldError("send either prompt or messages to tokenize", "prompt")
     if isinstance(body, (TokenizeRequest, DetokenizeRequest)):
         return body
+    if isinstance(body, ChatCompletionRequest):
+        _check_tools(body)
     body.structured()  # a bad constraint is refused here, naming its field (its grammar is compiled on admission)
     top = body.logprobs if isinstance(body, CompletionRequest) else body.top_logprobs
     if top is not None and not 0 <= top <= MAX_LOGPROBS:
@@ -319,6 +375,19 @@ def parse(cls: type[_Body], raw: Any) -> _Body:
     if clash:
         raise FieldError(f"chat_template_kwargs: {clash} are set by the request itself; rename or remove them", "chat_template_kwargs")
     return body
+
+
+def _check_tools(body: ChatCompletionRequest) -> None:
+    names = [t.function.name for t in body.tools or ()]
+    if len(set(names)) < len(names):
+        raise FieldError(f"tools: function names must be unique; {sorted(n for n in set(names) if names.count(n) > 1)} appear twice", "tools")
+    choice = body.tool_choice
+    if choice not in (None, "none", "auto") and not names:
+        raise FieldError(f"tool_choice={choice if isinstance(choice, str) else 'a named function'!r} needs tools; send the functions in tools", "tool_choice")
+    if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
+        raise FieldError(f"tool_choice names function {choice.function.name!r}, which is not in tools ({', '.join(names)})", "tool_choice")
+    if body.tools and body.use_beam_search:
+        raise FieldError("tools with use_beam_search: beam search has no tool calls; drop one of them", "tools")
 
 
 # Fields beam search does not use, and their "off" values: a beam request setting one gets a 400.

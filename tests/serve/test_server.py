@@ -488,7 +488,7 @@ BAD = [  # (body or raw text, status, the field the message must name)
     ({"model": "tiny", "prompt": ["a"] * 33, "n": 2}, 400, "66 choices"),
     ({"model": "tiny", "prompt": "x", "max_tokens": 600}, 400, "max-seq-len"),
     ({"model": "tiny", "prompt": "x", "n": 0}, 400, "n=0"),
-    ({"model": "tiny", "prompt": "x", "response_format": {"type": "json_object"}}, 400, "response_format"),
+    ({"model": "tiny", "prompt": "x", "response_format": {"type": "json_schema"}}, 400, "json_schema.schema"),
     ({"model": "tiny", "prompt": "x", "best_of": 1, "n": 2}, 400, "best_of=1 is less than n=2"),
     ({"model": "tiny", "prompt": "x", "best_of": 3, "stream": True}, 400, "best_of=3 with stream"),
     ({"model": "tiny", "prompt": ["a"] * 20, "best_of": 4}, 400, "80 rows"),

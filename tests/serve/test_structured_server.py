@@ -100,3 +100,92 @@ def test_bad_constraints_are_400_naming_the_field(server, client, body, param, w
         assert err["param"] == param, err
     ok = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=5, temperature=0)  # the server still serves
     assert ok.choices[0].message.content is not None
+
+
+# -- tool calls --------------------------------------------------------------------------------
+
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
+                                      "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
+                                                                                      "unit": {"enum": ["c", "f"]}},
+                                                     "required": ["city", "unit"], "additionalProperties": False}}},
+    {"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {"a": {"type": "integer", "maximum": 999},
+                                                                                                      "b": {"type": "integer", "maximum": 999}},
+                                                                  "required": ["a", "b"], "additionalProperties": False}}},
+]  # fmt: skip
+PARAMS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+
+
+def test_named_and_required_tool_calls_are_held_to_their_schemas(client, decoder):
+    named = {"type": "function", "function": {"name": "add"}}
+    r = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=60, temperature=0, tools=TOOLS, tool_choice=named,
+                                       extra_body={"return_token_ids": True})  # fmt: skip
+    c = r.choices[0]
+    assert c.finish_reason == "tool_calls" and c.message.content is None, c
+    (tc,) = c.message.tool_calls
+    assert tc.type == "function" and tc.function.name == "add" and tc.id.startswith("call_")
+    jsonschema.validate(json.loads(tc.function.arguments), PARAMS["add"])
+    ref = decoder.generate(extra(r, "prompt_token_ids"), max_new_tokens=60, structured_outputs={"json": PARAMS["add"]})
+    assert extra(c, "token_ids") == ref.tokens and ref.text == tc.function.arguments
+    for parallel in (False, True):
+        r = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=120, temperature=1.0, seed=7, n=3, tools=TOOLS,
+                                           tool_choice="required", parallel_tool_calls=parallel)  # fmt: skip
+        for c in r.choices:
+            if c.finish_reason == "length":  # a tiny model may run out inside a call: its text is returned as content
+                assert c.message.content.startswith("[")
+                continue
+            assert c.finish_reason == "tool_calls" and c.message.tool_calls, c
+            assert parallel or len(c.message.tool_calls) == 1
+            for tc in c.message.tool_calls:
+                jsonschema.validate(json.loads(tc.function.arguments), PARAMS[tc.function.name])
+
+
+def test_a_streamed_tool_call_and_the_conversation_sent_back(client):
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    whole = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=60, temperature=0, tools=TOOLS, tool_choice=named)
+    stream = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=60, temperature=0, tools=TOOLS, tool_choice=named,
+                                            stream=True, stream_options={"include_usage": True})  # fmt: skip
+    chunks = list(stream)
+    calls = [tc for ch in chunks if ch.choices for tc in ch.choices[0].delta.tool_calls or []]
+    assert [(tc.function.name, tc.function.arguments) for tc in calls] == [(t.function.name, t.function.arguments) for t in whole.choices[0].message.tool_calls]
+    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == "tool_calls" and chunks[-1].usage.completion_tokens > 0
+    call = whole.choices[0].message.tool_calls[0]
+    convo = MESSAGES + [{"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+                        {"role": "tool", "tool_call_id": call.id, "content": "sunny, 21"}]  # fmt: skip
+    r = client.chat.completions.create(model="tiny", messages=convo, max_tokens=10, temperature=0, tools=TOOLS)  # auto: the model answers
+    assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    r = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=10, temperature=0, tools=TOOLS, tool_choice="none")
+    assert r.choices[0].message.tool_calls is None and r.choices[0].message.content is not None
+
+
+def test_auto_tool_calls_are_parsed_from_what_the_model_wrote():
+    from specdec.serve.tools import ToolPlan
+
+    auto = ToolPlan("auto", tuple(TOOLS))
+    msg, finish = auto.message('I will check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "c"}}\n</tool_call>', "stop")
+    assert finish == "tool_calls" and msg["content"] == "I will check." and json.loads(msg["tool_calls"][0]["function"]["arguments"])["city"] == "Oslo"
+    msg, finish = auto.message('[{"name": "add", "parameters": {"a": 1, "b": 2}}, {"name": "add", "arguments": "{\\"a\\": 3, \\"b\\": 4}"}]', "stop")
+    assert finish == "tool_calls" and [json.loads(c["function"]["arguments"])["a"] for c in msg["tool_calls"]] == [1, 3]
+    for text in ('{"name": "unknown_fn", "arguments": {}}', "Just text.", '<tool_call>{"name": "add", "arguments": 5}</tool_call>'):
+        msg, finish = auto.message(text, "stop")
+        assert finish == "stop" and msg["content"] == text and "tool_calls" not in msg
+    msg, finish = auto.message('<tool_call>{"name": "add", "arguments": {"a": 1', "length")  # cut by max_tokens: content
+    assert finish == "length" and "tool_calls" not in msg
+
+
+@pytest.mark.parametrize(
+    ("body", "words"),
+    [
+        ({"tool_choice": "required"}, "needs tools"),
+        ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "not in tools"),
+        ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "drop response_format"),
+        ({"tools": TOOLS + TOOLS[:1]}, "unique"),
+        ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools"),
+        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "bogus"}}}], "tool_choice": "required"}, "json"),
+    ],
+)
+def test_bad_tool_requests_are_400(server, body, words):
+    r = httpx.post(server.url + "/v1/chat/completions", headers={"Authorization": f"Bearer {KEY}"}, timeout=60,
+                   json={"model": "tiny", "messages": MESSAGES, "max_tokens": 5, **body})  # fmt: skip
+    assert r.status_code == 400, r.text
+    assert words in r.json()["error"]["message"], r.json()
