@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -221,7 +222,8 @@ class GrammarState:
         self.eos = np.asarray(eos, dtype=np.int64)
         self.done: list[int] = []
         self.words = np.full((1, (vocab + 31) // 32), -1, dtype=np.int32)  # [1, W] llguidance's bitmask
-        self.masks = 0  # masks computed (for the stats)
+        self.masks = 0  # masks computed
+        self.seconds = 0.0  # in masks and matcher steps (Stats.grammar_seconds)
 
     def sync(self, output: np.ndarray) -> bool:
         """Make the matcher's consumed tokens ``output`` (the tokens after the prompt); False
@@ -252,6 +254,13 @@ class GrammarState:
     def mask_chain(self, logits: np.ndarray, seq: np.ndarray, start: int) -> np.ndarray:
         """``logits`` [n, V] (float64, changed in place and returned) with row i masked by the
         grammar after seq[:start + i]."""
+        t0 = time.perf_counter()
+        try:
+            return self._mask_chain(logits, seq, start)
+        finally:
+            self.seconds += time.perf_counter() - t0
+
+    def _mask_chain(self, logits: np.ndarray, seq: np.ndarray, start: int) -> np.ndarray:
         p = self.prompt_len
         if not self.sync(seq[p:start]):
             return logits  # an invalid prefix: these rows follow a refused draft and are never read
@@ -264,6 +273,13 @@ class GrammarState:
     def mask_tree(self, logits: np.ndarray, seq: np.ndarray, length: int, tokens: Sequence[int], parents: Sequence[int]) -> np.ndarray:
         """A tree call's ``logits`` [n + 1, V] (float64, in place): row 0 masked after
         seq[:length], row i + 1 after seq[:length] and the path from the root to node i."""
+        t0 = time.perf_counter()
+        try:
+            return self._mask_tree(logits, seq, length, tokens, parents)
+        finally:
+            self.seconds += time.perf_counter() - t0
+
+    def _mask_tree(self, logits: np.ndarray, seq: np.ndarray, length: int, tokens: Sequence[int], parents: Sequence[int]) -> np.ndarray:
         before = seq[self.prompt_len : length]
         if not self.sync(before):
             return logits
@@ -280,9 +296,13 @@ class GrammarState:
     def forced(self, seq: np.ndarray, length: int, limit: int) -> list[int]:
         """Up to ``limit`` tokens the grammar forces after seq[:length] (llguidance's
         fast-forward tokens: its canonical tokenization of the forced bytes)."""
-        if limit < 1 or not self.sync(seq[self.prompt_len : length]):
-            return []
-        return self.matcher.compute_ff_tokens()[:limit]
+        t0 = time.perf_counter()
+        try:
+            if limit < 1 or not self.sync(seq[self.prompt_len : length]):
+                return []
+            return self.matcher.compute_ff_tokens()[:limit]
+        finally:
+            self.seconds += time.perf_counter() - t0
 
     def accepting(self, output: np.ndarray) -> bool:
         """Whether ``output`` is a complete match (the grammar allows it to end there)."""

@@ -240,4 +240,6 @@ class Engine:
         """The row leaves its slot; its handle ends with ``reason`` (and ``error``)."""
         self.rows.pop(r.slot, None)
         r.stats.total_seconds = clock() - r.sink.start_time
+        if r.req.grammar is not None:
+            r.stats.grammar_seconds = r.req.grammar.seconds
         r.sink._finish(reason, error)

@@ -56,6 +56,7 @@ class Stats:
     accept_seconds: float = 0.0
     total_seconds: float = 0.0
     finish_reason: str | None = None  # "eos" or "length"
+    grammar_seconds: float = 0.0  # structured outputs: time in the grammar (masks, matcher steps), part of the other times
     drafted_at: list[int] = field(default_factory=list)
     accepted_at: list[int] = field(default_factory=list)
     kept_rank: list[int] = field(default_factory=list)
