@@ -66,6 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--drafter", default=None, help="the speculative modes' drafter [default: the bundle's]")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=160)
+    ap.add_argument("--llamacpp", type=Path, default=None, metavar="GGUF",
+                    help="also run llama.cpp on this GGUF of the same weights (free and with its json_schema grammar), in its venv")
+    ap.add_argument("--threads", type=int, default=2, help="llama.cpp's threads")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
 
@@ -115,26 +118,70 @@ def main(argv: list[str] | None = None) -> int:
                      "tokens_per_call": new / calls if calls else None, "finished": finished if m.endswith("+json") else None,
                      "valid": valid if m.endswith("+json") else None,
                      "median_tok_s": statistics.median(s.new_tokens / (s.total_seconds - s.prefill_seconds) for s in stats)})  # fmt: skip
+    if args.llamacpp is not None:
+        rows += llamacpp_rows(args, prompts, jsonschema)
     by = {r["mode"]: r for r in rows}
     summary = {"json_over_free_spec": by["spec+json"]["tok_s"] / by["spec"]["tok_s"], "json_over_free_ar": by["ar+json"]["tok_s"] / by["ar"]["tok_s"],
                "spec_json_over_ar_json": by["spec+json"]["tok_s"] / by["ar+json"]["tok_s"],
                "grammar_share_ar": by["ar+json"]["grammar_share"], "valid": f"{by['ar+json']['valid'] + by['spec+json']['valid']}"
                f" / {by['ar+json']['finished'] + by['spec+json']['finished']}"}  # fmt: skip
+    if "llama.cpp+json" in by:
+        summary["spec_json_over_llamacpp_json"] = by["spec+json"]["tok_s"] / by["llama.cpp+json"]["tok_s"]
+        summary["ar_json_over_llamacpp_json"] = by["ar+json"]["tok_s"] / by["llama.cpp+json"]["tok_s"]
     head = (f"bundle {args.bundle}: {len(TASKS)} JSON-schema requests (tools/bench_structured.py TASKS) through the chat template x "
             f"{args.rounds} rounds, greedy, up to {args.tokens} new tokens, interleaved; drafter {drafter} at γ={gamma}")
     lines = [head, "", "| mode | drafter | γ | tok/s | ms/token | grammar share of decode | acceptance | tokens/call | ended (EOS) | valid |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         f = lambda x, fmt: "–" if x is None else format(x, fmt)  # noqa: E731
-        lines.append(f"| {r['mode']} | {r['drafter']} | {r['gamma']} | {r['tok_s']:.1f} | {r['ms_per_token']:.1f} | {r['grammar_share']:.1%} | "
+        lines.append(f"| {r['mode']} | {r['drafter']} | {r['gamma']} | {r['tok_s']:.1f} | {r['ms_per_token']:.1f} | {f(r['grammar_share'], '.1%')} | "
                      f"{f(r['acceptance'], '.3f')} | {f(r['tokens_per_call'], '.2f')} | {f(r['finished'], 'd')} | {f(r['valid'], 'd')} |")  # fmt: skip
     lines += ["", f"spec+json / spec: **{summary['json_over_free_spec']:.2f}x**; ar+json / ar: {summary['json_over_free_ar']:.2f}x; "
               f"spec+json / ar+json: {summary['spec_json_over_ar_json']:.2f}x; grammar share at γ = 0: {summary['grammar_share_ar']:.1%}; "
               f"valid outputs among those that ended: {summary['valid']}"]  # fmt: skip
+    if "spec_json_over_llamacpp_json" in summary:
+        lines += ["", f"spec+json / llama.cpp+json: **{summary['spec_json_over_llamacpp_json']:.2f}x**; "
+                  f"ar+json / llama.cpp+json: {summary['ar_json_over_llamacpp_json']:.2f}x (llama.cpp: {args.llamacpp.name}, "
+                  f"{args.threads} threads, its own JSON grammar from the same schemas)"]  # fmt: skip
     md = "\n".join(lines) + "\n"
     prov = write_results(args.out, md, {"rows": rows, "summary": summary})
     print(md + (footer(prov) if prov else ""))
     return 0
+
+
+def llamacpp_rows(args, prompts: list[list[int]], jsonschema) -> list[dict]:
+    """llama.cpp on the same prompt ids and schemas (specdec/bench/peers/workers/worker.py
+    llama-structured, in bench-peers' llama.cpp venv, made on first use)."""
+    import subprocess
+    import tempfile
+
+    from specdec.bench.peers.venv import LLAMACPP, WORKER, default_work, ensure_venv
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "runs.json"
+        spec = {"gguf": str(args.llamacpp), "prompts": prompts, "schemas": [s for _, s in TASKS], "tokens": args.tokens, "threads": args.threads,
+                "rounds": args.rounds, "out": str(out)}  # fmt: skip
+        subprocess.run([str(ensure_venv(LLAMACPP, default_work())), str(WORKER), "llama-structured", json.dumps(spec)], check=True)
+        got = json.loads(out.read_text())
+    rows = []
+    for mode in ("free", "json"):
+        runs = [r for r in got["runs"] if r["mode"] == mode]
+        new, decode = sum(r["new_tokens"] for r in runs), sum(r["decode_seconds"] for r in runs)
+        finished = valid = 0
+        for r in runs:
+            if mode == "json" and r["finish"] == "stop":
+                finished += 1
+                try:
+                    jsonschema.validate(json.loads(r["text"]), TASKS[r["i"]][1])
+                    valid += 1
+                except (ValueError, jsonschema.ValidationError):
+                    pass
+        rows.append({"mode": "llama.cpp" + ("+json" if mode == "json" else ""), "drafter": f"llama-cpp-python {got['version']}", "gamma": 0,
+                     "requests": len(runs), "new_tokens": new, "tok_s": new / decode, "ms_per_token": 1000 * decode / new, "grammar_share": None,
+                     "acceptance": None, "tokens_per_call": None, "finished": finished if mode == "json" else None,
+                     "valid": valid if mode == "json" else None,
+                     "median_tok_s": statistics.median(r["new_tokens"] / r["decode_seconds"] for r in runs)})  # fmt: skip
+    return rows
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ that peer's stack; ``specdec/bench/peers/__init__.py`` says what each mode is an
     worker.py gguf LLAMA_CPP_DIR MODEL_DIR OUTFILE {f32,q8_0,q4_0}  |  worker.py ov-tokenizer MODEL_DIR OUT_DIR
     worker.py llama-quantize SRC.gguf DST.gguf FTYPE  (llama.cpp's own quantizer; FTYPE a llama_ftype number)
     worker.py llama-quality SPEC_JSON  (tools/bench_quality.py's llama.cpp side; see llama_quality)
+    worker.py llama-structured SPEC_JSON  (tools/bench_structured.py's llama.cpp side; see llama_structured)
 """
 
 from __future__ import annotations
@@ -321,6 +322,34 @@ def llama_quality(spec: dict) -> int:
     return 0
 
 
+def llama_structured(spec: dict) -> int:
+    """tools/bench_structured.py's llama.cpp side: each of ``prompts`` (token ids) decoded greedily
+    up to ``tokens`` new tokens, free and held to its schema (``LlamaGrammar.from_json_schema``,
+    llama.cpp's grammar sampler), interleaved over ``rounds``; ``out`` gets one record per run:
+    {"i", "mode", "new_tokens", "decode_seconds" (wall time less the prompt's eval), "text", "finish"}."""
+    import llama_cpp
+    from llama_cpp import Llama, LlamaGrammar
+
+    n_ctx = max(len(p) for p in spec["prompts"]) + spec["tokens"] + 8
+    llm = Llama(model_path=spec["gguf"], n_ctx=n_ctx, n_batch=n_ctx, n_threads=spec["threads"], n_threads_batch=spec["threads"], verbose=False)
+    grammars = [LlamaGrammar.from_json_schema(json.dumps(s), verbose=False) for s in spec["schemas"]]
+    runs, items = [], [(i, mode) for i in range(len(spec["prompts"])) for mode in ("free", "json")]
+    for r in range(spec["rounds"]):
+        for i, mode in items if r % 2 == 0 else items[::-1]:
+            llm.reset()
+            llama_cpp.llama_perf_context_reset(llm._ctx.ctx)
+            t0 = time.perf_counter()
+            out = llm.create_completion(prompt=spec["prompts"][i], max_tokens=spec["tokens"], temperature=0.0,
+                                        grammar=grammars[i] if mode == "json" else None)  # fmt: skip
+            wall = time.perf_counter() - t0
+            perf = llama_cpp.llama_perf_context(llm._ctx.ctx)
+            choice = out["choices"][0]
+            runs.append({"i": i, "mode": mode, "new_tokens": out["usage"]["completion_tokens"], "decode_seconds": wall - perf.t_p_eval_ms / 1000,
+                         "text": choice["text"], "finish": choice["finish_reason"]})  # fmt: skip
+    Path(spec["out"]).write_text(json.dumps({"version": llama_cpp.__version__, "runs": runs}))
+    return 0
+
+
 def serve(kind: str, spec: dict) -> int:
     reply = os.fdopen(os.dup(1), "w", buffering=1)  # the real stdout; fd 1 becomes stderr, so library prints stay out of the replies
     os.dup2(2, 1)
@@ -347,4 +376,6 @@ if __name__ == "__main__":
         sys.exit(llama_quantize(*a[1:]))
     if len(a) == 2 and a[0] == "llama-quality":
         sys.exit(llama_quality(json.loads(a[1])))
+    if len(a) == 2 and a[0] == "llama-structured":
+        sys.exit(llama_structured(json.loads(a[1])))
     sys.exit(__doc__)
