@@ -40,7 +40,7 @@ from specdec.runtime.text import TextCodec
 from specdec.serve.chat import ChatTemplate
 from specdec.serve.limits import MAX_BODY, BodyLimit, loads
 from specdec.serve.metrics import Metrics
-from specdec.serve.tools import plan, stream_chunks, template_messages
+from specdec.serve.tools import plan, stream_chunks, template_messages, with_tools
 from specdec.serve.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, FieldError, TokenizeRequest, parse, prompts_of
 from specdec.serve.stops import StopStrings
 
@@ -162,7 +162,10 @@ class Chat:
             raise FieldError("messages: the bundle has no tokenizer to encode a chat; use /v1/completions with token ids", "messages")
         tools = plan(body)
         extra = {**(body.chat_template_kwargs or {}), **({"tools": list(tools.tools)} if tools else {})}
-        text = state.chat.render(template_messages(body.messages), body.add_generation_prompt, **extra)
+        messages = template_messages(body.messages)
+        if tools is not None and tools.mode == "auto":  # required and named calls are held to their schemas anyway
+            messages = with_tools(messages, tools, state.chat.source)
+        text = state.chat.render(messages, body.add_generation_prompt, **extra)
         return [state.codec.encode(text, special=False)]  # the template wrote the special tokens
 
     @staticmethod

@@ -7,6 +7,8 @@
                                            ``tool_calls`` (finish "tool_calls") or ``content``
     template_messages(messages)            messages as chat templates take them (tool calls'
                                            arguments as objects, tool results with their ids)
+    with_tools(messages, plan, template)   the functions described in the system message for
+                                           a template that renders no tools of its own
 
 As vLLM does it: ``tool_choice="required"`` holds the output to a JSON array of
 ``{"name", "arguments"}`` objects, one per call (at most one without ``parallel_tool_calls``),
@@ -137,6 +139,24 @@ def template_messages(messages) -> list[dict]:
                                 "function": {"name": c.function.name, "arguments": loads(c.function.arguments) or {}}} for c in m.tool_calls]  # fmt: skip
         out.append(d)
     return out
+
+
+TOOLS_PROMPT = ("You can call these functions:\n{tools}\n\nTo call one, reply with <tool_call>{{\"name\": <its name>, \"arguments\": "
+                "<an object of its arguments>}}</tool_call>, one block per call; otherwise answer in plain text.")
+
+
+def with_tools(messages: list[dict], plan: ToolPlan, template_source: str) -> list[dict]:
+    """``messages`` for a chat template that renders no ``tools`` of its own (SmolLM2's, and most
+    base models'): the functions described in the system message, in the ``<tool_call>`` format
+    ``parse_auto`` reads, as llama.cpp's server does for such templates. A template that uses
+    ``tools`` gets the messages as they are. (For "auto" only: a required or named call is
+    held to its schema whatever the prompt says.)"""
+    if "tools" in template_source:
+        return messages
+    text = TOOLS_PROMPT.format(tools="\n".join(json.dumps(t["function"], ensure_ascii=False) for t in plan.tools))
+    if messages and messages[0]["role"] == "system":
+        return [{**messages[0], "content": f"{messages[0]['content']}\n\n{text}"}, *messages[1:]]
+    return [{"role": "system", "content": text}, *messages]
 
 
 def stream_chunks(out: dict, include_usage: bool) -> list[dict]:

@@ -152,7 +152,8 @@ def test_a_streamed_tool_call_and_the_conversation_sent_back(client):
     call = whole.choices[0].message.tool_calls[0]
     convo = MESSAGES + [{"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
                         {"role": "tool", "tool_call_id": call.id, "content": "sunny, 21"}]  # fmt: skip
-    r = client.chat.completions.create(model="tiny", messages=convo, max_tokens=10, temperature=0, tools=TOOLS)  # auto: the model answers
+    small = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]  # the tiny tokenizer spends ~4 tokens a word
+    r = client.chat.completions.create(model="tiny", messages=convo, max_tokens=10, temperature=0, tools=small)  # auto: the model answers
     assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")
     r = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=10, temperature=0, tools=TOOLS, tool_choice="none")
     assert r.choices[0].message.tool_calls is None and r.choices[0].message.content is not None
@@ -189,3 +190,23 @@ def test_bad_tool_requests_are_400(server, body, words):
                    json={"model": "tiny", "messages": MESSAGES, "max_tokens": 5, **body})  # fmt: skip
     assert r.status_code == 400, r.text
     assert words in r.json()["error"]["message"], r.json()
+
+
+def test_a_template_without_tools_gets_them_in_the_system_message():
+    """SmolLM2's template (and the test models') renders no ``tools``: the functions are described
+    in the system message, in the format auto calls are parsed from; a template that renders
+    ``tools`` itself gets the messages unchanged."""
+    from models import CHAT_TEMPLATE
+
+    from specdec.serve.chat import ChatTemplate
+    from specdec.serve.tools import ToolPlan, with_tools
+
+    auto = ToolPlan("auto", tuple(TOOLS))
+    chat = ChatTemplate(CHAT_TEMPLATE, "<s>", "</s>", "test")
+    for messages in (MESSAGES, [{"role": "system", "content": "Be brief."}, *MESSAGES]):
+        text = chat.render(with_tools(messages, auto, CHAT_TEMPLATE), tools=list(auto.tools))
+        assert '"name": "get_weather"' in text and "<tool_call>" in text and text.count("system") == 1
+        assert "Describe a stack" in text and (messages is MESSAGES or "Be brief." in text)
+    native = "{% for t in tools %}{{ t.function.name }}{% endfor %}{% for m in messages %}{{ m.content }}{% endfor %}"
+    assert with_tools(MESSAGES, auto, native) == MESSAGES
+    assert ChatTemplate(native, "", "", "native").render(MESSAGES, tools=list(auto.tools)).startswith("get_weatheradd")
