@@ -3,7 +3,8 @@
     python tools/bench_structured.py BUNDLE [--drafter D] [--rounds 2] [--tokens 160] [--out docs/bench/structured/NAME]
 
 Eight everyday extraction requests (``TASKS``: a person, a recipe, an event, a tool call's
-arguments, ...) through the bundle's chat template, each with its JSON schema. Four modes per
+arguments, ...) through the bundle's chat template (plain text without one), each with its JSON
+schema. Four modes per
 request, interleaved (``specdec.bench.sweep.interleaved``), greedy:
 
     ar        γ = 0, free text                 ar+json      γ = 0, held to the schema
@@ -79,7 +80,11 @@ def main(argv: list[str] | None = None) -> int:
 
     dec = SpeculativeDecoder.load(args.bundle, drafter=args.drafter)
     chat = bundle_template(args.bundle, dec.manifest, dec.codec)
-    prompts = [dec.codec.encode(chat.render([{"role": "user", "content": text + " Answer with JSON only."}]), special=False) for text, _ in TASKS]
+    ask = [text + " Answer with JSON only." for text, _ in TASKS]
+    if chat is not None:
+        prompts = [dec.codec.encode(chat.render([{"role": "user", "content": t}]), special=False) for t in ask]
+    else:  # a bundle without a chat template (the demo pair): the request as plain text
+        prompts = [dec.codec.encode(t + "\n") for t in ask]
     runs: dict[str, list] = {m: [] for m in MODES}
 
     def go(mode: str, i: int):
