@@ -1,6 +1,6 @@
 """Structured outputs on a real bundle: validity, the grammar's cost, and what speculation gives.
 
-    python tools/bench_structured.py BUNDLE [--drafter D] [--rounds 2] [--tokens 160] [--out docs/bench/structured/NAME]
+    python tools/bench_structured.py BUNDLE [--drafter D] [--gamma G] [--rounds 2] [--tokens 160] [--llamacpp GGUF] [--out DIR]
 
 Eight everyday extraction requests (``TASKS``: a person, a recipe, an event, a tool call's
 arguments, ...) through the bundle's chat template (plain text without one), each with its JSON
@@ -65,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("bundle", type=Path)
     ap.add_argument("--drafter", default=None, help="the speculative modes' drafter [default: the bundle's]")
+    ap.add_argument("--gamma", type=int, default=None, help="the speculative modes' γ [default: the bundle's for its drafter]")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=160)
     ap.add_argument("--llamacpp", type=Path, default=None, metavar="GGUF",
@@ -91,6 +92,8 @@ def main(argv: list[str] | None = None) -> int:
         kw = {"max_new_tokens": args.tokens}
         if mode.startswith("ar"):
             kw["gamma"] = 0
+        elif args.gamma is not None:
+            kw["gamma"] = args.gamma
         if mode.endswith("+json"):
             kw["structured_outputs"] = {"json": TASKS[i][1]}
         return dec.generate(prompts[i], **kw)
