@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     if "llama.cpp+json" in by:
         summary["spec_json_over_llamacpp_json"] = by["spec+json"]["tok_s"] / by["llama.cpp+json"]["tok_s"]
         summary["ar_json_over_llamacpp_json"] = by["ar+json"]["tok_s"] / by["llama.cpp+json"]["tok_s"]
-    head = (f"bundle {args.bundle}: {len(TASKS)} JSON-schema requests (tools/bench_structured.py TASKS) through the chat template x "
+    head = (f"bundle {args.bundle}: {len(TASKS)} JSON-schema requests (tools/bench_structured.py TASKS) {'through the chat template' if chat else 'as text'} x "
             f"{args.rounds} rounds, greedy, up to {args.tokens} new tokens, interleaved; drafter {drafter} at γ={gamma}")
     lines = [head, "", "| mode | drafter | γ | tok/s | ms/token | grammar share of decode | acceptance | tokens/call | ended (EOS) | valid |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
