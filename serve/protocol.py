@@ -84,6 +84,7 @@ class JsonSchemaFormat(_Body):
 class ResponseFormat(_Body):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")  # llama.cpp's server: json_object with a schema
 
 
 class _Sampling(_Body):
@@ -103,6 +104,13 @@ class _Sampling(_Body):
     n: int | None = 1  # choices per prompt; choice j of a seeded request draws from seed + j
     response_format: ResponseFormat | None = None  # text, json_object or json_schema (constrained decoding)
     structured_outputs: dict[str, Any] | None = None  # vLLM's extension: one of json, regex, choice, grammar, json_object
+    # the older names clients still send: vLLM's guided_* and llama.cpp's server's json_schema / grammar (GBNF)
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: Annotated[list[str], Field(max_length=4096)] | None = None
+    guided_grammar: str | None = None
+    json_schema: dict[str, Any] | None = None
+    grammar: str | None = None
     # Applied to the target's and the draft's rows alike (runtime/penalties.py), so output stays the target's:
     presence_penalty: float | None = 0.0
     frequency_penalty: float | None = 0.0
@@ -137,23 +145,27 @@ class _Sampling(_Body):
         """The request's constraint: ``response_format`` (OpenAI's) or ``structured_outputs``
         (vLLM's), not both; a ``FieldError`` names the field that is wrong."""
         fmt, so = self.response_format, self.structured_outputs
-        asked = fmt is not None and fmt.type != "text"
-        if asked and so is not None:
-            raise FieldError("response_format and structured_outputs both constrain the output; send one of them", "structured_outputs")
+        aliases = {name: getattr(self, name) for name in ALIASES if getattr(self, name) is not None}
+        given = (["response_format"] if fmt is not None and fmt.type != "text" else []) + (["structured_outputs"] if so is not None else []) + list(aliases)
+        if len(given) > 1:
+            raise FieldError(f"{' and '.join(given)} all constrain the output; send one of them", given[-1])
+        if not given:
+            return None
         try:
+            if aliases:
+                (name, value), = aliases.items()
+                return StructuredOutputs(**{ALIASES[name]: value})
             if so is not None:
                 return StructuredOutputs.of(so)
-            if not asked:
-                return None
             if fmt.type == "json_object":
-                return StructuredOutputs(json_object=True)
+                return StructuredOutputs(json=fmt.schema_) if fmt.schema_ is not None else StructuredOutputs(json_object=True)
             if fmt.json_schema is None or fmt.json_schema.schema_ is None:
                 raise FieldError("response_format type 'json_schema' needs json_schema.schema (the JSON schema the output follows)", "response_format")
             return StructuredOutputs(json=fmt.json_schema.schema_)
         except FieldError:
             raise
         except InputError as e:
-            raise FieldError(str(e), "structured_outputs" if so is not None else "response_format") from None
+            raise FieldError(str(e), given[0]) from None
 
     @property
     def stops(self) -> list[str]:
@@ -288,6 +300,9 @@ class DetokenizeRequest(_Body):
     tokens: _Ids
 
 
+# older constraint fields -> the StructuredOutputs field each one is
+ALIASES = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar", "json_schema": "json",
+           "grammar": "grammar"}  # fmt: skip
 # field -> (values that mean "off", what to do instead)
 _OFF = {
     "suffix": ((None,), "insertion is not supported"),
@@ -394,7 +409,7 @@ def _check_tools(body: ChatCompletionRequest) -> None:
 BEAM_OFF = {"stream": (False, None), "logprobs": (None, False), "top_logprobs": (None,), "echo": (False, None), "top_p": (1.0, None),
             "top_k": (None, 0, -1), "min_p": (0.0, None), "min_tokens": (0, None), "presence_penalty": (0.0, None),
             "frequency_penalty": (0.0, None), "repetition_penalty": (1.0, None), "logit_bias": (None,), "stop": (None, []),
-            "structured_outputs": (None,)}  # fmt: skip
+            "structured_outputs": (None,), **{name: (None,) for name in ALIASES}}  # fmt: skip
 
 
 def _check_beam_fields(body) -> None:

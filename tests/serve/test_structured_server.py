@@ -76,6 +76,19 @@ def test_json_object_regex_choice_and_sampled_choices_all_validate(client, decod
             jsonschema.validate(json.loads(c.message.content), SCHEMA)
 
 
+def test_the_older_constraint_fields_clients_still_send(client, decoder):
+    """vLLM's guided_* fields and llama.cpp's server's json_schema / grammar / response_format
+    schema hold the output as structured_outputs does, token for token."""
+    choices, regex, gbnf = ["push", "pop"], "[a-z]{2,5}-[0-9]{2}", 'root ::= "n" [0-9] [0-9]?'
+    cases = [({"guided_choice": choices}, {"choice": choices}), ({"guided_regex": regex}, {"regex": regex}),
+             ({"guided_json": SCHEMA}, {"json": SCHEMA}), ({"json_schema": SCHEMA}, {"json": SCHEMA}), ({"grammar": gbnf}, {"grammar": gbnf}),
+             ({"response_format": {"type": "json_object", "schema": SCHEMA}}, {"json": SCHEMA})]  # fmt: skip
+    for body, spec in cases:
+        r = client.completions.create(model="tiny", prompt="class Stack:\n", max_tokens=60, temperature=0, extra_body={**body, "return_token_ids": True})
+        ref = decoder.generate(extra(r, "prompt_token_ids"), max_new_tokens=60, structured_outputs=spec)
+        assert extra(r.choices[0], "token_ids") == ref.tokens, body
+
+
 @pytest.mark.parametrize(
     ("body", "param", "words"),
     [
@@ -86,6 +99,8 @@ def test_json_object_regex_choice_and_sampled_choices_all_validate(client, decod
         ({"structured_outputs": {"regex": "a", "choice": ["b"]}}, "structured_outputs", "exactly one"),
         ({"structured_outputs": {"whitespace": "x"}}, "structured_outputs", "not a field"),
         ({"structured_outputs": {"grammar": "start: nothing_defined"}}, "structured_outputs", "grammar"),
+        ({"guided_regex": "a", "guided_choice": ["b"]}, "guided_choice", "send one"),
+        ({"guided_json": "{not json"}, "guided_json", "not valid JSON"),
         ({"response_format": {"type": "json_object"}, "ignore_eos": True}, None, "ignore_eos"),
         ({"response_format": {"type": "json_object"}, "use_beam_search": True, "n": 2, "temperature": 0}, "response_format", "beam"),
     ],
