@@ -204,7 +204,9 @@ class Grammars:
         grammar = spec.grammar_text()
         template = LLMatcher(self.tokenizer, grammar, log_level=0, limits=self.limits)
         if template.is_error():
-            raise InputError(f"structured_outputs.{spec.kind} was refused: {one_line(template.get_error())}")
+            error = one_line(template.get_error())
+            hint = "; remove those keywords from the schema (they cannot be enforced while decoding)" if "Unimplemented keys" in error else ""
+            raise InputError(f"structured_outputs.{spec.kind} was refused: {error}{hint}")
         with self.lock:
             self.cache[spec.key] = template
             while len(self.cache) > CACHE_SIZE:

@@ -193,6 +193,7 @@ def test_length_inside_a_structure_and_bad_specs(family_bundle):
         (dict(grammar="start: undefined_rule"), "grammar"),
         (dict(choice=[]), "choice"),
         (dict(json={"type": "no-such-type"}), "json"),
+        (dict(json={"type": "array", "items": {"type": "integer"}, "uniqueItems": True}), "remove those keywords"),
     ]
     for fields, words in bad:
         with pytest.raises(InputError, match=words) as e:
