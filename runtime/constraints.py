@@ -27,12 +27,14 @@ import json
 import threading
 import time
 from collections import OrderedDict
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
 
 from specdec.errors import ConfigError, InputError
+from specdec.runtime.tree import path_to
 
 # JSON as Python's json.dumps writes it (", " and ": "), no free whitespace: a small model left
 # free whitespace can emit newlines until max_tokens; a fixed layout costs no validity
@@ -224,7 +226,6 @@ class GrammarState:
         self.eos = np.asarray(eos, dtype=np.int64)
         self.done: list[int] = []
         self.words = np.full((1, (vocab + 31) // 32), -1, dtype=np.int32)  # [1, W] llguidance's bitmask
-        self.masks = 0  # masks computed
         self.seconds = 0.0  # in masks and matcher steps (Stats.grammar_seconds)
 
     def sync(self, output: np.ndarray) -> bool:
@@ -247,64 +248,53 @@ class GrammarState:
         """[V] bool: the tokens the grammar allows after what the matcher consumed; the stop
         tokens when it allows nothing (a finished grammar whose EOS was already drawn)."""
         self.matcher.unsafe_compute_mask_ptr(self.words.ctypes.data, self.words.nbytes)
-        self.masks += 1
         ok = np.unpackbits(self.words.view(np.uint8), bitorder="little")[: self.vocab].astype(bool)  # [V]
         if not ok.any():
             ok[self.eos] = True
         return ok
 
-    def mask_chain(self, logits: np.ndarray, seq: np.ndarray, start: int) -> np.ndarray:
-        """``logits`` [n, V] (float64, changed in place and returned) with row i masked by the
-        grammar after seq[:start + i]."""
+    @contextmanager
+    def timed(self):
+        """Counts the time inside into ``seconds``."""
         t0 = time.perf_counter()
         try:
-            return self._mask_chain(logits, seq, start)
+            yield
         finally:
             self.seconds += time.perf_counter() - t0
 
-    def _mask_chain(self, logits: np.ndarray, seq: np.ndarray, start: int) -> np.ndarray:
+    def mask_chain(self, logits: np.ndarray, seq: np.ndarray, start: int) -> np.ndarray:
+        """``logits`` [n, V] (float64, changed in place and returned) with row i masked by the
+        grammar after seq[:start + i]."""
         p = self.prompt_len
-        if not self.sync(seq[p:start]):
-            return logits  # an invalid prefix: these rows follow a refused draft and are never read
-        for i in range(logits.shape[0]):
-            if i and not self.sync(seq[p : start + i]):
-                break
-            logits[i, ~self.allowed()] = -np.inf
+        with self.timed():
+            if not self.sync(seq[p:start]):
+                return logits  # an invalid prefix: these rows follow a refused draft and are never read
+            for i in range(logits.shape[0]):
+                if i and not self.sync(seq[p : start + i]):
+                    break
+                logits[i, ~self.allowed()] = -np.inf
         return logits
 
     def mask_tree(self, logits: np.ndarray, seq: np.ndarray, length: int, tokens: Sequence[int], parents: Sequence[int]) -> np.ndarray:
         """A tree call's ``logits`` [n + 1, V] (float64, in place): row 0 masked after
         seq[:length], row i + 1 after seq[:length] and the path from the root to node i."""
-        t0 = time.perf_counter()
-        try:
-            return self._mask_tree(logits, seq, length, tokens, parents)
-        finally:
-            self.seconds += time.perf_counter() - t0
-
-    def _mask_tree(self, logits: np.ndarray, seq: np.ndarray, length: int, tokens: Sequence[int], parents: Sequence[int]) -> np.ndarray:
         before = seq[self.prompt_len : length]
-        if not self.sync(before):
-            return logits
-        logits[0, ~self.allowed()] = -np.inf
-        for i in range(len(tokens)):
-            path, j = [], i
-            while j >= 0:
-                path.append(tokens[j])
-                j = parents[j]
-            if self.sync(np.concatenate([before, np.asarray(path[::-1], dtype=seq.dtype)])):
-                logits[i + 1, ~self.allowed()] = -np.inf
+        with self.timed():
+            if not self.sync(before):
+                return logits
+            logits[0, ~self.allowed()] = -np.inf
+            for i in range(len(tokens)):
+                if self.sync(np.concatenate([before, np.asarray(path_to(tokens, parents, i), dtype=seq.dtype)])):
+                    logits[i + 1, ~self.allowed()] = -np.inf
         return logits
 
     def forced(self, seq: np.ndarray, length: int, limit: int) -> list[int]:
         """Up to ``limit`` tokens the grammar forces after seq[:length] (llguidance's
         fast-forward tokens: its canonical tokenization of the forced bytes)."""
-        t0 = time.perf_counter()
-        try:
+        with self.timed():
             if limit < 1 or not self.sync(seq[self.prompt_len : length]):
                 return []
             return self.matcher.compute_ff_tokens()[:limit]
-        finally:
-            self.seconds += time.perf_counter() - t0
 
     def accepting(self, output: np.ndarray) -> bool:
         """Whether ``output`` is a complete match (the grammar allows it to end there)."""

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from specdec.runtime.tree import path_to
+
 
 @dataclass(frozen=True)
 class Penalties:
@@ -75,9 +77,5 @@ def penalize_tree(logits: np.ndarray, pen: Penalties, prompt_seen: np.ndarray, s
     before = seq[prompt_len:length]
     penalize(out[0], pen, prompt_seen, before)
     for i in range(len(tokens)):
-        path, j = [], i
-        while j >= 0:
-            path.append(tokens[j])
-            j = parents[j]
-        penalize(out[i + 1], pen, prompt_seen, np.concatenate([before, np.asarray(path[::-1], dtype=seq.dtype)]))
+        penalize(out[i + 1], pen, prompt_seen, np.concatenate([before, np.asarray(path_to(tokens, parents, i), dtype=seq.dtype)]))
     return out

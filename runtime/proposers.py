@@ -48,8 +48,8 @@ class Proposer(Protocol):
 class DraftModel:
     """The bundle's draft model for all rows (see the module docstring)."""
 
-    def __init__(self, draft: Executor, gamma: int, max_tokens: int, fused: bool = True):
-        self.draft, self.gamma, self.max_tokens, self.use_fused = draft, gamma, max_tokens, fused
+    def __init__(self, draft: Executor, gamma: int, fused: bool = True):
+        self.draft, self.gamma, self.use_fused = draft, gamma, fused
         self.name = "model" if fused else "model-steps"
 
     @property

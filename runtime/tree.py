@@ -68,6 +68,15 @@ def children_of(parents: np.ndarray) -> list[list[int]]:
     return out
 
 
+def path_to(tokens: Sequence[int], parents: Sequence[int], i: int) -> list[int]:
+    """The tokens from the root's first child down to node i (node i's prefix past the root)."""
+    path = []
+    while i >= 0:
+        path.append(tokens[i])
+        i = parents[i]
+    return path[::-1]
+
+
 def depths(parents: Sequence[int]) -> list[int]:
     """Each node's depth: 1 under the root, 1 + its parent's below (parents in topological order)."""
     out: list[int] = []

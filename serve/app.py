@@ -560,12 +560,13 @@ def build_app(state: ServerState, lifespan=None) -> FastAPI:
         if spec is None:
             return
         engine = state.ready()
+        field = body.constraint_field()
         if state.codec is None:
-            raise Refused(400, "structured outputs need the bundle's tokenizer, which this bundle lacks", param="response_format")
+            raise Refused(400, "structured outputs need the bundle's tokenizer, which this bundle lacks", param=field)
         try:
             await asyncio.to_thread(lambda: state.codec.grammars(engine.limits).matcher(spec))
         except ValueError as e:  # specdec's InputError and ConfigError are ValueErrors
-            raise Refused(400, str(e), param="structured_outputs" if body.structured_outputs is not None else "response_format") from None
+            raise Refused(400, str(e), param=field) from None
 
     def admit(body, kind) -> list[Handle]:
         """Submit a parsed request (``read``), one handle per choice (prompt i's choice j at

@@ -141,12 +141,19 @@ class _Sampling(_Body):
             structured_outputs=self.structured(),
         )
 
+    def constraint_fields(self) -> list[str]:
+        """The fields of the request that constrain its output (at most one may)."""
+        fmt = self.response_format
+        return ((["response_format"] if fmt is not None and fmt.type != "text" else []) + (["structured_outputs"] if self.structured_outputs is not None else [])
+                + [name for name in ALIASES if getattr(self, name) is not None])  # fmt: skip
+
     def structured(self) -> StructuredOutputs | None:
-        """The request's constraint: ``response_format`` (OpenAI's) or ``structured_outputs``
-        (vLLM's), not both; a ``FieldError`` names the field that is wrong."""
+        """The request's constraint: ``response_format`` (OpenAI's), ``structured_outputs``
+        (vLLM's) or an older name of one (``ALIASES``), one of them; a ``FieldError`` names the
+        field that is wrong."""
         fmt, so = self.response_format, self.structured_outputs
         aliases = {name: getattr(self, name) for name in ALIASES if getattr(self, name) is not None}
-        given = (["response_format"] if fmt is not None and fmt.type != "text" else []) + (["structured_outputs"] if so is not None else []) + list(aliases)
+        given = self.constraint_fields()
         if len(given) > 1:
             raise FieldError(f"{' and '.join(given)} all constrain the output; send one of them", given[-1])
         if not given:
@@ -166,6 +173,10 @@ class _Sampling(_Body):
             raise
         except InputError as e:
             raise FieldError(str(e), given[0]) from None
+
+    def constraint_field(self) -> str | None:
+        """The field a constraint's error names (None: no constraint)."""
+        return next(iter(self.constraint_fields()), None)
 
     @property
     def stops(self) -> list[str]:
@@ -273,13 +284,20 @@ class ChatCompletionRequest(_Sampling):
         tools = plan(self)
         if tools is None or tools.constraint is None:
             return super().structured()
-        if (self.response_format is not None and self.response_format.type != "text") or self.structured_outputs is not None:
+        if self.constraint_fields():
             raise FieldError(f"tool_choice={self.tool_choice if isinstance(self.tool_choice, str) else 'a named function'!r} holds the "
-                             "output to the tool calls; drop response_format / structured_outputs or use tool_choice='auto'", "tool_choice")  # fmt: skip
+                             f"output to the tool calls; drop {' / '.join(self.constraint_fields())} or use tool_choice='auto'", "tool_choice")  # fmt: skip
         try:
             return tools.constraint
         except InputError as e:
             raise FieldError(f"tools: a function's parameters are not a usable JSON schema: {e}", "tools") from None
+
+    def constraint_field(self) -> str | None:
+        """The field a constraint's error names: ``tools`` for a required or named call."""
+        from specdec.serve.tools import plan
+
+        tools = plan(self)
+        return "tools" if tools is not None and tools.constraint is not None else super().constraint_field()
 
 
 class TokenizeRequest(_Body):
