@@ -50,7 +50,11 @@ class KVCache:
             return np.zeros(self.shape, dtype=self.dtype)  # [1, kvH, MAX, D]
         import onnxruntime as ort
 
-        return ort.OrtValue.ortvalue_from_shape_and_type(list(self.shape), self.dtype, self.memory, 0)
+        buf = ort.OrtValue.ortvalue_from_shape_and_type(list(self.shape), self.dtype, self.memory, 0)
+        # Zeroed once: fresh device memory holds old bytes, and CUDA's float16 GroupQueryAttention
+        # reads rows past the valid ones, where a NaN poisons the output (measured on an H100).
+        buf.update_inplace(np.zeros(self.shape, dtype=self.dtype))  # [1, kvH, MAX, D]
+        return buf
 
     def pointers(self) -> list[tuple[int, int]]:
         """(key, value) data pointers per layer, for I/O binding."""

@@ -11,6 +11,9 @@ differs from the last one's, with the same memory.
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import io
 import warnings
 from pathlib import Path
 from typing import Sequence
@@ -321,10 +324,28 @@ def open_session(
         # one message per dtype, not per graph: Python shows it once for the whole bundle
         warnings.warn(f"a {kv} bundle on CUDA: GroupQueryAttention has no {kv} CUDA kernel, so attention runs on the CPU and the KV "
                       "crosses to the host every call; export with --dtype float16 for the GPU", RuntimeWarning, stacklevel=2)  # fmt: skip
+    if provider == "cuda":
+        _preload_cuda()
     options = ThreadPolicy.of(threads).session_options()
     session = ort.InferenceSession(str(bundle / spec.file), options, providers=PROVIDERS[provider])
+    if first not in session.get_providers():  # ORT logs the failed load and goes on with the CPU alone
+        raise EngineError(
+            f"provider {provider!r}: ONNX Runtime could not start {first} for graph {name} (its log above names the missing library, "
+            "e.g. cuBLAS or cuDNN); install the CUDA 13 libraries (pip install 'specdec[gpu]' brings them) or use provider='cpu'"
+        )
     check_signature(name, session, spec)
     return session
+
+
+@functools.cache
+def _preload_cuda() -> None:
+    """Load the CUDA and cuDNN libraries from NVIDIA's pip wheels (what torch installs) before the
+    CUDA provider looks for them: without it, on a machine whose CUDA comes only from pip, the
+    provider fails to load (the H100 image did, unless torch was imported first)."""
+    preload = getattr(ort, "preload_dlls", None)  # onnxruntime >= 1.21
+    if preload is not None:  # it prints what it skips or misses; the session's own load error names the library that matters
+        with contextlib.suppress(Exception), contextlib.redirect_stdout(io.StringIO()):
+            preload()
 
 
 def provider_name(provider: str) -> str:

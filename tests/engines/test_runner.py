@@ -15,6 +15,7 @@ import sys
 import textwrap
 
 import numpy as np
+import onnxruntime as ort
 import pytest
 
 pytest.importorskip("torch")  # the llama_bundle fixture exports with torch
@@ -232,6 +233,17 @@ def test_open_session_refuses_unknown_provider(bundle):
     with pytest.raises(EngineError) as e:
         open_session(out, *manifest.graph("target", "dynamic"), provider="tpu")
     assert "tpu" in one_line(e)
+
+
+def test_open_session_refuses_a_cuda_provider_that_did_not_load(bundle, monkeypatch):
+    """onnxruntime-gpu whose CUDA libraries are missing lists the CUDA provider, then falls back to
+    the CPU alone with an error in its log (on the H100 image, unless torch was imported first):
+    a typed error naming the fix, not a CPU run over a cache that expects the GPU."""
+    out, manifest, _ = bundle
+    monkeypatch.setattr(ort, "get_available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])  # a GPU build here
+    with pytest.warns(RuntimeWarning), pytest.raises(EngineError) as e:  # float32 on CUDA warns first
+        open_session(out, *manifest.graph("target", "dynamic"), provider="cuda")
+    assert "could not start CUDAExecutionProvider" in one_line(e) and "provider='cpu'" in one_line(e)
 
 
 @pytest.mark.parametrize(

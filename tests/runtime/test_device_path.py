@@ -55,6 +55,28 @@ def test_a_tree_drafter_on_device_buffers_is_refused_by_name(family_bundle, monk
         SpeculativeDecoder.load(family_bundle[3], drafter="lookup-tree")
 
 
+def test_device_kv_buffers_start_zeroed(monkeypatch):
+    """Fresh device memory holds whatever was there; CUDA's float16 attention reads cache rows
+    past the valid ones, and a NaN there turned greedy output wrong from the first token on
+    the H100 (tools/gpu/diag_kv.py: a cache filled with NaN before each prompt gives wrong
+    tokens, zeros or finite garbage the right ones). So every device buffer is zeroed when made."""
+    import numpy as np
+
+    from specdec.engines.kv import KVCache
+
+    made = ort.OrtValue.ortvalue_from_shape_and_type
+
+    def garbage(shape, dtype, memory, device_id):  # what fresh device memory may hold
+        value = made(shape, dtype, memory, device_id)
+        value.update_inplace(np.full(shape, np.nan, dtype=dtype))
+        return value
+
+    monkeypatch.setattr(ort.OrtValue, "ortvalue_from_shape_and_type", staticmethod(garbage))
+    assert np.isnan(ort.OrtValue.ortvalue_from_shape_and_type([2, 3], np.float16, "cpu", 0).numpy()).all()  # the patch bites
+    cache = KVCache(2, 3, 16, 4, "float16", device="ortvalue")
+    assert all(not b.numpy().any() for b in (*cache.keys, *cache.values))
+
+
 def test_stale_memories_follow_where_the_graph_reads_its_inputs():
     """ORT copies a bound input to the device that reads it at bind time: what must be bound
     again before each run depends on where the cache lives and where attention runs."""
