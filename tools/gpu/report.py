@@ -65,7 +65,8 @@ def speed_rows(stages: dict) -> tuple[list[dict], list[dict]]:
         for mode, d in r["single"].items():
             if "tok_s" in d:
                 acc = "–" if d["acceptance"] is None else f"{d['acceptance']:.2f}"
-                single.append({"bundle": bundle, "mode": "autoregressive" if mode == "ar" else mode, "tok_s": d["tok_s"], "speedup": d["speedup"], "acceptance": acc})
+                single.append({"bundle": bundle, "mode": "autoregressive" if mode == "ar" else mode, "tok_s": d["tok_s"], "speedup": d["speedup"], "acceptance": acc,
+                               "load_average": round(r.get("load_average", float("nan")), 1)})  # fmt: skip
         for label, d in r["batch"].items():
             if "tok_s" in d:
                 rows, _, mode = label.split(" ")
@@ -84,6 +85,7 @@ def peer_rows(stages: dict, single: list[dict]) -> list[dict]:
         best = max((s for s in ours if s["mode"] != "autoregressive"), key=lambda s: s["tok_s"], default=None)
         ar = next((s for s in ours if s["mode"] == "autoregressive"), None)
         rows.append({"bundle": bundle, "dtype": r["dtype"], "transformers": r["generate"]["tok_s"], "assisted": r["assisted"]["tok_s"],
+                     "load_average": round(r.get("load_average", float("nan")), 1),
                      "assisted_same_tokens": _count(r["assisted_equals_generate"]),
                      "specdec_ar": ar["tok_s"] if ar else "–", "specdec_best": f"{best['tok_s']} ({best['mode']})" if best else "–",
                      "vs_assisted": round(best["tok_s"] / r["assisted"]["tok_s"], 2) if best else "–"})  # fmt: skip
