@@ -456,9 +456,11 @@ SYNTHETIC_OPTION = click.option(
 @click.option("--rounds", default=2, show_default=True, type=int)
 @click.option("--threads", default=None, type=int, help="ONNX Runtime intra-op threads per model session [default: one per core].")
 @click.option("--out", default=None, type=click.Path(file_okay=False, path_type=Path), help="Write results.md, results.json and bench.png here.")
+@click.option("--op-split", is_flag=True, help="First profile the target's calls (1 token, and a verify's k) and print where their time goes: MatMul, attention, other ops.")
 @SYNTHETIC_OPTION
 def bench_cmd(bundle: Path, gammas: str | None, drafters: str, adaptive: bool, temperatures: str, n_prompts: int, corpus: str,
-              prompt_tokens: int, tokens: int, rounds: int, threads: int | None, out: Path | None, synthetic_acceptance: float | None) -> None:
+              prompt_tokens: int, tokens: int, rounds: int, threads: int | None, out: Path | None, op_split: bool,
+              synthetic_acceptance: float | None) -> None:  # fmt: skip
     """Drafters and γ against γ = 0, side by side and interleaved, with Theorem 3.8's prediction."""
     from specdec import bench
     from specdec.bench.corpus import CODE_PACKAGES, SOURCE_CORPORA
@@ -501,6 +503,15 @@ def bench_cmd(bundle: Path, gammas: str | None, drafters: str, adaptive: bool, t
         raise InputError(f"found no {corpus} prompt of {prompt_tokens} tokens (with as many after it); lower --prompt-tokens")
     dec.request(prompts[0], max_new_tokens=tokens, gamma=max(gs))  # check the sizes before any work
     cfgs = bench.configs(names, gs, adaptive)
+    splits = []
+    if op_split:
+        from specdec.bench.opsplit import profile_calls
+
+        m = dec.manifest
+        for k in sorted({1, m.k}):
+            split = profile_calls(bundle, m, "target", tokens=k, calls=24, context=min(prompt_tokens, m.max_seq_len - 25 * k), threads=_threads(threads))
+            splits.append(split.as_dict())
+            click.echo("\n".join(split.lines()) + "\n")
     # An encoder-decoder's shared weights file holds its encoder too, so the floor of a decoder call is not known from it
     floor = None if seq2seq else Floor.measure(bundle, dec.manifest, prompt_tokens + tokens // 2)
     results, text = {}, []
@@ -528,7 +539,8 @@ def bench_cmd(bundle: Path, gammas: str | None, drafters: str, adaptive: bool, t
         header = banner(synthetic_acceptance) + header
     md = header + "\n" + "\n".join(text)
     click.echo(md)
-    data = {**({"synthetic_acceptance": synthetic_acceptance} if synthetic_acceptance is not None else {}), **{k: bench.as_dict(v) for k, v in results.items()}}
+    data = {**({"synthetic_acceptance": synthetic_acceptance} if synthetic_acceptance is not None else {}), **{k: bench.as_dict(v) for k, v in results.items()},
+            **({"op_split": splits} if splits else {})}  # fmt: skip
     write_results(out, md, data, plot=lambda path: bench.plot(results, path))
 
 

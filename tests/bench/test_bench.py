@@ -206,3 +206,33 @@ def test_bench_batch_cli_every_mode_and_synthetic_label(llama_bundle, tmp_path):
     assert res.stdout.startswith("SYNTHETIC") and (out / "results.md").read_text().startswith("SYNTHETIC")
     bad = run("bench-batch", str(llama_bundle[2]), "--synthetic-acceptance", "2")
     assert bad.returncode == 2 and "--synthetic-acceptance 2" in bad.stderr and bad.stderr.count("\n") == 1
+
+
+def test_op_split_counts_each_node_of_a_call_once(llama_bundle, tmp_path):
+    """The profile's kernels, per call: as many of each op as the graph ORT runs holds (its
+    optimized form), their times inside the call's, grouped as MatMul / attention / other."""
+    import onnxruntime as ort
+
+    from specdec.bench.opsplit import profile_calls
+    from specdec.engines.threads import ThreadPolicy
+    from specdec.manifest import load_manifest
+
+    out = llama_bundle[2]
+    manifest = load_manifest(out)
+    split = profile_calls(out, manifest, tokens=2, calls=6, context=8, threads=1)
+    name, spec = manifest.graph("target", "dynamic")
+    options = ThreadPolicy.of(1).session_options()
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(str(out / spec.file), options, providers=["CPUExecutionProvider"])
+    import onnx
+
+    nodes = onnx.load(options.optimized_model_filepath, load_external_data=False).graph.node
+    counts = {}
+    for n in nodes:
+        counts[n.op_type] = counts.get(n.op_type, 0) + 1
+    assert {op: n for op, (_, n) in split.ops.items()} == {op: float(n) for op, n in counts.items() if op in split.ops}
+    assert set(counts) - set(split.ops) <= {"Constant"}  # every op that runs was seen
+    g = split.groups
+    assert g["matmul"] > 0 and g["attention"] > 0 and g["other"] > 0
+    assert sum(g.values()) <= split.call_ms and split.tokens == 2 and split.calls == 6
+    assert "MatMul" in split.lines()[0] and json.dumps(split.as_dict())

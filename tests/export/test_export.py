@@ -255,7 +255,10 @@ def test_cpu_optimizations_fired(family_bundle):
             gqa = [n for n in nodes if n.op_type == "GroupQueryAttention"]
             assert all(onnx.helper.get_attribute_value(a) == 1 for n in gqa for a in n.attribute if a.name == "do_rotary")
             assert all(len(n.input) == 9 for n in gqa)
-            assert {"SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization", "Split"} <= ops
+            assert all(n.input[1] == n.input[2] == "" for n in gqa), f"{family} {name}: attention does not read packed QKV"
+            assert {"SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization", "Split"} <= ops  # gate/up stay a Split
+            produced_by = {o: n for n in nodes for o in n.output}
+            assert not [n for n in nodes if n.op_type == "Reshape" and produced_by.get(n.input[0]) in gqa], "a Reshape of attention's output to its own shape"
 
 
 def test_float16_bundle_has_half_weights(llama_bundle, tmp_path):
