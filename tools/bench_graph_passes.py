@@ -63,7 +63,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
 
-    from specdec.bench.corpus import HELD_OUT, chat_prompts
+    from specdec.bench.corpus import chat_prompts
     from specdec.bench.opsplit import profile_calls
     from specdec.manifest import load_manifest
     from specdec.runtime import SpeculativeDecoder
@@ -73,7 +73,7 @@ def main() -> None:
         after, counts = rewritten(bundle, args.work)
         decoders = {"before": SpeculativeDecoder.load(bundle, drafter="lookup"), "after": SpeculativeDecoder.load(after, drafter="lookup")}
         m = decoders["before"].manifest
-        prompts = chat_prompts(bundle, m, decoders["before"].codec, HELD_OUT, args.prompts)
+        prompts = chat_prompts(bundle, m, decoders["before"].codec, "chat", args.prompts)
         tok_s = {k: [] for k in decoders}
         tokens = {}
         for r in range(args.rounds):
