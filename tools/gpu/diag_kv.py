@@ -11,7 +11,6 @@ prompts greedily on CUDA and compares with the CPU provider; one JSON line per e
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -135,4 +134,10 @@ def plain(bundle: Path) -> dict:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), Path(sys.argv[2]))
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("bundle", type=Path, help="a float16 bundle (tools/gpu/diag.sh sends the demo pair's)")
+    ap.add_argument("out", type=Path, help="where diag.jsonl goes")
+    a = ap.parse_args()
+    main(a.bundle, a.out)
