@@ -89,7 +89,7 @@ def main() -> None:
                 tokens[name] = outs
         splits = {name: profile_calls(path, load_manifest(path, "size"), calls=32).as_dict() for name, path in (("before", bundle), ("after", after))}
         row = {
-            "bundle": str(bundle), "dtype": m.dtype, "quantization": getattr(m, "quantization", None) or "none",
+            "bundle": str(bundle), "dtype": m.dtype, "width": getattr(m, "quantization", None) or "fp32",
             "passes": counts[Path(m.graph("target", "dynamic")[1].file).name],
             "tok_s_before": round(float(np.median(tok_s["before"])), 2), "tok_s_after": round(float(np.median(tok_s["after"])), 2),
             "ratio": round(float(np.median(tok_s["after"]) / np.median(tok_s["before"])), 3),

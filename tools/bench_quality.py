@@ -65,8 +65,9 @@ def make_ggufs(src: Path, folder: Path) -> dict[str, Path]:
     return out
 
 
-def run_llama(gguf: Path, windows, prompts, steps: int, threads: int, work: Path) -> tuple[np.ndarray | None, dict]:
-    llama("llama-quality", json.dumps({"gguf": str(gguf), "windows": windows, "prompts": prompts, "steps": steps, "threads": threads, "out": str(work)}))
+def run_llama(gguf: Path, windows, prompts, steps: int, threads: int, work: Path, batch: int | None = None) -> tuple[np.ndarray | None, dict]:
+    llama("llama-quality", json.dumps({"gguf": str(gguf), "windows": windows, "prompts": prompts, "steps": steps, "threads": threads, "out": str(work),
+                                       "batch": batch}))  # fmt: skip
     greedy = json.loads((work / "greedy.json").read_text())
     logits = np.load(work / "logits.npy", mmap_mode="r") if windows else None
     return logits, greedy
@@ -97,6 +98,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--no-speed", action="store_true", help="quality only (one round)")
+    ap.add_argument("--llama-batch", type=int, default=None,
+                    help="llama.cpp's n_batch for prompts and windows [default: the whole prompt]; 1 where its batched eval crashes "
+                         "(llama-cpp-python 0.3.36, Q8_0, on a CPU with AMX); decoding is one token a call either way")  # fmt: skip
     ap.add_argument("--out", type=Path, default=OUT)
     a = ap.parse_args()
 
@@ -131,7 +135,7 @@ def main() -> None:
         log(f"{label}: {rows[label]}")
     with tempfile.TemporaryDirectory() as tmp:
         for label, g in ggufs.items():
-            logits, greedy = run_llama(g, windows, prompts, a.steps, a.threads, Path(tmp) / "w")
+            logits, greedy = run_llama(g, windows, prompts, a.steps, a.threads, Path(tmp) / "w", a.llama_batch)
             raw = [np.asarray(logits[i : i + a.window]) for i in range(0, len(logits), a.window)]
             rows[label] = {"engine": "llama.cpp", "model": str(g), **scores(ref_logp, window_logprobs(raw), windows),
                            "tokens_per_second": [greedy["tokens_per_second"]], "greedy": greedy["tokens"],
@@ -151,7 +155,7 @@ def main() -> None:
                     rows[label]["greedy"] = toks
                     rows[label]["tokens_per_second"].append(n / secs)
                 elif r > 0:
-                    _, greedy = run_llama(ggufs[label], [], prompts, a.steps, a.threads, Path(tmp) / "w")
+                    _, greedy = run_llama(ggufs[label], [], prompts, a.steps, a.threads, Path(tmp) / "w", a.llama_batch)
                     rows[label]["tokens_per_second"].append(greedy["tokens_per_second"])
                 log(f"round {r}: {label} {rows[label]['tokens_per_second'][-1]:.1f} tok/s")
 

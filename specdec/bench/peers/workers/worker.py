@@ -293,7 +293,8 @@ def llama_quality(spec: dict) -> int:
     out = Path(spec["out"])
     out.mkdir(parents=True, exist_ok=True)
     n_ctx = max([len(w) for w in spec["windows"]] + [len(p) + spec["steps"] for p in spec["prompts"]]) + 8
-    common = dict(model_path=spec["gguf"], n_ctx=n_ctx, n_batch=n_ctx, n_threads=spec["threads"], n_threads_batch=spec["threads"], verbose=False)
+    batch = int(spec.get("batch") or n_ctx)  # 1: a token per eval (llama-cpp-python 0.3.36's batched Q8_0 eval crashed on an AMX CPU)
+    common = dict(model_path=spec["gguf"], n_ctx=n_ctx, n_batch=batch, n_threads=spec["threads"], n_threads_batch=spec["threads"], verbose=False)
     llm = Llama(logits_all=True, **common)
     vocab = llm.n_vocab()
     logits = np.lib.format.open_memmap(out / "logits.npy", mode="w+", dtype=np.float32, shape=(sum(map(len, spec["windows"])), vocab))
