@@ -319,7 +319,8 @@ def _constant(graph: onnx.GraphProto, name: str) -> np.ndarray | None:
             return numpy_helper.to_array(t)
     for n in graph.node:
         if n.op_type == "Constant" and n.output[0] == name:
-            return numpy_helper.to_array(_attrs(n)["value"])
+            a = _attrs(n)
+            return numpy_helper.to_array(a["value"]) if "value" in a else np.asarray(a["value_ints"]) if "value_ints" in a else None
     return None
 
 

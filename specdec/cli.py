@@ -504,6 +504,8 @@ def bench_cmd(bundle: Path, gammas: str | None, drafters: str, adaptive: bool, t
     dec.request(prompts[0], max_new_tokens=tokens, gamma=max(gs))  # check the sizes before any work
     cfgs = bench.configs(names, gs, adaptive)
     splits = []
+    if op_split and seq2seq:
+        raise InputError("--op-split profiles a decoder-only target's calls; this bundle is an encoder-decoder")
     if op_split:
         from specdec.bench.opsplit import profile_calls
 

@@ -25,10 +25,13 @@ def test_bench_cli_writes_table_json_and_plot(llama_bundle, tmp_path):
 
     out = tmp_path / "b"
     res = run("bench", str(llama_bundle[2]), "--gammas", "2,4", "--temperatures", "0,1", "--prompts", "2", "--drafters", "model,lookup,ngram",
-              "--adaptive", "--prompt-tokens", "12", "--tokens", "16", "--rounds", "1", "--out", str(out))
+              "--adaptive", "--prompt-tokens", "12", "--tokens", "16", "--rounds", "1", "--op-split", "--out", str(out))
     assert res.returncode == 0, res.stderr
     rows = json.loads((out / "results.json").read_text())
     prov = rows.pop("provenance")  # the results name the command that made them (docs/bench/README.md)
+    splits = rows.pop("op_split")  # --op-split: the target's 1-token and verify calls, printed and stored
+    assert [s["tokens"] for s in splits] == [1, 5] and all(s["groups_ms"]["matmul"] > 0 for s in splits)
+    assert res.stdout.count("target_dynamic, ") == 2 and "GroupQueryAttention" in res.stdout
     assert prov["command"].split()[:3] in (["specdec", "bench", str(llama_bundle[2])], ["python", "-m", "specdec"]) and "--adaptive" in prov["command"]
     assert prov["machine"]["cores"] >= 1 and prov["versions"]["onnxruntime"]
     assert f"`{prov['command']}`" in (out / "results.md").read_text()
