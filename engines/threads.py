@@ -14,6 +14,8 @@ their worker threads wait between calls matters (measurements: docs/performance.
   pool of its own, specdec's or another library's (optimum's, for one). For processes that
   own ONNX Runtime, such as the CLI's.
 
+Per-session pools spin within a call unless ``$SPECDEC_SPIN=0`` (measured: spinning is 14-24%
+faster for SmolLM2 on an idle 2-core box and 27-30% slower beside one busy process; docs/performance.md).
 Threads default to one per core, or to ``$SPECDEC_THREADS`` where it is set: the way to size
 every session of a process and of its children (the server's, the CLI's) at once, e.g. in a
 container whose CPU quota is below the machine's core count, or for processes that share cores
@@ -31,6 +33,7 @@ from specdec.errors import EngineError, InputError
 
 _global_pool: int | None = None  # the process-wide pool's size (0: one thread per core), once made
 ENV = "SPECDEC_THREADS"
+SPIN_ENV = "SPECDEC_SPIN"
 
 
 def default_threads() -> int | None:
@@ -43,6 +46,16 @@ def default_threads() -> int | None:
     return int(text)
 
 
+def default_spin() -> bool:
+    """``$SPECDEC_SPIN`` (1 or 0), else 1: whether per-session pools spin within a call. On a box
+    shared with other busy work, spinning workers take turns with it and lose; there 0 was
+    1.4x faster for SmolLM2 (docs/performance.md "ONNX Runtime threads"), on an idle box 1 is."""
+    text = os.environ.get(SPIN_ENV, "").strip()
+    if text not in ("", "0", "1"):
+        raise InputError(f"{SPIN_ENV}={text!r}: expected 1 (workers spin within a call: an idle machine) or 0 (they sleep: a machine shared with busy work)")
+    return text != "0"
+
+
 @dataclass(frozen=True)
 class ThreadPolicy:
     """Intra-op threads per pool (None: ONNX Runtime's default, one per core) and whether the
@@ -50,22 +63,24 @@ class ThreadPolicy:
 
     threads: int | None = None  # None: $SPECDEC_THREADS, else one per core
     shared_pool: bool = False
-    spin: bool = True  # per-session pools: spin while a call runs (never between calls)
+    spin: bool | None = None  # per-session pools: spin while a call runs (never between calls); None: $SPECDEC_SPIN, else True
 
     def __post_init__(self) -> None:
         if self.threads is None:
             object.__setattr__(self, "threads", default_threads())
+        if self.spin is None:
+            object.__setattr__(self, "spin", default_spin())
         t = self.threads
         if t is not None and (isinstance(t, bool) or not isinstance(t, int) or t < 1):
             raise InputError(f"threads={t!r}: expected an integer >= 1, or None for one per core")
 
     @classmethod
-    def per_session(cls, threads: int | None = None, spin: bool = True) -> ThreadPolicy:
+    def per_session(cls, threads: int | None = None, spin: bool | None = None) -> ThreadPolicy:
         return cls(threads, False, spin)
 
     @classmethod
     def shared(cls, threads: int | None = None) -> ThreadPolicy:
-        return cls(threads, True)
+        return cls(threads, True, True)
 
     @classmethod
     def of(cls, threads: ThreadPolicy | int | None) -> ThreadPolicy:

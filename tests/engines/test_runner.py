@@ -303,6 +303,7 @@ def test_thread_policy_refuses_bad_counts(threads):
 
 def test_thread_policy_constructors_and_labels(monkeypatch):
     monkeypatch.delenv("SPECDEC_THREADS", raising=False)  # the suite's workers set it (tests/conftest.py)
+    monkeypatch.delenv("SPECDEC_SPIN", raising=False)
     assert ThreadPolicy.of(3) == ThreadPolicy.per_session(3) == ThreadPolicy(3, False)
     assert ThreadPolicy.of(None) == ThreadPolicy.per_session() == ThreadPolicy()
     policy = ThreadPolicy.shared(2)
@@ -328,8 +329,24 @@ def test_threads_from_the_environment(monkeypatch, value):
     assert f"SPECDEC_THREADS={value!r}" in one_line(e)
 
 
+@pytest.mark.parametrize("value", ["no", "2", "true"])
+def test_spin_from_the_environment(monkeypatch, value):
+    """$SPECDEC_SPIN=0 makes every per-session pool that names no choice sleep between ops (a
+    busy, shared box); an explicit spin= wins; a bad value is refused by name."""
+    monkeypatch.setenv("SPECDEC_SPIN", "0")
+    assert not ThreadPolicy().spin and not ThreadPolicy.of(2).spin and ThreadPolicy.per_session(2, spin=True).spin
+    assert ThreadPolicy.per_session(2).session_options().get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    monkeypatch.setenv("SPECDEC_SPIN", "1")
+    assert ThreadPolicy().spin and ThreadPolicy.of(2) == ThreadPolicy.per_session(2, spin=True)
+    monkeypatch.setenv("SPECDEC_SPIN", value)
+    with pytest.raises(InputError) as e:
+        ThreadPolicy()
+    assert f"SPECDEC_SPIN={value!r}" in one_line(e)
+
+
 def test_per_session_options(monkeypatch):
     monkeypatch.delenv("SPECDEC_THREADS", raising=False)
+    monkeypatch.delenv("SPECDEC_SPIN", raising=False)
     so = ThreadPolicy.per_session(3).session_options()
     assert so.intra_op_num_threads == 3 and so.use_per_session_threads
     assert so.get_session_config_entry("session.force_spinning_stop") == "1"
