@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specdec.bench.corpus import HELD_OUT, chat_prompts
+from specdec.bench.corpus import HELD_OUT, HELD_OUT_CODE, chat_prompts
 from specdec.bench.report import write_results
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -91,7 +91,8 @@ def main() -> None:
     ap.add_argument("--bundle", action="append", default=[], help="LABEL=BUNDLE, repeatable")
     ap.add_argument("--gguf", action="append", default=[], help="LABEL=FILE run by llama.cpp, repeatable")
     ap.add_argument("--make-ggufs", type=Path, default=None, help="make F32 and Q8_0 GGUFs of the package's Q4_1 file here and add them (and it)")
-    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--prompts", type=int, default=4, help="held-out everyday chat requests")
+    ap.add_argument("--code-prompts", type=int, default=0, help="held-out coding requests after them")
     ap.add_argument("--steps", type=int, default=48)
     ap.add_argument("--windows", type=int, default=4)
     ap.add_argument("--window", type=int, default=256)
@@ -117,7 +118,7 @@ def main() -> None:
 
     ref = SpeculativeDecoder.load(a.reference, threads=a.threads, verify="size")
     codec = ref.codec
-    prompts = chat_prompts(a.reference, ref.manifest, codec, "chat", a.prompts)
+    prompts = chat_prompts(a.reference, ref.manifest, codec, "chat", a.prompts) + (chat_prompts(a.reference, ref.manifest, codec, "code", a.code_prompts) if a.code_prompts else [])
     half = a.windows // 2
     windows = prose_windows(codec.encode, a.windows - half, a.window) + code_windows(codec.encode, half, a.window)
     log = lambda s: print(f"[quality] {s}", file=sys.stderr, flush=True)  # noqa: E731
@@ -171,7 +172,7 @@ def main() -> None:
             row["vs_llamacpp"] = {"tok_s": row["tokens_per_second"] / peer["tokens_per_second"], "kept": row["kept"] - peer["kept"],
                                   "perplexity": row["perplexity"] / peer["perplexity"] - 1}  # fmt: skip
     result = {"what": "quality and autoregressive speed against the float32 bundle (specdec.bench.quality)",
-              "prompts": HELD_OUT[: a.prompts], "steps": a.steps, "of": a.steps * len(prompts),
+              "prompts": HELD_OUT[: a.prompts] + HELD_OUT_CODE[: a.code_prompts], "steps": a.steps, "of": a.steps * len(prompts),
               "windows": {"count": len(windows), "tokens": a.window, "text": "half prose (held-out stdlib docstrings), half code (held-out stdlib files)"},
               "rows": [{"label": label, **row} for label, row in rows.items()]}  # fmt: skip
     write_results(a.out.parent, None, result, name=a.out.stem)
