@@ -78,36 +78,44 @@ def split(events: list[dict], skip_runs: int, runs: int) -> tuple[dict[str, tupl
     return ops, sum(b - a for a, b in kept) / 1000 / runs
 
 
-def profile_calls(bundle: Path, manifest, model: str = "target", tokens: int = 1, calls: int = 32, context: int = 64,
-                  threads=None) -> OpSplit:  # fmt: skip
-    """Profile ``calls`` calls of ``tokens`` tokens of ``model``'s dynamic graph after a
-    ``context``-token prefill (see the module docstring)."""
+def profile_events(bundle: Path, manifest, model: str, calls: list[tuple[int, int]], context: int, provider: str = "cpu",
+                   threads=None) -> list[dict]:  # fmt: skip
+    """ORT's profile events of ``model``'s dynamic graph over a KV cache on ``provider``'s device:
+    a ``context``-token prefill, then for each (tokens, n) of ``calls`` n calls of that many
+    tokens (each keeps one row, as a decode step does)."""
     import onnxruntime as ort
 
     from specdec.engines.kv import KVCache
-    from specdec.engines.ort import GraphRunner, check_signature
+    from specdec.engines.ort import DEVICE, PROVIDERS, GraphRunner, check_signature
     from specdec.engines.threads import ThreadPolicy
+    from specdec.errors import InputError
 
     name, spec = manifest.graph(model, "dynamic")
     m = getattr(manifest, model)
-    if context + (calls + 1) * tokens > manifest.max_seq_len:
-        from specdec.errors import InputError
-
-        raise InputError(f"{context} + {calls + 1} x {tokens} positions exceed the bundle's max-seq-len {manifest.max_seq_len}")
+    if context + sum(t * n for t, n in calls) > manifest.max_seq_len:
+        raise InputError(f"a {context}-token prefill and {calls} (tokens, calls) exceed the bundle's max-seq-len {manifest.max_seq_len}")
     with tempfile.TemporaryDirectory() as tmp:
         options = ThreadPolicy.of(threads).session_options()
         options.enable_profiling = True
         options.profile_file_prefix = str(Path(tmp) / "opsplit")
-        session = ort.InferenceSession(str(Path(bundle) / spec.file), options, providers=["CPUExecutionProvider"])
+        session = ort.InferenceSession(str(Path(bundle) / spec.file), options, providers=PROVIDERS[provider])
         check_signature(name, session, spec)
-        cache = KVCache(m.num_layers, m.num_kv_heads, manifest.max_seq_len, m.head_dim, manifest.dtype)
-        prefill, step = (GraphRunner(session, name, spec, cache, tokens=s) for s in (context, tokens))
+        cache = KVCache(m.num_layers, m.num_kv_heads, manifest.max_seq_len, m.head_dim, manifest.dtype, DEVICE[provider])
         rng = np.random.default_rng(0)
-        prefill.run(rng.integers(0, manifest.vocab_size, context))
+        GraphRunner(session, name, spec, cache, tokens=context).run(rng.integers(0, manifest.vocab_size, context))
         cache.append(context)
-        for _ in range(calls + 1):  # the first is a warm-up
-            step.run(rng.integers(0, manifest.vocab_size, tokens))
-            cache.append(tokens)
-        events = json.loads(Path(session.end_profiling()).read_text())
+        for tokens, n in calls:
+            runner = GraphRunner(session, name, spec, cache, tokens=tokens)
+            for _ in range(n):
+                runner.run(rng.integers(0, manifest.vocab_size, tokens))
+                cache.append(1)
+        return json.loads(Path(session.end_profiling()).read_text())
+
+
+def profile_calls(bundle: Path, manifest, model: str = "target", tokens: int = 1, calls: int = 32, context: int = 64,
+                  threads=None) -> OpSplit:  # fmt: skip
+    """Profile ``calls`` calls of ``tokens`` tokens of ``model``'s dynamic graph after a
+    ``context``-token prefill (see the module docstring); a first call warms up, uncounted."""
+    events = profile_events(bundle, manifest, model, [(tokens, calls + 1)], context, threads=threads)
     ops, call_ms = split(events, skip_runs=2, runs=calls)
-    return OpSplit(name, tokens, calls, call_ms, ops)
+    return OpSplit(manifest.graph(model, "dynamic")[0], tokens, calls, call_ms, ops)

@@ -245,42 +245,21 @@ def exactness(bundle: Path, provider: str, tokens: int) -> dict:
 
 def traffic(bundle: Path, provider: str) -> dict:
     """The target's graph over device KV: what ORT copies per call, from its profile."""
-    import onnxruntime as ort
-
-    from specdec.engines.kv import KVCache
-    from specdec.engines.ort import DEVICE, PROVIDERS, GraphRunner, check_signature
-    from specdec.engines.threads import ThreadPolicy
+    from specdec.bench.opsplit import profile_events
     from specdec.manifest import load_manifest
 
     m = load_manifest(bundle, "size")
-    name, spec = m.graph("target", "dynamic")
-    options = ThreadPolicy.of(None).session_options()
-    options.enable_profiling = True
-    options.profile_file_prefix = str(Path.cwd() / "specdec-profile")
-    session = ort.InferenceSession(str(bundle / spec.file), options, providers=PROVIDERS[provider])
-    check_signature(name, session, spec)
+    name = m.graph("target", "dynamic")[0]
     t = m.target
-    cache = KVCache(t.num_layers, t.num_kv_heads, m.max_seq_len, t.head_dim, m.dtype, DEVICE[provider])
-    prefill, one, verify = (GraphRunner(session, name, spec, cache, tokens=s) for s in (32, 1, m.k))
-    rng = np.random.default_rng(0)
-    prefill.run(rng.integers(0, m.vocab_size, 32))
-    cache.append(32)
     calls = {"single": 16, "verify": 16}
-    for _ in range(calls["single"]):
-        one.run(rng.integers(0, m.vocab_size, 1))
-        cache.append(1)
-    for _ in range(calls["verify"]):
-        verify.run(rng.integers(0, m.vocab_size, m.k))
-        cache.append(1)
-    profile = Path(session.end_profiling())
-    events = json.loads(profile.read_text())
+    events = profile_events(bundle, m, "target", [(1, calls["single"]), (m.k, calls["verify"])], context=32, provider=provider)
     nodes = [e for e in events if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time")]
     runs = 1 + calls["single"] + calls["verify"]
     memcpy = [e for e in nodes if e["args"].get("op_name", "").startswith("Memcpy")]
     by_provider: dict[str, set] = {}
     for e in nodes:
         by_provider.setdefault(e["args"].get("provider", "?"), set()).add(e["args"].get("op_name", "?"))
-    kv_bytes = 2 * t.num_layers * int(np.prod(cache.shape)) * np.dtype(cache.dtype).itemsize
+    kv_bytes = 2 * t.num_layers * t.num_kv_heads * m.max_seq_len * t.head_dim * np.dtype(m.dtype).itemsize
     host = {s: 2 * s * 8 + 8 + s * m.vocab_size * 4 for s in (1, m.k)}  # ids + positions in, seqlens + total, logits out
     return {
         "graph": name, "runs": runs, "kv_cache_bytes": kv_bytes,
