@@ -65,6 +65,7 @@ def main() -> None:
 
     from specdec.bench.corpus import chat_prompts
     from specdec.bench.opsplit import profile_calls
+    from specdec.bench.sweep import interleaved
     from specdec.manifest import load_manifest
     from specdec.runtime import SpeculativeDecoder
 
@@ -76,17 +77,16 @@ def main() -> None:
         prompts = chat_prompts(bundle, m, decoders["before"].codec, "chat", args.prompts)
         tok_s = {k: [] for k in decoders}
         tokens = {}
-        for r in range(args.rounds):
-            for name in (list(decoders) if r % 2 == 0 else list(reversed(decoders))):
-                dec, new, seconds = decoders[name], 0, 0.0
-                outs = []
-                for p in prompts:
-                    res = dec.generate(p, max_new_tokens=args.tokens, ignore_eos=True, gamma=0)
-                    outs.append(res.tokens)
-                    new += len(res.tokens)
-                    seconds += res.stats.total_seconds - res.stats.prefill_seconds
-                tok_s[name].append(new / seconds)
-                tokens[name] = outs
+        for _, name in interleaved(list(decoders), args.rounds):
+            dec, new, seconds = decoders[name], 0, 0.0
+            outs = []
+            for p in prompts:
+                res = dec.generate(p, max_new_tokens=args.tokens, ignore_eos=True, gamma=0)
+                outs.append(res.tokens)
+                new += len(res.tokens)
+                seconds += res.stats.total_seconds - res.stats.prefill_seconds
+            tok_s[name].append(new / seconds)
+            tokens[name] = outs
         splits = {name: profile_calls(path, load_manifest(path, "size"), calls=32).as_dict() for name, path in (("before", bundle), ("after", after))}
         row = {
             "bundle": str(bundle), "dtype": m.dtype, "width": getattr(m, "quantization", None) or "fp32",
