@@ -159,6 +159,24 @@ def test_tied_embedding_is_stored_once(gguf_pair):
     assert len(where) == 1, where
 
 
+def test_bench_peers_takes_a_gguf_target(gguf_pair, tmp_path):
+    """bench-peers --target FILE.gguf: the file dequantized once into a checkpoint under --work (as
+    specdec-export reads it), so transformers runs the bundle's own weights: greedy tokens agree."""
+    from test_cli import run
+
+    files, bundle = gguf_pair
+    args = ["bench-peers", "--only", "hf,specdec", "--modes", "autoregressive,default", "--target", str(files["target"]), "--bundle", str(bundle),
+            "--prompts", "1", "--prompt-tokens", "8", "--tokens", "12", "--rounds", "1", "--temperatures", "0", "--work", str(tmp_path / "work")]
+    res = run(*args, "--out", str(tmp_path / "a"))
+    assert res.returncode == 0, res.stderr
+    made = list((tmp_path / "work" / "checkpoints").iterdir())
+    assert len(made) == 1 and (made[0] / "config.json").is_file() and "float32 checkpoint" in res.stderr
+    rows = {(r["peer"], r["mode"]): r for r in json.loads((tmp_path / "a" / "results.json").read_text())["rows"]}
+    assert rows[("specdec", "default")]["greedy_same_as_reference"] == "1/1", rows
+    again = run(*args, "--out", str(tmp_path / "b"))  # made once
+    assert again.returncode == 0 and "float32 checkpoint" not in again.stderr, again.stderr
+
+
 def test_unsupported_gguf_architecture_is_refused(tmp_path):
     w = gguf.GGUFWriter(str(tmp_path / "m.gguf"), "mamba")
     w.add_tensor("token_embd.weight", np.zeros((8, 4), np.float32))

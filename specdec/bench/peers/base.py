@@ -31,7 +31,7 @@ class ModeUnavailable(Exception):
 @dataclass(frozen=True)
 class Options:
     target: Path
-    draft: Path
+    draft: Path | None  # a draft checkpoint for the draft-model modes, if given
     bundle: Path | None
     work: Path  # private venvs and converted models
     threads: int
@@ -76,6 +76,7 @@ class Peer:
 
     name: ClassVar[str]
     modes: ClassVar[tuple[str, ...]]
+    draft_modes: ClassVar[tuple[str, ...]] = ()  # the modes that need a draft checkpoint (--draft)
     settings: dict
 
     @classmethod

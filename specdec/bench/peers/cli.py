@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from specdec.bench.corpus import CHAT_CORPORA
 from specdec.bench.peers import PEER_CLASSES, PEERS
 from specdec.bench.sweep import interleaved
 from specdec.bench.peers.base import ModeUnavailable, Options, Tally, log
@@ -18,10 +19,14 @@ DIR = click.Path(exists=True, file_okay=False, path_type=Path)
 
 
 @click.command("bench-peers")
-@click.option("--target", required=True, type=DIR, help="Hugging Face checkpoint folder of the target.")
-@click.option("--draft", required=True, type=DIR, help="Checkpoint folder of the draft (same tokenizer).")
+@click.option("--target", required=True, type=click.Path(exists=True, path_type=Path),
+              help="Hugging Face checkpoint folder of the target, or a GGUF file (dequantized to float32 once, into --work).")
+@click.option("--draft", default=None, type=DIR, help="Checkpoint folder of a draft model (same tokenizer) for the draft-model modes of "
+              "transformers, onnxruntime-genai and OpenVINO [default: none; those modes are listed as unavailable].")
 @click.option("--bundle", default=None, type=DIR, help="A specdec bundle exported from --target/--draft (specdec's rows).")
-@click.option("--corpus", default="code", show_default=True, type=click.Choice(["code", "stdlib"]), help="Prompts: specdec bench's corpora.")
+@click.option("--corpus", default="code", show_default=True, type=click.Choice(["code", "stdlib", *CHAT_CORPORA]),
+              help="Prompts: specdec bench's corpora; chat, chat-code, topics-*: whole held-out requests through the bundle's chat template "
+                   "(--bundle needed; --prompt-tokens unused).")
 @click.option("--prompts", "n_prompts", default=4, show_default=True, type=click.IntRange(1))
 @click.option("--prompt-tokens", default=64, show_default=True, type=click.IntRange(1))
 @click.option("--tokens", default=128, show_default=True, type=click.IntRange(2), help="New tokens per request (EOS ignored; the first closes the prefill).")
@@ -29,18 +34,20 @@ DIR = click.Path(exists=True, file_okay=False, path_type=Path)
 @click.option("--threads", default=2, show_default=True, type=click.IntRange(1), help="Threads of every peer (torch, ORT intra-op, OpenVINO, llama.cpp).")
 @click.option("--temperatures", default="0,1", show_default=True, help="Comma-separated; 0 = greedy.")
 @click.option("--only", default=",".join(PEERS), show_default=True, help="Comma-separated subset of the peers.")
+@click.option("--modes", "only_modes", default=None, help="Comma-separated subset of the peers' modes, e.g. autoregressive,default,"
+              "speculative-lookup [default: all].")
 @click.option("--draft-tokens", default=None, type=click.IntRange(1, 16), help="Pin every speculative peer's proposal width K (genai's range) [default: each peer's own].")
 @click.option("--ngram-size", default=3, show_default=True, type=click.IntRange(1), help="genai's n-gram N; openvino's and llamacpp's max_ngram_size.")
 @click.option("--work", default=None, type=click.Path(file_okay=False, path_type=Path), help="Private venvs and converted models [default: $SPECDEC_CACHE/peers, else ~/.cache/specdec/peers].")
 @click.option("--no-setup", "no_setup", is_flag=True, help="Create no missing venv or converted model: list those peers as unavailable.")
 @click.option("--out", default=None, type=click.Path(file_okay=False, path_type=Path), help="Write results.md and results.json here.")
 @click.option("--note", default="", help="A line written under the table (e.g. what else loaded the machine).")
-def bench_peers_cmd(target: Path, draft: Path, bundle: Path | None, corpus: str, n_prompts: int, prompt_tokens: int, tokens: int, rounds: int,
-                    threads: int, temperatures: str, only: str, draft_tokens: int | None, ngram_size: int, work: Path | None, no_setup: bool,
+def bench_peers_cmd(target: Path, draft: Path | None, bundle: Path | None, corpus: str, n_prompts: int, prompt_tokens: int, tokens: int,
+                    rounds: int, threads: int, temperatures: str, only: str, only_modes: str | None, draft_tokens: int | None, ngram_size: int, work: Path | None, no_setup: bool,
                     out: Path | None, note: str) -> None:  # fmt: skip
     """specdec against transformers, optimum, onnxruntime-genai, OpenVINO GenAI and llama.cpp on one pair, interleaved."""
     from specdec.bench import prompts as corpus_prompts
-    from specdec.bench.peers.venv import default_work
+    from specdec.bench.peers.venv import default_work, gguf_checkpoint
     from specdec.bench.report import write_results
     from specdec.errors import InputError, ModelError
 
@@ -49,28 +56,49 @@ def bench_peers_cmd(target: Path, draft: Path, bundle: Path | None, corpus: str,
     if bad or not names:
         raise InputError(f"--only {only!r}: unknown peer(s) {', '.join(bad) or '(none given)'}; choose from {', '.join(PEERS)}")
     names = [p for p in PEERS if p in names and (p != "specdec" or bundle is not None)]
+    known = sorted({m for n in names for m in PEER_CLASSES[n].modes})
+    wanted = known if only_modes is None else [m.strip() for m in only_modes.split(",") if m.strip()]
+    if not wanted or (bad := [m for m in wanted if m not in known]):
+        raise InputError(f"--modes {only_modes!r}: unknown mode(s) {', '.join(bad) or '(none given)'} of {', '.join(names)}; choose from {', '.join(known)}")
     try:
         temps = [float(t) for t in temperatures.split(",")]
     except ValueError:
         temps = []
     if not temps or min(temps) < 0:
         raise InputError(f"--temperatures {temperatures!r}: expected comma-separated numbers >= 0 such as 0,1")
-    if not (target / "config.json").is_file():
-        raise ModelError(f"--target {target}: no config.json; expected a Hugging Face checkpoint folder")
-    ctx = json.loads((target / "config.json").read_text()).get("max_position_embeddings")
-    if ctx and prompt_tokens + tokens > ctx:
-        raise InputError(f"--prompt-tokens + --tokens = {prompt_tokens + tokens} exceeds the target's context ({ctx})")
+    chat = corpus in CHAT_CORPORA
+    if chat and bundle is None:
+        raise InputError(f"--corpus {corpus}: chat prompts go through the bundle's chat template; give --bundle")
+    work = work or default_work()
+    if target.is_file():
+        target = gguf_checkpoint(target, work, not no_setup)
+    elif not (target / "config.json").is_file():
+        raise ModelError(f"--target {target}: no config.json; expected a Hugging Face checkpoint folder or a .gguf file")
     from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()  # whole source files exceed model_max_length; only a prefix is used
-    tok = AutoTokenizer.from_pretrained(target)  # the target's own tokenizer, special tokens as transformers adds them
-    prompts = corpus_prompts(corpus, lambda text: tok(text)["input_ids"], n_prompts, prompt_tokens)
+    if chat:
+        from specdec.bench.corpus import chat_prompts
+        from specdec.runtime import SpeculativeDecoder
+
+        probe = SpeculativeDecoder.load(bundle, drafter="lookup")  # its manifest and tokenizer
+        prompts = chat_prompts(bundle, probe.manifest, probe.codec, CHAT_CORPORA[corpus], n_prompts)
+        del probe
+        described = f"{len(prompts)} {corpus} requests of {min(map(len, prompts))}-{max(map(len, prompts))} tokens (chat template)"
+    else:
+        tok = AutoTokenizer.from_pretrained(target)  # the target's own tokenizer, special tokens as transformers adds them
+        prompts = corpus_prompts(corpus, lambda text: tok(text)["input_ids"], n_prompts, prompt_tokens)
+        described = f"{len(prompts)} {corpus} prompts of {prompt_tokens} tokens"
     if len(prompts) < n_prompts:
-        raise InputError(f"--prompts {n_prompts}: the {corpus} corpus has only {len(prompts)} texts long enough for prompts of {prompt_tokens} "
-                         "tokens; lower --prompts or --prompt-tokens")
-    log(f"{len(prompts)} {corpus} prompts of {prompt_tokens} tokens")
-    options = Options(target, draft, bundle, work or default_work(), threads, draft_tokens, ngram_size, prompt_tokens + tokens + 64, not no_setup)
+        raise InputError(f"--prompts {n_prompts}: the {corpus} corpus has only {len(prompts)} prompts" + ("" if chat else
+                         f" long enough for {prompt_tokens} tokens; lower --prompts or --prompt-tokens"))
+    longest = max(map(len, prompts))
+    ctx = json.loads((target / "config.json").read_text()).get("max_position_embeddings")
+    if ctx and longest + tokens > ctx:
+        raise InputError(f"prompt ({longest} tokens) + --tokens {tokens} = {longest + tokens} exceeds the target's context ({ctx})")
+    log(described)
+    options = Options(target, draft, bundle, work, threads, draft_tokens, ngram_size, longest + tokens + 64, not no_setup)
     peers, unavailable = [], {}
     for name in names:
         log(f"starting {name}")
@@ -79,13 +107,16 @@ def bench_peers_cmd(target: Path, draft: Path, bundle: Path | None, corpus: str,
         except Exception as exc:  # noqa: BLE001 - a missing peer is a result
             log(f"{name} unavailable: {one_line(exc)}")
             unavailable.update({(name, m, t): one_line(exc) for m in PEER_CLASSES[name].modes for t in temps})
+    unavailable.update({(p.name, m, t): "not asked (--modes)" for p in peers for m in p.modes if m not in wanted for t in temps})
+    if draft is None:
+        unavailable.update({(p.name, m, t): "no --draft given" for p in peers for m in p.draft_modes if m in wanted for t in temps})
     try:
         tallies = measure(peers, prompts, temps, tokens, rounds, unavailable)
     finally:
         for p in peers:
             p.close()
-    rows, ref = summarize(tallies, unavailable, [(n, m) for n in names for m in PEER_CLASSES[n].modes], temps)
-    header = (f"target {target}, draft {draft}: {len(prompts)} {corpus} prompts of {prompt_tokens} tokens x {rounds} rounds x {tokens} new tokens "
+    rows, ref = summarize(tallies, unavailable, [(n, m) for n in names for m in PEER_CLASSES[n].modes if m in wanted], temps)
+    header = (f"target {target}, draft {draft or '(none)'}: {described} x {rounds} rounds x {tokens} new tokens "
               f"(EOS ignored), {threads} threads, interleaved; tok/s = decoding after the first new token")
     settings = {p.name: p.settings for p in peers}
     md = markdown(rows, header, ref) + (f"\nNote: {note}\n" if note else "") + "\nsettings: " + json.dumps(settings) + "\n"

@@ -3,6 +3,7 @@ their pins), the model conversions made with them, and the client of ``workers/w
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import select
@@ -121,6 +122,29 @@ def build_once(out: Path, build: Callable[[Path], None], what: str, setup: bool 
     return out
 
 
+def gguf_checkpoint(gguf: Path, work: Path, setup: bool = True) -> Path:
+    """A GGUF file as a float32 Hugging Face checkpoint folder under ``work/checkpoints`` (made once,
+    keyed by the file's path, size and mtime), as specdec-export dequantizes it: every peer then
+    runs the same weights (llama.cpp's F32 file is converted back from it)."""
+    from specdec.errors import ModelError
+    from specdec.export.gguf_file import check_header, load_gguf_model, one_parse
+
+    if gguf.suffix != ".gguf":
+        raise ModelError(f"--target {gguf}: a file must be a .gguf; else give a Hugging Face checkpoint folder")
+    st = gguf.stat()
+    key = hashlib.sha256(f"{gguf.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:12]
+
+    def build(tmp: Path) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        with one_parse():
+            check_header(gguf)
+            load_gguf_model(AutoModelForCausalLM, gguf).save_pretrained(tmp, safe_serialization=True)
+            AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name).save_pretrained(tmp)
+
+    return build_once(work / "checkpoints" / f"{gguf.stem}-{key}", build, f"float32 checkpoint of {gguf.name}", setup)
+
+
 WORKER = Path(__file__).with_name("workers") / "worker.py"
 REPLY_TIMEOUT_S = 900.0  # the longest a reply may take: loading models, or one request
 
@@ -173,36 +197,41 @@ class WorkerPeer(Peer):
 
 class GenaiPeer(WorkerPeer):
     name, venv, default_k = "genai", GENAI, 4
+    draft_modes = ("speculative-draft",)
     modes = ("autoregressive", "speculative-draft", "speculative-ngram")
 
     def prepare(self, o: Options, python: Path, k: int) -> tuple[dict, dict]:
         """Model builder graphs (fp32, CPU EP) in ``pair/target`` and ``pair/draft`` and a composite
         ``pair/genai_config.json`` (genai 0.18 rejects ``..`` in model filenames, hence below it)."""
-        pair = o.work / "genai" / f"{o.target.resolve().name}-{o.draft.resolve().name}-{checkpoint_key(o.target, o.draft)}"
-        for name, src in (("target", o.target), ("draft", o.draft)):
+        sources = (("target", o.target),) + ((("draft", o.draft),) if o.draft else ())
+        pair = o.work / "genai" / "-".join([*(src.resolve().name for _, src in sources), checkpoint_key(*(src for _, src in sources))])
+        for name, src in sources:
             build_once(pair / name, lambda tmp, src=src: run_logged(
                 [python, "-m", "onnxruntime_genai.models.builder", "-i", src.resolve(), "-o", tmp.resolve(), "-p", "fp32", "-e", "cpu",
                  "-c", (pair / "builder-cache").resolve()], o.work / "genai" / "build.log", f"model builder on {src}", env=OFFLINE),
                 f"onnxruntime-genai graphs of {src}", o.setup)
-        cfg = json.loads((pair / "target" / "genai_config.json").read_text())
-        drafted = json.loads((pair / "draft" / "genai_config.json").read_text())["model"]
-        if drafted["vocab_size"] != cfg["model"]["vocab_size"]:
-            raise ValueError(f"target vocab {cfg['model']['vocab_size']} != draft vocab {drafted['vocab_size']}")
-        cfg["model"]["type"] = "speculative"
-        cfg["model"]["decoder"]["filename"] = "target/" + cfg["model"]["decoder"]["filename"]
-        cfg["model"]["draft"] = dict(drafted["decoder"], filename="draft/" + drafted["decoder"]["filename"])
-        cfg["speculative"] = {"max_draft_tokens": k}
-        (pair / "genai_config.json").write_text(json.dumps(cfg, indent=2))
+        if o.draft is not None:  # a composite speculative model (without a draft, no pair config: the worker lists that mode unavailable)
+            cfg = json.loads((pair / "target" / "genai_config.json").read_text())
+            drafted = json.loads((pair / "draft" / "genai_config.json").read_text())["model"]
+            if drafted["vocab_size"] != cfg["model"]["vocab_size"]:
+                raise ValueError(f"target vocab {cfg['model']['vocab_size']} != draft vocab {drafted['vocab_size']}")
+            cfg["model"]["type"] = "speculative"
+            cfg["model"]["decoder"]["filename"] = "target/" + cfg["model"]["decoder"]["filename"]
+            cfg["model"]["draft"] = dict(drafted["decoder"], filename="draft/" + drafted["decoder"]["filename"])
+            cfg["speculative"] = {"max_draft_tokens": k}
+            (pair / "genai_config.json").write_text(json.dumps(cfg, indent=2))
         return {"pair": str(pair)}, {"max_draft_tokens": k, "ngram_size": o.ngram_size, "ort_intra_op_threads": o.threads, "models": str(pair)}
 
 
 class OpenVINOPeer(WorkerPeer):
     name, venv, default_k = "openvino", OPENVINO, 4  # num_assistant_tokens has no default and must be set: genai's
+    draft_modes = ("speculative-draft",)
     modes = ("autoregressive", "speculative-draft", "speculative-lookup", "autoregressive-int8", "autoregressive-int4")
 
     def prepare(self, o: Options, python: Path, k: int) -> tuple[dict, dict]:
         ir = {p: self.export(o, python, o.target, p) for p in ("fp32", "int8", "int4")}
-        spec = {"target": str(ir.pop("fp32")), "draft": str(self.export(o, python, o.draft, "fp32")), "quantized": {p: str(f) for p, f in ir.items()}}
+        draft = str(self.export(o, python, o.draft, "fp32")) if o.draft else None
+        spec = {"target": str(ir.pop("fp32")), "draft": draft, "quantized": {p: str(f) for p, f in ir.items()}}
         return spec, {"num_assistant_tokens": k, "max_ngram_size": o.ngram_size, "inference_num_threads": o.threads,
                       "weights": "fp32 (uncompressed); -int8/-int4 modes: optimum-cli --weight-format int8/int4 (defaults)",
                       "input": "token ids (ov.Tensor)", "timing": "streamer write timestamps", "target": spec["target"], "draft": spec["draft"]}
