@@ -190,7 +190,7 @@ def call_state(state):
 class PassThroughCache(DynamicCache):
     """A cache whose ``update`` hands back only the new rows: the real cache is the ORT buffer."""
 
-    def update(self, key_states, value_states, layer_idx, cache_kwargs=None):
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):  # 4.57: cache_kwargs; 5.x: kwargs=
         return key_states, value_states
 
     def get_seq_length(self, layer_idx: int = 0) -> int:

@@ -46,7 +46,8 @@ def staging(out: Path) -> Iterator[Path]:
 def commit(tmp: Path, out: Path, manifest: Manifest) -> Manifest:
     """Hash every file in ``tmp`` into the manifest (specdec/integrity.py), write it, and move
     ``tmp`` to ``out``, replacing any old bundle; returns the manifest as written."""
-    manifest = dataclasses.replace(manifest, integrity=integrity.record(tmp, skip=(MANIFEST_NAME,)))
+    # the export log is for reading: a bundle loads without it
+    manifest = dataclasses.replace(manifest, integrity=integrity.record(tmp, skip=(MANIFEST_NAME, *([manifest.export_log] if manifest.export_log else []))))
     (tmp / MANIFEST_NAME).write_text(manifest.to_json())
     old = None
     if out.exists():

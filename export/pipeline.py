@@ -12,13 +12,15 @@ import dataclasses
 import importlib.metadata as md
 import json
 import math
+import traceback
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, NamedTuple
 
-from specdec.errors import ConfigError
+from specdec.errors import ConfigError, ExportError
 from specdec.export.bundle import check_destination, commit, staging
+from specdec.export.logs import LOG_FILE, ExportLog, captured
 from specdec.export.gguf_file import one_parse
 from specdec.export.kinds import KINDS, ExportContext
 from specdec.export.ngram import check_corpus, write_table
@@ -278,12 +280,40 @@ def _read_sources(cfg: ExportConfig) -> tuple[dict[str, Source], int | None, int
 
 
 def export_bundle(cfg: ExportConfig, progress: Progress | None = None) -> Manifest:
-    """Export, validate and write the bundle at ``cfg.out``; returns its manifest."""
-    from specdec.export.graphs import TORCH_DTYPES
-    from specdec.export.validate import NEAR_TIE, check, text_tokens
+    """Export, validate and write the bundle at ``cfg.out``; returns its manifest. What the
+    libraries print meanwhile goes to the bundle's ``export.log`` (export/logs.py); a failure
+    that is not a refusal of specdec's own becomes an ExportError naming the step, the stack's
+    versions and a log written beside ``cfg.out``."""
+    from specdec.errors import SpecDecError
+    from specdec.export.versions import check_transformers, tested_range
 
     progress = progress or Progress()
     check_destination(cfg.out, cfg.overwrite)
+    check_transformers()
+    with captured() as log:
+        try:
+            return _export(cfg, progress, log)
+        except SpecDecError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a library's failure: one line for the user, the traceback in a log
+            failed = cfg.out.with_name(cfg.out.name + ".export-failed.log")
+            failed.write_text(log.text() + "\n" + "".join(traceback.format_exception(e)))
+            step = progress.done[-1] if progress.done else "start"
+            first = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
+            raise ExportError(f"export failed at step {step!r} ({type(e).__name__}: {first}) with {_stack()} (tested: {tested_range()}); "
+                              f"the traceback and library output are in {failed}") from e
+
+
+def _stack() -> str:
+    """The versions an export failure depends on, as one phrase."""
+    tools = _tools()
+    return ", ".join(f"{p} {tools[p]}" for p in ("transformers", "torch", "onnxscript") if p in tools)
+
+
+def _export(cfg: ExportConfig, progress: Progress, log: ExportLog) -> Manifest:
+    from specdec.export.graphs import TORCH_DTYPES
+    from specdec.export.validate import NEAR_TIE, check, text_tokens
+
     fallback = None
     if cfg.head() is None and (Path(cfg.draft) / "head_config.json").is_file():
         fallback = headless_drafter(Path(cfg.draft), cfg)
@@ -341,7 +371,8 @@ def export_bundle(cfg: ExportConfig, progress: Progress | None = None) -> Manife
         elif fallback is not None:
             manifest = dataclasses.replace(manifest, drafter=fallback)
         progress("write bundle")
-        manifest = commit(tmp, cfg.out, manifest)  # with every file's size and digest
+        (tmp / LOG_FILE).write_text(log.text())
+        manifest = commit(tmp, cfg.out, dataclasses.replace(manifest, export_log=LOG_FILE))  # with every file's size and digest
     return manifest
 
 

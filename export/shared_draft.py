@@ -115,7 +115,7 @@ def load(folder: Path, config: Any, target: torch.nn.Module) -> torch.nn.Module:
     if not files:
         raise ModelError(f"shared draft {folder}: no .safetensors weights")
     state = {k: v.float() for f in files for k, v in load_file(str(f)).items()}
-    model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)  # on the CPU, not "meta": non-persistent
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)  # on the CPU, not "meta": non-persistent
     # buffers (rotary inv_freq, Gemma's embed_scale) are made by the constructor, not read from the file
     own = {k for k in model.state_dict() if not k.startswith(("model.embed_tokens.", "lm_head."))}
     missing, extra = own - state.keys(), state.keys() - own

@@ -185,7 +185,7 @@ def load_model(src: Source, target: Any = None) -> Any:
             revision=src.revision,
             trust_remote_code=src.trust_remote_code,
             use_safetensors=True,
-            torch_dtype=torch.float32,
+            dtype=torch.float32,
             attn_implementation=REFERENCE_ATTENTION,
         )
     except (OSError, ValueError) as e:

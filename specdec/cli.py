@@ -135,7 +135,7 @@ def export_cmd(**options) -> None:
 
     cfg = ExportConfig(**options)
     steps = 5 + 4 * len(planned_graphs(cfg)) + (cfg.ngram_corpus is not None)  # configs, weights, share weights, write + export/optimize/quantize/validate per graph (+ n-grams)
-    manifest = _with_progress("specdec-export", lambda report: export_bundle(cfg, Progress(report)), steps)
+    manifest = _with_progress("specdec-export", lambda report: export_bundle(cfg, Progress(report)), steps, phases=sys.stdout)
     click.echo(summary(cfg.out, manifest, bundle_size(cfg.out)))
 
 
@@ -156,6 +156,8 @@ def summary(out: Path, m, size: int) -> str:
     name, gamma = m.default_drafter()
     why = f" ({m.drafter['why']})" if m.drafter and m.drafter.get("why") else ""
     lines.append(f"  default drafter {name}, gamma {gamma}{why}")
+    if m.export_log:
+        lines.append(f"  export log {out / m.export_log} (what torch, transformers and onnxscript printed)")
     if m.seq2seq:
         lines.append(f"  encoder-decoder: max-source-len {m.max_source_len}  decoder start {m.decoder_start_token_id}")
     if m.ngram:
@@ -748,18 +750,31 @@ def _chat_prompt(bundle: Path, dec, text: str) -> str:
     return chat.render([{"role": "user", "content": text}]) if chat else text
 
 
-def _with_progress(desc: str, work, total: int | None = None):
+def _with_progress(desc: str, work, total: int | None = None, phases=None):
     """Run ``work(report)`` with ``report(step)`` drawing a step bar on stderr. disable=None: no
-    bar when stderr is not a terminal (CI, pipes), so errors stay one line."""
+    bar when stderr is not a terminal (CI, pipes), so errors stay one line. ``phases``: a stream
+    that gets a line per finished step with its seconds."""
+    import time
+
     from tqdm import tqdm
+
+    current: list = []  # [step, start]
+
+    def finish() -> None:
+        if current and phases is not None:
+            tqdm.write(f"  {current[0]:<34}{time.perf_counter() - current[1]:7.1f} s", file=phases)
 
     with tqdm(total=total, desc=desc, unit="step", file=sys.stderr, leave=False, disable=None) as bar:
 
         def report(step: str) -> None:
+            finish()
+            current[:] = [step, time.perf_counter()]
             bar.set_postfix_str(step)
             bar.update(1)
 
-        return work(report)
+        out = work(report)
+    finish()
+    return out
 
 
 def run(command: click.Command, argv: list[str] | None, prog_name: str) -> None:

@@ -180,6 +180,7 @@ class Manifest:
     head: ModelSpec | None = None  # the feature drafter (specdec train-drafter): one decoder layer over the target's features
     feature: dict[str, Any] | None = None  # {"width", "training": {...}}: how the head was trained, and the feature width d
     drafter: dict[str, Any] | None = None  # {"name", "gamma", "why"}: the bundle's default drafter and γ; None: the draft model at gamma
+    export_log: str | None = None  # relative path of what the libraries printed during export (not hashed: a bundle loads without it)
     schema_version: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:

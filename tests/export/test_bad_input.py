@@ -265,3 +265,81 @@ def test_a_chat_template_given_at_export_is_the_bundles(llama_bundle, tmp_path):
     codec = TextCodec.from_bundle(tmp_path / "b", m)
     bos = codec.tokenizer.id_to_token(m.bos_token_id)
     assert bundle_template(tmp_path / "b", m, codec).render([{"role": "user", "content": "hi"}], True) == f"{bos}<user>hi\n<assistant>"
+
+
+# --- what the export prints --------------------------------------------------------------------
+
+
+def test_export_prints_its_phases_and_keeps_library_output_in_the_log(llama_bundle, tmp_path):
+    """stdout: a line per phase with its seconds, then the summary; stderr: nothing of torch's or
+    transformers' notices (they go to the bundle's export.log, which the manifest names and a
+    bundle loads without)."""
+    from specdec.runtime import SpeculativeDecoder
+
+    target, draft, _ = llama_bundle
+    out = tmp_path / "b"
+    res = export_cli("--target", str(target), "--draft", str(draft), "--out", str(out), "--gamma", "2", "--max-seq-len", "64")
+    assert res.returncode == 0, res.stderr[-2000:]
+    phases = [ln.split() for ln in res.stdout.splitlines() if ln.endswith(" s") and ln.startswith("  ")]
+    names = [" ".join(p[:-2]) for p in phases]
+    assert names[:2] == ["read configs", "load weights"] and names[-1] == "write bundle", res.stdout
+    assert {"export target_verify", "optimize target_verify", "validate target_verify"} <= set(names), names
+    assert all(float(p[-2]) >= 0 for p in phases)
+    for noise in ("torchvision", "Warning", "deprecated", "legacy"):
+        assert noise not in res.stderr, res.stderr[-2000:]
+    m = load_manifest(out)
+    assert m.export_log == "export.log" and f"export log {out / 'export.log'}" in res.stdout
+    assert "export.log" not in m.integrity["files"]
+    (out / "export.log").unlink()  # for reading only
+    assert SpeculativeDecoder.load(out).generate([3, 4, 5], max_new_tokens=4).tokens
+
+
+def test_a_library_warning_goes_to_the_log_and_ours_to_the_screen():
+    import logging
+    import warnings
+
+    import specdec.export.pipeline as ours
+    from specdec.export.logs import captured
+
+    before = {n: logging.getLogger(n).handlers[:] for n in ("", "torch", "transformers")}
+    with pytest.warns(UserWarning, match="left out") as shown, captured() as log:
+        warnings.warn_explicit("a library's notice", FutureWarning, "/site-packages/somelib/x.py", 3)
+        logging.getLogger("torch.onnx").warning("torchvision is not installed")
+        logging.getLogger("transformers.tokenization").warning("legacy behaviour")
+        warnings.warn_explicit("the head is left out", UserWarning, ours.__file__, 1)
+    text = log.text()
+    assert "a library's notice" in text and "torchvision is not installed" in text and "legacy behaviour" in text
+    assert "left out" not in text and not any("notice" in str(w.message) for w in shown)
+    assert {n: logging.getLogger(n).handlers for n in before} == before  # restored
+
+
+def test_a_library_failure_is_one_line_naming_the_stack_and_its_log(llama_bundle, tmp_path, monkeypatch):
+    """An exception out of torch.export or transformers is an ExportError naming the step, the
+    versions and the tested range; the traceback goes to a log beside --out; no bundle is left."""
+    import specdec.export.pipeline as pipeline
+    from specdec.errors import ExportError
+
+    def broken(plan, *args):
+        raise TypeError("PassThroughCache.update() got an unexpected keyword argument 'kwargs'")
+
+    monkeypatch.setattr(pipeline, "_export_graph", broken)
+    target, draft, _ = llama_bundle
+    out = tmp_path / "b"
+    with pytest.raises(ExportError) as err:
+        export_bundle(ExportConfig(str(target), str(draft), out, gamma=2, max_seq_len=64))
+    msg = str(err.value)
+    assert "\n" not in msg and "load weights" in msg and "transformers " in msg and "tested: transformers 4.57 to" in msg, msg
+    log = tmp_path / "b.export-failed.log"
+    assert str(log) in msg and "Traceback" in log.read_text() and "unexpected keyword argument" in log.read_text()
+    assert not out.exists()
+
+
+def test_a_transformers_older_than_supported_is_one_line(llama_bundle, tmp_path, monkeypatch):
+    import specdec.export.versions as versions
+    from specdec.errors import ModelError
+
+    monkeypatch.setattr(versions.md, "version", lambda name: "4.46.3")
+    target, draft, _ = llama_bundle
+    with pytest.raises(ModelError, match=r"transformers 4\.46\.3 is older than export supports .*4\.57"):
+        export_bundle(ExportConfig(str(target), str(draft), tmp_path / "b", gamma=2, max_seq_len=64))
+    assert not (tmp_path / "b").exists()

@@ -224,7 +224,7 @@ def build(target, layers: int):
     if getattr(cfg, "layer_types", None):  # per-layer kinds (Gemma 3's sliding/full): the first layers'
         cfg.layer_types = cfg.layer_types[:layers]
     cfg.tie_word_embeddings = False
-    draft = AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.float32)
+    draft = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     draft.load_state_dict({k: v for k, v in target.state_dict().items() if k in draft.state_dict()}, strict=False)
     return draft
 

@@ -7,7 +7,8 @@ interleaved run, modes of each peer:
   adaptive γ, prompt lookup, n-gram table, hierarchical.
 * ``hf``       transformers ``generate``, PyTorch CPU, fp32: the target alone; assisted generation
   (``assistant_model=draft``; with sampling, speculative sampling).
-* ``optimum``  optimum-onnx ``ORTModelForCausalLM`` (CPU EP, ``export=True`` once): the target alone.
+* ``optimum``  optimum-onnx ``ORTModelForCausalLM`` (CPU EP, ``export=True`` once): the target alone
+  (a private venv: optimum-onnx 0.1 pins transformers below 4.58, which specdec's extras do not).
 * ``genai``    onnxruntime-genai (fp32 graphs by its model builder): the target alone; draft-model
   speculation (a composite ``genai_config.json``: ``model.type = "speculative"``, a ``model.draft``
   decoder, ``max_draft_tokens`` = K); n-gram decoding (``ngram_size`` = N).
@@ -21,7 +22,7 @@ interleaved run, modes of each peer:
   ``-q8_0``/``-q4_0`` speedups are over that width's autoregressive run). No draft-model drafter
   in the binding: listed as unavailable.
 
-genai, openvino and llamacpp run in private venvs (pins in ``venv.py``, verified together on
+optimum, genai, openvino and llamacpp run in private venvs (pins in ``venv.py``, verified together on
 Python 3.11, CPU) through ``workers/worker.py``. Venvs and converted models (keyed by checkpoint
 path, file sizes and mtimes) go under ``--work`` (default ``$SPECDEC_CACHE/peers``, else
 ``~/.cache/specdec/peers``), made on first use (pip's log ``<work>/<venv>.install.log``; llama.cpp
@@ -61,8 +62,8 @@ thread than 2). transformers adapts its assistant's settings across calls; each 
 from __future__ import annotations
 
 from specdec.bench.peers.base import Peer
-from specdec.bench.peers.local import HFPeer, OptimumPeer, SpecdecPeer
-from specdec.bench.peers.venv import GenaiPeer, LlamaCppPeer, OpenVINOPeer
+from specdec.bench.peers.local import HFPeer, SpecdecPeer
+from specdec.bench.peers.venv import GenaiPeer, LlamaCppPeer, OpenVINOPeer, OptimumPeer
 
 # In start order (specdec last).
 PEER_CLASSES: dict[str, type[Peer]] = {p.name: p for p in (HFPeer, OptimumPeer, GenaiPeer, OpenVINOPeer, LlamaCppPeer, SpecdecPeer)}

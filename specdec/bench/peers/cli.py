@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -69,15 +70,16 @@ def bench_peers_cmd(target: Path, draft: Path | None, bundle: Path | None, corpu
     chat = corpus in CHAT_CORPORA
     if chat and bundle is None:
         raise InputError(f"--corpus {corpus}: chat prompts go through the bundle's chat template; give --bundle")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()  # whole source files exceed model_max_length (only a prefix is used); a GGUF tokenizer's legacy notice
     work = work or default_work()
     if target.is_file():
         target = gguf_checkpoint(target, work, not no_setup)
     elif not (target / "config.json").is_file():
         raise ModelError(f"--target {target}: no config.json; expected a Hugging Face checkpoint folder or a .gguf file")
     from transformers import AutoTokenizer
-    from transformers.utils import logging as hf_logging
 
-    hf_logging.set_verbosity_error()  # whole source files exceed model_max_length; only a prefix is used
     if chat:
         from specdec.bench.corpus import chat_prompts
         from specdec.runtime import SpeculativeDecoder
@@ -146,8 +148,12 @@ def measure(peers: list, prompts: list[list[int]], temps: list[float], tokens: i
 
     for peer, mode, t in ((p, m, t) for p in peers for m in p.modes for t in temps):
         attempt(peer, mode, t, prompts[0], WARMUP_TOKENS, 0)
+    from tqdm import tqdm
+
     tallies: dict = {}
-    for r, (i, t, peer, mode) in interleaved([(i, t, p, m) for i in range(len(prompts)) for t in temps for p in peers for m in p.modes], rounds):
+    cells = [(i, t, p, m) for i in range(len(prompts)) for t in temps for p in peers for m in p.modes if (p.name, m, t) not in unavailable]
+    for r, (i, t, peer, mode) in tqdm(interleaved(cells, rounds), total=len(cells) * rounds, desc="[bench-peers] requests", file=sys.stderr,
+                                      mininterval=5, disable=None):  # a bar with its ETA on a terminal  # fmt: skip
         if (s := attempt(peer, mode, t, prompts[i], tokens, 1000 * r + i)) is not None:
             tallies.setdefault((peer.name, mode, t), Tally()).add(s)
             if r == 0:

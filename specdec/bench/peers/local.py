@@ -1,4 +1,4 @@
-"""The peers that run in this python: transformers, optimum-onnx and specdec itself."""
+"""The peers that run in this python: transformers and specdec itself."""
 
 from __future__ import annotations
 
@@ -59,12 +59,12 @@ class HFPeer(Peer):
         from transformers import AutoModelForCausalLM
 
         torch.set_num_threads(o.threads)
-        self.target = AutoModelForCausalLM.from_pretrained(o.target, torch_dtype=torch.float32).eval()  # fp32, as the ORT peers
+        self.target = AutoModelForCausalLM.from_pretrained(o.target, dtype=torch.float32).eval()  # fp32, as the ORT peers
         self.pad, self.passes = pad_id(o.target), 0
         self.target.register_forward_hook(lambda *_: setattr(self, "passes", self.passes + 1))
         self.settings, self.draft = {"torch_threads": o.threads}, None
         if o.draft is not None:
-            self.draft = AutoModelForCausalLM.from_pretrained(o.draft, torch_dtype=torch.float32).eval()
+            self.draft = AutoModelForCausalLM.from_pretrained(o.draft, dtype=torch.float32).eval()
             gc, keys = self.draft.generation_config, ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
             if o.draft_tokens is not None:
                 gc.update(**dict(zip(keys, (o.draft_tokens, "constant", 0.0))))
@@ -80,33 +80,6 @@ class HFPeer(Peer):
             kwargs["assistant_model"] = self.draft
         stats = (lambda: {"target_passes": float(self.passes)}) if mode == "assisted" else dict
         return hf_generate(self.target, prompt, tokens, temperature, seed, self.pad, stats, **kwargs)
-
-
-class OptimumPeer(Peer):
-    name = "optimum"
-    modes = ("autoregressive",)
-
-    def __init__(self, o: Options) -> None:
-        from importlib.metadata import version
-
-        import onnxruntime as ort
-        from optimum.onnxruntime import ORTModelForCausalLM
-
-        cache = o.work / "optimum" / f"{o.target.resolve().name}-{checkpoint_key(o.target)}"
-        so = ort.SessionOptions()
-        so.intra_op_num_threads, so.log_severity_level = o.threads, 3
-        kw = dict(session_options=so, provider="CPUExecutionProvider")
-        if not (cache / "model.onnx").is_file():
-            if not o.setup:
-                raise ModeUnavailable(f"no optimum export at {cache} (--no-setup given; run without it to export)")
-            log(f"optimum: exporting {o.target} -> {cache}")
-            ORTModelForCausalLM.from_pretrained(o.target, export=True, **kw).save_pretrained(cache)
-        self.model = ORTModelForCausalLM.from_pretrained(cache, **kw)
-        self.pad = pad_id(o.target)
-        self.settings = {"cache": str(cache), "ort_intra_op_threads": o.threads, "optimum-onnx": version("optimum-onnx")}
-
-    def decode(self, mode: str, temperature: float, prompt: list[int], tokens: int, seed: int) -> Sample:
-        return hf_generate(self.model, prompt, tokens, temperature, seed, self.pad)
 
 
 class SpecdecPeer(Peer):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import select
 import shutil
 import subprocess
@@ -42,6 +43,9 @@ class VenvSpec:
 
 
 # Verified together (2026-11, Python 3.11, CPU).
+# optimum-onnx 0.1.0 requires transformers < 4.58: its own venv keeps that pin out of specdec's extras.
+OPTIMUM = VenvSpec("optimum-venv", ("optimum-onnx==0.1.0", "transformers==4.57.6", "torch==2.13.0", "onnxruntime==1.32.0", "onnx==1.23.2"),
+                   "import optimum.onnxruntime", note="CPU torch; ~1 min")
 GENAI = VenvSpec("genai-venv", ("onnxruntime-genai==0.18.0", "transformers==5.23.0", "torch==2.13.0", "onnx==1.23.2", "onnx_ir==1.1.0"),
                  "import onnxruntime_genai.models.builder", note="CPU torch; ~1 min")  # the model builder needs transformers 5
 # optimum-intel pulls in torchvision, whose PyPI wheel is built against CUDA torch and breaks
@@ -79,7 +83,10 @@ def run_logged(cmd: list, log_file: Path, what: str, env: dict[str, str] | None 
         except subprocess.TimeoutExpired as exc:
             raise SetupError(f"{what} took over {timeout_s:.0f} s; stopped (log {log_file})") from exc
     if proc.returncode != 0:
-        tail = " / ".join(log_file.read_text(errors="replace").strip().splitlines()[-3:])
+        text = log_file.read_text(errors="replace")
+        lines = text[text.rfind("\n$ ") + 1:].strip().splitlines()[1:]  # this command's output (the log holds earlier ones too)
+        errors = [ln.strip() for ln in lines if re.match(r"\s*[\w.]*(Error|Exception)\b", ln)]  # a Python exception's last line
+        tail = errors[-1] if errors else " / ".join(lines[-3:])
         raise SetupError(f"{what} failed (rc={proc.returncode}; log {log_file}): {tail[-400:]}")
 
 
@@ -161,9 +168,11 @@ class WorkerPeer(Peer):
         k = self.default_k if o.draft_tokens is None else o.draft_tokens
         spec, settings = self.prepare(o, python, k)
         spec.update(threads=o.threads, k=k, ngram_size=o.ngram_size)
-        # Idle OpenMP threads (llama.cpp) must not spin between calls: the peers take turns on the same cores.
+        # OpenMP (llama.cpp's ggml) as a user gets it: OMP_WAIT_POLICY unset, so its threads spin briefly between ops and
+        # then sleep. PASSIVE (sleep at once) made llama.cpp ~2x slower on SmolLM2-135M (docs/bench/real-model/peers-chat-first).
+        env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
         self.proc = subprocess.Popen([str(python), str(WORKER), self.name, json.dumps(spec)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     text=True, bufsize=1, env=dict(os.environ, OMP_WAIT_POLICY="PASSIVE"))
+                                     text=True, bufsize=1, env=env)
         hello = self.ask({"cmd": "hello"})
         self.unavailable: dict[str, str] = hello.pop("unavailable")
         self.settings = {**hello, **settings}
@@ -193,6 +202,21 @@ class WorkerPeer(Peer):
             self.proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             self.proc.kill()
+
+
+class OptimumPeer(WorkerPeer):
+    name, venv, default_k = "optimum", OPTIMUM, 0
+    modes = ("autoregressive",)
+
+    def prepare(self, o: Options, python: Path, k: int) -> tuple[dict, dict]:
+        """The target exported once by optimum-onnx (``ORTModelForCausalLM``, ``export=True``)."""
+        cache = build_once(o.work / "optimum" / f"{o.target.resolve().name}-{checkpoint_key(o.target)}",
+                           lambda tmp: run_logged([python, WORKER, "optimum-export", o.target.resolve(), tmp], o.work / "optimum" / "export.log",
+                                                  f"optimum-onnx export of {o.target}", env=OFFLINE),
+                           f"optimum-onnx export of {o.target}", o.setup)
+        from specdec.bench.peers.local import pad_id
+
+        return {"model": str(cache), "pad": pad_id(o.target)}, {"cache": str(cache), "ort_intra_op_threads": o.threads}
 
 
 class GenaiPeer(WorkerPeer):
@@ -229,11 +253,17 @@ class OpenVINOPeer(WorkerPeer):
     modes = ("autoregressive", "speculative-draft", "speculative-lookup", "autoregressive-int8", "autoregressive-int4")
 
     def prepare(self, o: Options, python: Path, k: int) -> tuple[dict, dict]:
-        ir = {p: self.export(o, python, o.target, p) for p in ("fp32", "int8", "int4")}
+        target, quantized, failed = self.export(o, python, o.target, "fp32"), {}, {}
+        for p in ("int8", "int4"):
+            try:
+                quantized[p] = str(self.export(o, python, o.target, p))
+            except SetupError as exc:  # that width's mode only (optimum-intel's int4 group size must divide every row)
+                failed[f"autoregressive-{p}"] = str(exc).splitlines()[0]
         draft = str(self.export(o, python, o.draft, "fp32")) if o.draft else None
-        spec = {"target": str(ir.pop("fp32")), "draft": draft, "quantized": {p: str(f) for p, f in ir.items()}}
+        spec = {"target": str(target), "draft": draft, "quantized": quantized, "unavailable": failed}
         return spec, {"num_assistant_tokens": k, "max_ngram_size": o.ngram_size, "inference_num_threads": o.threads,
                       "weights": "fp32 (uncompressed); -int8/-int4 modes: optimum-cli --weight-format int8/int4 (defaults)",
+                      "inference_precision_hint": "f32",
                       "input": "token ids (ov.Tensor)", "timing": "streamer write timestamps", "target": spec["target"], "draft": spec["draft"]}
 
     @staticmethod
@@ -286,6 +316,15 @@ class LlamaCppPeer(WorkerPeer):
                            f"convert_hf_to_gguf {o.target} -> {p}", env=OFFLINE)
 
         out = build_once(folder / f"{o.target.resolve().name}-{checkpoint_key(o.target)}", convert, f"GGUF of {o.target}", o.setup)
-        spec = {"gguf": {p: str(out / f"model-{p}.gguf") for p in self.PRECISIONS}, "n_ctx": o.n_ctx}
+        spec = {"gguf": {p: str(out / f"model-{p}.gguf") for p in self.PRECISIONS}, "n_ctx": o.n_ctx, "unbatched": [], "unavailable": {}}
+        for p, path in spec["gguf"].items():
+            probe = subprocess.run([str(python), str(WORKER), "llama-probe", path], capture_output=True, text=True, timeout=300)
+            if probe.returncode != 0:  # its autoregressive mode evaluates one token a call; speculation needs batches
+                spec["unbatched"].append(p)
+                mode = "speculative-lookup" + ("" if p == "f32" else f"-{p}")
+                spec["unavailable"][mode] = (f"a batched eval of {Path(path).name} ends the process (rc={probe.returncode}) in llama-cpp-python "
+                                             f"{LLAMACPP_VERSION} on this CPU (seen on a CPU with AMX); its autoregressive mode ran with n_batch = 1")
+                log(f"llamacpp: {mode} unavailable: {spec['unavailable'][mode]}")
         return spec, {"num_pred_tokens": k, "max_ngram_size": o.ngram_size, "n_threads": o.threads, "n_ctx": o.n_ctx, "gguf": spec["gguf"],
+                      "n_batch_1": spec["unbatched"],
                       "input": "token ids", "timing": "generate's first to last token"}

@@ -2,10 +2,12 @@
 """The venv side of ``specdec bench-peers``' genai, openvino and llamacpp peers (standard library plus
 that peer's stack; ``specdec/bench/peers/__init__.py`` says what each mode is and how it is timed)::
 
-    worker.py {genai,openvino,llamacpp} SPEC_JSON   one reply line per request line, until stdin closes:
+    worker.py {optimum,genai,openvino,llamacpp} SPEC_JSON   one reply line per request line, until stdin closes:
         {"cmd": "hello"} -> {"version", "unavailable": {mode: why}, ...}
         {"cmd": "decode", "mode", "temperature", "prompt", "tokens", "seed"} -> {"seconds", "tokens", "new_tokens", "stats", "ids"} or {"error"}
     worker.py gguf LLAMA_CPP_DIR MODEL_DIR OUTFILE {f32,q8_0,q4_0}  |  worker.py ov-tokenizer MODEL_DIR OUT_DIR
+    worker.py optimum-export MODEL_DIR OUT_DIR  (ORTModelForCausalLM.from_pretrained(export=True), saved)
+    worker.py llama-probe FILE.gguf  (a batched eval; exit status -11 where it crashes)
     worker.py llama-quantize SRC.gguf DST.gguf FTYPE  (llama.cpp's own quantizer; FTYPE a llama_ftype number)
     worker.py llama-quality SPEC_JSON  (tools/bench_quality.py's llama.cpp side; see llama_quality)
     worker.py llama-structured SPEC_JSON  (tools/bench_structured.py's llama.cpp side; see llama_structured)
@@ -22,6 +24,58 @@ from pathlib import Path
 
 def first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+
+
+def optimum_session(threads: int):
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads, so.log_severity_level = threads, 3
+    return {"session_options": so, "provider": "CPUExecutionProvider"}
+
+
+def optimum_export(model_dir: str, out_dir: str) -> int:
+    from optimum.onnxruntime import ORTModelForCausalLM
+
+    ORTModelForCausalLM.from_pretrained(model_dir, export=True, **optimum_session(1)).save_pretrained(out_dir)
+    return 0
+
+
+def optimum(spec: dict):
+    """optimum-onnx's ``ORTModelForCausalLM.generate`` (its own venv: optimum-onnx pins transformers
+    below 4.58), timed by a streamer from the first new token to the end, EOS ignored."""
+    from importlib.metadata import version
+
+    import torch
+    from optimum.onnxruntime import ORTModelForCausalLM
+    from transformers import GenerationConfig
+
+    model = ORTModelForCausalLM.from_pretrained(spec["model"], **optimum_session(int(spec["threads"])))
+
+    class Clock:  # a generate streamer: each put (the prompt, then each step's tokens) and the end, timed
+        def __init__(self):
+            self.puts, self.t_end = [], None
+
+        def put(self, value):
+            self.puts.append((time.perf_counter(), int(value.numel())))
+
+        def end(self):
+            self.t_end = time.perf_counter()
+
+    def decode(req: dict) -> dict:
+        prompt, t, n = req["prompt"], req["temperature"], req["tokens"]
+        common = dict(max_new_tokens=n, eos_token_id=None, pad_token_id=spec["pad"])
+        config = (GenerationConfig(do_sample=False, **common) if t == 0 else
+                  GenerationConfig(do_sample=True, temperature=t, top_k=0, top_p=1.0, **common))
+        ids, clock = torch.tensor([prompt], dtype=torch.long), Clock()
+        torch.manual_seed(req["seed"])
+        with torch.inference_mode():
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), streamer=clock, use_model_defaults=False, generation_config=config)
+        new = out[0, len(prompt):].tolist()
+        t_first, first = clock.puts[1]
+        return {"seconds": clock.t_end - t_first, "tokens": len(new) - first, "new_tokens": len(new), "stats": {}, "ids": new}
+
+    return {"version": version("optimum-onnx"), "unavailable": {}}, decode
 
 
 def genai(spec: dict):
@@ -86,12 +140,14 @@ def openvino(spec: dict):
     import openvino as ov
     import openvino_genai as og
 
-    props, target, draft = {"INFERENCE_NUM_THREADS": int(spec["threads"])}, spec["target"], spec["draft"]
+    # f32 compute: the CPU plugin's default on a CPU with bf16 units (AMX) is bf16, another model than the float32 weights
+    props = {"INFERENCE_NUM_THREADS": int(spec["threads"]), "INFERENCE_PRECISION_HINT": spec.get("precision", "f32")}
+    target, draft = spec["target"], spec["draft"]
     makers = {"autoregressive": lambda: og.LLMPipeline(target, "CPU", **props),
               "speculative-draft": lambda: og.LLMPipeline(target, "CPU", draft_model=og.draft_model(draft, "CPU", **props), **props),
               "speculative-lookup": lambda: og.LLMPipeline(target, "CPU", prompt_lookup=True, **props),
               **{f"autoregressive-{p}": (lambda f=f: og.LLMPipeline(f, "CPU", **props)) for p, f in spec["quantized"].items()}}
-    pipes, unavailable = {}, {}
+    pipes, unavailable = {}, dict(spec.get("unavailable", {}))
     for mode, make in makers.items():
         try:
             pipes[mode] = make()
@@ -162,10 +218,11 @@ def llamacpp(spec: dict):
     class Runner:
         """One ``Llama`` (with the lookup drafter or without) whose ``eval`` calls are counted."""
 
-        def __init__(self, path: str, lookup: bool) -> None:
+        def __init__(self, path: str, lookup: bool, batch: int) -> None:
             self.drafter = CountingLookup(max_ngram_size=int(spec["ngram_size"]), num_pred_tokens=int(spec["k"])) if lookup else None
             n = int(spec["threads"])
-            self.llm = llama_cpp.Llama(model_path=path, n_ctx=int(spec["n_ctx"]), n_threads=n, n_threads_batch=n, draft_model=self.drafter, verbose=False)
+            self.llm = llama_cpp.Llama(model_path=path, n_ctx=int(spec["n_ctx"]), n_batch=batch, n_threads=n, n_threads_batch=n, draft_model=self.drafter,
+                                       verbose=False)  # fmt: skip
             self.passes, evaluate = 0, self.llm.eval
 
             def counted(tokens) -> None:  # an instance attribute: generate's self.eval finds it
@@ -193,16 +250,28 @@ def llamacpp(spec: dict):
                 stats.update(draft_tokens_evaluated=float(self.drafter.proposed - proposed0), draft_tokens_accepted=float(len(out) - self.passes))
             return {"seconds": t_end - t_first, "tokens": len(out) - 1, "new_tokens": len(out), "stats": stats, "ids": out}
 
-    runners, unavailable = {}, {"speculative-draft": NO_DRAFT_MODEL}
+    runners, unavailable = {}, {"speculative-draft": NO_DRAFT_MODEL, **spec.get("unavailable", {})}
     for precision, path in spec["gguf"].items():
         for base in ("autoregressive", "speculative-lookup"):
             mode = base if precision == "f32" else f"{base}-{precision}"
-            try:
-                runners[mode] = Runner(path, lookup=base != "autoregressive")
+            if mode in unavailable:
+                continue
+            try:  # n_batch 1 where a batched eval crashed the probe: the prompt a token a call (prefill is not timed)
+                runners[mode] = Runner(path, lookup=base != "autoregressive", batch=1 if precision in spec.get("unbatched", ()) else int(spec["n_ctx"]))
             except Exception as exc:  # noqa: BLE001 - reported, not fatal
                 unavailable[mode] = f"Llama({path}) did not load: {first_line(exc)}"
     hello = {"version": llama_cpp.__version__, "unavailable": unavailable, "system_info": llama_cpp.llama_print_system_info().decode(errors="replace")}
     return hello, lambda req: runners[req["mode"]].decode(req)
+
+
+def llama_probe(path: str) -> int:
+    """Evaluate 4 tokens in one batch (a verify call's shape): a process that crashes here would take
+    the worker with it (llama-cpp-python 0.3.36's quantized batched eval segfaults on an AMX CPU)."""
+    import llama_cpp
+
+    llm = llama_cpp.Llama(model_path=path, n_ctx=64, n_threads=1, n_threads_batch=1, verbose=False)
+    llm.eval([1, 2, 3, 4])
+    return 0
 
 
 def gguf(tree: str, model_dir: str, outfile: str, outtype: str) -> int:
@@ -354,7 +423,7 @@ def llama_structured(spec: dict) -> int:
 def serve(kind: str, spec: dict) -> int:
     reply = os.fdopen(os.dup(1), "w", buffering=1)  # the real stdout; fd 1 becomes stderr, so library prints stay out of the replies
     os.dup2(2, 1)
-    hello, decode = {"genai": genai, "openvino": openvino, "llamacpp": llamacpp}[kind](spec)
+    hello, decode = {"optimum": optimum, "genai": genai, "openvino": openvino, "llamacpp": llamacpp}[kind](spec)
     for line in sys.stdin:
         req = json.loads(line)
         try:
@@ -367,10 +436,14 @@ def serve(kind: str, spec: dict) -> int:
 
 if __name__ == "__main__":
     a = sys.argv[1:]
-    if len(a) == 2 and a[0] in ("genai", "openvino", "llamacpp"):
+    if len(a) == 2 and a[0] in ("optimum", "genai", "openvino", "llamacpp"):
         sys.exit(serve(a[0], json.loads(a[1])))
     if len(a) == 5 and a[0] == "gguf" and a[4] in ("f32", "q8_0", "q4_0"):
         sys.exit(gguf(*a[1:]))
+    if len(a) == 2 and a[0] == "llama-probe":
+        sys.exit(llama_probe(a[1]))
+    if len(a) == 3 and a[0] == "optimum-export":
+        sys.exit(optimum_export(*a[1:]))
     if len(a) == 3 and a[0] == "ov-tokenizer":
         sys.exit(ov_tokenizer(*a[1:]))
     if len(a) == 4 and a[0] == "llama-quantize":
