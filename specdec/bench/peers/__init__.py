@@ -1,10 +1,12 @@
 """``specdec bench-peers``: decoding speed of what a user would otherwise reach for, on one pair.
 
-For ONE pair of Hugging Face checkpoints (config.json, safetensors, tokenizer files), in one
-interleaved run, modes of each peer:
+For ONE target (a Hugging Face checkpoint folder, or a GGUF file dequantized once to one under
+``--work``, as specdec-export reads it) and optionally a draft checkpoint, in one interleaved run,
+modes of each peer (``--modes`` keeps a subset; the draft-model modes need ``--draft``):
 
-* ``specdec``  (``--bundle``, exported from the pair) autoregressive, the draft model at γ = K,
-  adaptive γ, prompt lookup, n-gram table, hierarchical.
+* ``specdec``  (``--bundle``, exported from the pair) autoregressive, ``default`` (the bundle's
+  default drafter at its γ: what ``SpeculativeDecoder.load(bundle)`` decodes with), the draft
+  model at γ = K, adaptive γ, prompt lookup, n-gram table, hierarchical.
 * ``hf``       transformers ``generate``, PyTorch CPU, fp32: the target alone; assisted generation
   (``assistant_model=draft``; with sampling, speculative sampling).
 * ``optimum``  optimum-onnx ``ORTModelForCausalLM`` (CPU EP, ``export=True`` once): the target alone
@@ -13,14 +15,17 @@ interleaved run, modes of each peer:
   speculation (a composite ``genai_config.json``: ``model.type = "speculative"``, a ``model.draft``
   decoder, ``max_draft_tokens`` = K); n-gram decoding (``ngram_size`` = N).
 * ``openvino`` OpenVINO GenAI ``LLMPipeline``, CPU (fp32 IR by optimum-intel, tokenizer by
-  openvino-tokenizers): the target alone; ``draft_model=`` (``num_assistant_tokens`` = K);
+  openvino-tokenizers; ``INFERENCE_PRECISION_HINT = f32``, else a CPU with AMX computes in bf16): the target alone; ``draft_model=`` (``num_assistant_tokens`` = K);
   ``prompt_lookup=True`` (``max_ngram_size`` = N); ``-int8``/``-int4``: the target exported with
   optimum-intel's ``--weight-format int8/int4`` defaults, autoregressive.
 * ``llamacpp`` llama-cpp-python (built from source for this CPU; the target converted by llama.cpp's
   ``convert_hf_to_gguf.py``): the target alone and with the binding's prompt lookup
   (``LlamaPromptLookupDecoding(num_pred_tokens=K)``), at F32, Q8_0 and Q4_0 (``llama_model_quantize``;
   ``-q8_0``/``-q4_0`` speedups are over that width's autoregressive run). No draft-model drafter
-  in the binding: listed as unavailable.
+  in the binding: listed as unavailable. Each file is first probed with a batched eval in a child
+  process: where that crashes (0.3.36's quantized kernels on an AMX CPU), its lookup mode is
+  unavailable and its autoregressive mode evaluates the prompt a token a call. OpenMP's wait
+  policy is left unset, as a user's llama.cpp runs (PASSIVE halved it on SmolLM2-135M).
 
 optimum, genai, openvino and llamacpp run in private venvs (pins in ``venv.py``, verified together on
 Python 3.11, CPU) through ``workers/worker.py``. Venvs and converted models (keyed by checkpoint
@@ -30,7 +35,8 @@ builds for ~12 min on 2 cores). ``--no-setup`` makes nothing and lists what is m
 unavailable; a failed install or conversion makes that peer unavailable with why; the run goes on.
 
 Prompts are ``specdec bench``'s (``--corpus``), the first ``--prompt-tokens`` tokens by the target's
-``AutoTokenizer``, fed to every peer as token ids. Each request asks for exactly ``--tokens`` new
+``AutoTokenizer``, or with ``--corpus chat|chat-code|topics-*`` whole held-out requests through the
+bundle's chat template; fed to every peer as token ids. Each request asks for exactly ``--tokens`` new
 tokens, EOS ignored (transformers: no EOS id; genai: ``min_length = max_length``; OpenVINO:
 ``ignore_eos``; llama.cpp: ``generate`` never stops by itself); greedy at T = 0, else pure sampling
 (no top-k/top-p/min-p). All libraries get ``--threads``. One 8-token warm-up per (peer, mode, T),
@@ -56,7 +62,7 @@ CPU search (~0.5 ms per token at a 4096 vocabulary). OpenVINO GenAI 2026.4's dra
 sampling fails an internal check for some seeds (0 among them) and corrupts output when it does not
 (openvino.genai issue 4190): that row carries the error. llama.cpp meets at a barrier after every
 op, which on a tiny model costs more than a second thread gains (the demo target: ~3x faster at 1
-thread than 2). transformers adapts its assistant's settings across calls; each request resets them.
+thread than 2, measured under the PASSIVE wait policy the workers then had). transformers adapts its assistant's settings across calls; each request resets them.
 """
 
 from __future__ import annotations
