@@ -28,8 +28,11 @@ def _head_dim(cfg: Any) -> int:
 def _no_unsupported(**flags: Any) -> Callable[[Any], list[str]]:
     """A check that lists config options set to values we do not export exactly."""
 
+    def differs(value: Any, wanted: Any) -> bool:  # a boolean flag left None (transformers 5.x's default) reads as False, as the model does
+        return bool(value) != wanted if isinstance(wanted, bool) else value != wanted
+
     def check(cfg: Any) -> list[str]:
-        return [f"{k}={getattr(cfg, k)!r} (need {v!r})" for k, v in flags.items() if getattr(cfg, k, v) != v]
+        return [f"{k}={getattr(cfg, k)!r} (need {v!r})" for k, v in flags.items() if differs(getattr(cfg, k, v), v)]
 
     return check
 

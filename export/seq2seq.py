@@ -102,7 +102,9 @@ class T5Decoder(torch.nn.Module):
 
         cfg = model.config
         self.dec, self.lm_head, self.heads, self.max_seq = model.get_decoder(), model.lm_head, cfg.num_heads, max_seq
-        self.out_scale = cfg.d_model**-0.5 if cfg.tie_word_embeddings else 1.0
+        # the head's input scaled by d_model^-0.5 (original T5; not v1.1): transformers 5.x says so in scale_decoder_outputs,
+        # 4.57 in tie_word_embeddings (5.x sets that True for every T5)
+        self.out_scale = cfg.d_model**-0.5 if getattr(cfg, "scale_decoder_outputs", cfg.tie_word_embeddings) else 1.0
         rel = self.dec.block[0].layer[0].SelfAttention
         self.bias_table, self.bucket = rel.relative_attention_bias, T5Attention._relative_position_bucket
         self.buckets, self.distance = rel.relative_attention_num_buckets, rel.relative_attention_max_distance

@@ -26,3 +26,16 @@ def test_ci_runs_the_quick_start_test_command():
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
     body = [ln.strip() for ln in ci if ln.strip() and not ln.strip().startswith("#")]
     assert quick_start_commands()[1] in body
+
+
+def test_every_upper_pin_says_why():
+    """An upper bound on a dependency breaks users' stacks; each one carries its reason on its line."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    lines = (ROOT / "pyproject.toml").read_text().splitlines()
+    pinned = [d for d in project["dependencies"] + sum(project["optional-dependencies"].values(), []) if "<" in d]
+    for dep in pinned:
+        line = next(ln for ln in lines if f'"{dep}"' in ln)
+        assert "#" in line.split(f'"{dep}"', 1)[1], f"{dep}: an upper pin without a reason beside it"
+    assert not any(d.startswith(("transformers", "optimum")) and "<" in d for d in pinned)

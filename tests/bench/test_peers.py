@@ -73,3 +73,11 @@ def test_bench_peers_bad_modes_and_chat_without_bundle(chat_bundle, tmp_path, ar
     target, _ = chat_bundle
     res = run("bench-peers", "--only", "hf", "--target", str(target), *args)
     assert res.returncode == 2 and word in res.stderr and res.stderr.count("\n") == 1, res.stderr
+
+
+def test_greedy_agreement_counts_the_tokens_both_wrote():
+    """transformers may end a request early; its tokens agree if they are the reference's first ones."""
+    from specdec.bench.peers.cli import agree
+
+    assert agree([5, 6, 7], [5, 6, 7, 8]) and agree([5, 6, 7, 8], [5, 6, 7])
+    assert not agree([5, 6, 9], [5, 6, 7, 8]) and not agree([], [5]) and not agree(None, [5])

@@ -161,13 +161,20 @@ def measure(peers: list, prompts: list[list[int]], temps: list[float], tokens: i
     return tallies
 
 
+def agree(ids: list[int] | None, ref: list[int]) -> bool:
+    """The same tokens where both wrote: a peer that stopped early (transformers may end a request
+    before N) agrees if its tokens are the reference's first ones."""
+    n = min(len(ids or ()), len(ref))
+    return n > 0 and ids[:n] == ref[:n]
+
+
 def ratio(num: float, den: float) -> float | None:
     return num / den if den else None
 
 
 def summarize(tallies: dict, unavailable: dict[Key, str], order: list[tuple[str, str]], temps: list[float]) -> tuple[list[dict], str | None]:
     """One row per (peer, mode, T); at T = 0 the prompts on which it wrote exactly the tokens of the
-    reference, the first autoregressive peer measured at T = 0."""
+    reference (where both wrote: ``agree``), the first autoregressive peer measured at T = 0."""
     ref = next((p for p, m in order if m == "autoregressive" and (p, m, 0.0) in tallies), None)
     want = tallies[(ref, "autoregressive", 0.0)].outputs if ref else {}
     rows = []
@@ -183,7 +190,7 @@ def summarize(tallies: dict, unavailable: dict[Key, str], order: list[tuple[str,
             # target passes, the prefill's included: genai's verify/re-anchor passes + standard steps + prefill, else a counted one
             passes = (st["target_forward_passes"] + st["standard_fallback_steps"] + tally.requests if "target_forward_passes" in st
                       else st.get("target_passes"))
-            same = sum(tally.outputs.get(i) == ids for i, ids in want.items())
+            same = sum(agree(tally.outputs.get(i), ids) for i, ids in want.items())
             row.update(tokens_per_s=tps, seconds=tally.seconds, tokens=tally.tokens, requests=tally.requests,
                        speedup=ratio(tps, base.tokens / base.seconds) if base else None,
                        tokens_per_target_pass=ratio(tally.new_tokens, passes) if passes else None,
