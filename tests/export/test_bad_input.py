@@ -283,7 +283,7 @@ def test_export_prints_its_phases_and_keeps_library_output_in_the_log(llama_bund
     phases = [ln.split() for ln in res.stdout.splitlines() if ln.endswith(" s") and ln.startswith("  ")]
     names = [" ".join(p[:-2]) for p in phases]
     assert names[:2] == ["read configs", "load weights"] and names[-1] == "write bundle", res.stdout
-    assert {"export target_verify", "optimize target_verify", "validate target_verify"} <= set(names), names
+    assert {"export target_dynamic", "optimize target_dynamic", "validate target_verify"} <= set(names), names
     assert all(float(p[-2]) >= 0 for p in phases)
     for noise in ("torchvision", "Warning", "deprecated", "legacy"):
         assert noise not in res.stderr, res.stderr[-2000:]

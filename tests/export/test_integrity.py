@@ -71,7 +71,8 @@ def counting(monkeypatch) -> list[str]:
 def test_export_records_every_file(llama_bundle):
     out = llama_bundle[2]
     m = load_manifest(out)
-    on_disk = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()} - {MANIFEST_NAME}
+    on_disk = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()} - {MANIFEST_NAME, m.export_log}  # the log is for reading
+    assert m.export_log == "export.log" and (out / m.export_log).is_file()
     assert m.integrity["algorithm"] == "blake3" and set(m.integrity["files"]) == on_disk
     assert {"target.weights", "draft.weights", "tokenizer/tokenizer.json", "ngram.npz", "target_verify.onnx"} <= on_disk
     for rel, e in m.integrity["files"].items():
