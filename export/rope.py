@@ -40,7 +40,9 @@ def longrope_by_position(model: Any) -> int:
         if getattr(module, "rope_type", None) != "longrope" or not hasattr(module, "rope_init_fn"):
             continue
         cfg = module.config
-        original = getattr(cfg, "original_max_position_embeddings", None) or cfg.max_position_embeddings
+        params = getattr(cfg, "rope_parameters", None) or {}  # transformers 5.x keeps it there
+        original = (getattr(cfg, "original_max_position_embeddings", None) or params.get("original_max_position_embeddings")
+                    or cfg.max_position_embeddings)  # fmt: skip
         short, _ = module.rope_init_fn(cfg, None)
         long, _ = module.rope_init_fn(cfg, None, seq_len=original + 1)
         module.specdec_short, module.specdec_long = short.float(), long.float()
@@ -48,3 +50,4 @@ def longrope_by_position(model: Any) -> int:
         module.forward = types.MethodType(_per_position, module)
         done += 1
     return done
+

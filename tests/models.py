@@ -285,3 +285,26 @@ def train_tiny_head(bundle: Path, root: Path, save: Path | None = None) -> dict:
     for i in range(4):
         (corpus / f"part{i}.py").write_text(CORPUS[i * 50 :] + CORPUS[: i * 50])
     return train(bundle, str(corpus), Recipe(steps=400, batch=8, window=48, windows=96, lr=3e-3, noise=0.0), save=save, report=lambda s: None)
+
+
+def rope_theta(cfg) -> float:
+    """The rotary base: ``rope_theta`` (transformers 4.57) or ``rope_parameters["rope_theta"]`` (5.x)."""
+    theta = getattr(cfg, "rope_theta", None)
+    return theta if theta is not None else cfg.rope_parameters["rope_theta"]
+
+
+def set_rope(cfg, theta: float | None = None, **scaling) -> None:
+    """Set the rotary base and/or a scaling (``type`` and its fields) the way the installed
+    transformers reads them: ``rope_theta``/``rope_scaling`` (4.57) or ``rope_parameters`` (5.x)."""
+    theta = rope_theta(cfg) if theta is None else theta
+    if getattr(cfg, "rope_parameters", None) is not None:  # 5.x
+        params = {"rope_theta": theta, "rope_type": scaling.pop("type", cfg.rope_parameters.get("rope_type", "default")), **scaling}
+        if getattr(cfg, "original_max_position_embeddings", None):
+            params.setdefault("original_max_position_embeddings", cfg.original_max_position_embeddings)
+        if getattr(cfg, "partial_rotary_factor", None) is not None:
+            params.setdefault("partial_rotary_factor", cfg.partial_rotary_factor)
+        cfg.rope_parameters = params
+    else:
+        cfg.rope_theta = theta
+        if scaling:
+            cfg.rope_scaling = scaling

@@ -17,7 +17,7 @@ import pytest
 torch = pytest.importorskip("torch")
 gguf = pytest.importorskip("gguf")
 
-from models import config_for, make_tokenizer, peaked_model  # noqa: E402
+from models import config_for, make_tokenizer, peaked_model, rope_theta  # noqa: E402
 from test_bad_input import assert_one_line_error, export_cli  # noqa: E402
 
 from specdec.cli import export_main  # noqa: E402
@@ -52,7 +52,7 @@ def write_gguf(model, tokenizer_folder, path, arch: str = "llama", odd_type=None
     w.add_rope_dimension_count(head_dim)
     w.add_key_length(head_dim)
     w.add_value_length(head_dim)
-    w.add_rope_freq_base(cfg.rope_theta)
+    w.add_rope_freq_base(rope_theta(cfg))
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     tok = json.loads((tokenizer_folder / "tokenizer.json").read_text())
     vocab = sorted(tok["model"]["vocab"].items(), key=lambda kv: kv[1])

@@ -22,10 +22,15 @@ from specdec.manifest import load_manifest  # noqa: E402
 FP32 = {"target": TOLERANCES[("float32", None)]}
 
 
-def reference(folder, **config):
-    from transformers import AutoModelForCausalLM
+def reference(folder, theta: float | None = None):
+    """The checkpoint in PyTorch (eager attention), its rotary base changed to ``theta`` if given."""
+    from models import set_rope
+    from transformers import AutoConfig, AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager", **config).eval()
+    cfg = AutoConfig.from_pretrained(folder)
+    if theta is not None:
+        set_rope(cfg, theta)
+    return AutoModelForCausalLM.from_pretrained(folder, config=cfg, attn_implementation="eager").eval()
 
 
 def figures(bundle, model) -> dict:
@@ -69,7 +74,7 @@ def test_true_reference_passes(llama_bundle):
 @pytest.mark.parametrize(
     "broken",
     [
-        pytest.param(lambda t: reference(t, rope_theta=500.0), id="rope-base"),
+        pytest.param(lambda t: reference(t, theta=500.0), id="rope-base"),
         pytest.param(lambda t: swapped_kv_heads(reference(t)), id="swapped-kv-heads"),
         pytest.param(lambda t: one_more_layer(reference(t)), id="missing-layer"),
     ],

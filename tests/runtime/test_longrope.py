@@ -9,7 +9,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from models import config_for, make_tokenizer, near_copy, peaked_model  # noqa: E402
+from models import config_for, make_tokenizer, near_copy, peaked_model, set_rope  # noqa: E402
 from test_decoder_exact import first_diff, load_model, torch_greedy  # noqa: E402
 
 from specdec.export import rope  # noqa: E402
@@ -23,8 +23,7 @@ def longrope_config(partial: float = 1.0):
     cfg.max_position_embeddings, cfg.original_max_position_embeddings = 256, ORIGINAL
     cfg.partial_rotary_factor = partial
     half = int(cfg.hidden_size // cfg.num_attention_heads * partial) // 2
-    cfg.rope_scaling = {"type": "longrope", "short_factor": [1.0 + 0.1 * i for i in range(half)],
-                        "long_factor": [2.0 + i for i in range(half)]}  # fmt: skip
+    set_rope(cfg, type="longrope", short_factor=[1.0 + 0.1 * i for i in range(half)], long_factor=[2.0 + i for i in range(half)])
     return cfg
 
 
