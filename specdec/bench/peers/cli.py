@@ -82,11 +82,11 @@ def bench_peers_cmd(target: Path, draft: Path | None, bundle: Path | None, corpu
 
     if chat:
         from specdec.bench.corpus import chat_prompts
-        from specdec.runtime import SpeculativeDecoder
+        from specdec.manifest import load_manifest
+        from specdec.runtime.text import TextCodec
 
-        probe = SpeculativeDecoder.load(bundle, drafter="lookup")  # its manifest and tokenizer
-        prompts = chat_prompts(bundle, probe.manifest, probe.codec, CHAT_CORPORA[corpus], n_prompts)
-        del probe
+        manifest = load_manifest(bundle)
+        prompts = chat_prompts(bundle, manifest, TextCodec.from_bundle(bundle, manifest), CHAT_CORPORA[corpus], n_prompts)
         described = f"{len(prompts)} {corpus} requests of {min(map(len, prompts))}-{max(map(len, prompts))} tokens (chat template)"
     else:
         tok = AutoTokenizer.from_pretrained(target)  # the target's own tokenizer, special tokens as transformers adds them

@@ -46,34 +46,14 @@ def optimum(spec: dict):
     below 4.58), timed by a streamer from the first new token to the end, EOS ignored."""
     from importlib.metadata import version
 
-    import torch
     from optimum.onnxruntime import ORTModelForCausalLM
-    from transformers import GenerationConfig
+    from timed_generate import timed_generate  # beside this file
 
     model = ORTModelForCausalLM.from_pretrained(spec["model"], **optimum_session(int(spec["threads"])))
 
-    class Clock:  # a generate streamer: each put (the prompt, then each step's tokens) and the end, timed
-        def __init__(self):
-            self.puts, self.t_end = [], None
-
-        def put(self, value):
-            self.puts.append((time.perf_counter(), int(value.numel())))
-
-        def end(self):
-            self.t_end = time.perf_counter()
-
     def decode(req: dict) -> dict:
-        prompt, t, n = req["prompt"], req["temperature"], req["tokens"]
-        common = dict(max_new_tokens=n, eos_token_id=None, pad_token_id=spec["pad"])
-        config = (GenerationConfig(do_sample=False, **common) if t == 0 else
-                  GenerationConfig(do_sample=True, temperature=t, top_k=0, top_p=1.0, **common))
-        ids, clock = torch.tensor([prompt], dtype=torch.long), Clock()
-        torch.manual_seed(req["seed"])
-        with torch.inference_mode():
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), streamer=clock, use_model_defaults=False, generation_config=config)
-        new = out[0, len(prompt):].tolist()
-        t_first, first = clock.puts[1]
-        return {"seconds": clock.t_end - t_first, "tokens": len(new) - first, "new_tokens": len(new), "stats": {}, "ids": new}
+        seconds, decoded, new = timed_generate(model, req["prompt"], req["tokens"], req["temperature"], req["seed"], spec["pad"])
+        return {"seconds": seconds, "tokens": decoded, "new_tokens": len(new), "stats": {}, "ids": new}
 
     return {"version": version("optimum-onnx"), "unavailable": {}}, decode
 
@@ -141,7 +121,7 @@ def openvino(spec: dict):
     import openvino_genai as og
 
     # f32 compute: the CPU plugin's default on a CPU with bf16 units (AMX) is bf16, another model than the float32 weights
-    props = {"INFERENCE_NUM_THREADS": int(spec["threads"]), "INFERENCE_PRECISION_HINT": spec.get("precision", "f32")}
+    props = {"INFERENCE_NUM_THREADS": int(spec["threads"]), "INFERENCE_PRECISION_HINT": "f32"}
     target, draft = spec["target"], spec["draft"]
     makers = {"autoregressive": lambda: og.LLMPipeline(target, "CPU", **props),
               "speculative-draft": lambda: og.LLMPipeline(target, "CPU", draft_model=og.draft_model(draft, "CPU", **props), **props),
