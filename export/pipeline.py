@@ -100,8 +100,9 @@ class ExportConfig:
             raise ConfigError(f"--max-batch {self.max_batch}: expected an integer in 1..{MAX_BATCH} (requests decoded together)")
         if self.feature_drafter is not None and not (Path(self.feature_drafter) / "head_config.json").is_file():
             raise ConfigError(f"--feature-drafter {self.feature_drafter}: expected a folder with head_config.json (specdec train-drafter --save DIR)")
-        if self.feature_drafter is not None and (self.dtype != "float32" or self.quantize):
-            raise ConfigError(f"--feature-drafter with --dtype {self.dtype} --quantize {self.quantize}: the head reads the target's float32 embedding and LM head; export float32 without --quantize")
+        if self.feature_drafter is not None and (self.dtype != "float32" or self.quantize == "dynamic-int8"):
+            raise ConfigError(f"--feature-drafter with --dtype {self.dtype} --quantize {self.quantize}: the head reads the target's float32 embedding; "
+                              "export with --dtype float32, without --quantize or with --quantize int8/int4")
         if self.tree_nodes is not None and (isinstance(self.tree_nodes, bool) or not isinstance(self.tree_nodes, int)
                                             or not 2 <= self.tree_nodes <= MAX_TREE_NODES):  # fmt: skip
             raise ConfigError(f"--tree-nodes {self.tree_nodes}: expected an integer in 2..{MAX_TREE_NODES} (draft-tree nodes per target call)")
@@ -122,13 +123,21 @@ class ExportConfig:
     def head(self) -> Path | None:
         """The feature head to add: ``feature_drafter``, else one the ``draft`` folder holds beside
         its model (``head_config.json``, as ``specdec train-drafter --save`` writes it), unless the
-        bundle is float16 or quantized: the head reads the target's float32 tables."""
+        bundle is float16 or dynamic-int8: the head reads the target's float32 embedding and its
+        LM head's float or q8_0 weights (int8 and int4 keep both; the head's own matrices take
+        the drafts' precision, ``head_quantization``)."""
         if self.feature_drafter is not None:
             return Path(self.feature_drafter)
         folder = Path(self.draft)
-        if (folder / "head_config.json").is_file() and self.dtype == "float32" and not self.quantize:
+        if (folder / "head_config.json").is_file() and self.dtype == "float32" and self.quantize != "dynamic-int8":
             return folder
         return None
+
+    def head_quantization(self) -> str | None:
+        """The feature head's matrices: the drafts' block precision (int8 under int4 by default),
+        float32 when the drafts are float or ``dynamic-int8`` (a whole-graph pass a head does not take)."""
+        kind = self.quantization("draft")
+        return kind if kind in ("int8", "int4") else None
 
     def quantization(self, model: str) -> str | None:
         """The weights of ``model`` ("target" or "draft"): None (float) or a QUANTIZATIONS name."""
@@ -317,7 +326,7 @@ def _export(cfg: ExportConfig, progress: Progress, log: ExportLog) -> Manifest:
     fallback = None
     if cfg.head() is None and (Path(cfg.draft) / "head_config.json").is_file():
         fallback = headless_drafter(Path(cfg.draft), cfg)
-        warnings.warn(f"{cfg.draft} holds a feature head too; it is left out of this {cfg.quantize or cfg.dtype} bundle "
+        warnings.warn(f"{cfg.draft} holds a feature head too; it is left out of this {cfg.dtype} bundle "
                       f"(the head reads the target's float32 tables): its default drafter is {fallback['name'] if fallback else 'the draft model'}",
                       stacklevel=2)  # fmt: skip
     with one_parse():  # a GGUF source is parsed once for its header, config, tokenizer and weights
@@ -366,7 +375,7 @@ def _export(cfg: ExportConfig, progress: Progress, log: ExportLog) -> Manifest:
                              validation=validation, max_source=max_source)  # fmt: skip
         if (head := cfg.head()) is not None:
             progress("feature drafter")
-            manifest = _feature_drafter(tmp, manifest, head)
+            manifest = _feature_drafter(tmp, manifest, head, cfg.head_quantization())
             manifest = dataclasses.replace(manifest, drafter=default_drafter(head, cfg))
         elif fallback is not None:
             manifest = dataclasses.replace(manifest, drafter=fallback)
@@ -376,9 +385,10 @@ def _export(cfg: ExportConfig, progress: Progress, log: ExportLog) -> Manifest:
     return manifest
 
 
-def _feature_drafter(tmp: Path, manifest: Manifest, head_dir: Path) -> Manifest:
+def _feature_drafter(tmp: Path, manifest: Manifest, head_dir: Path, quantize: str | None) -> Manifest:
     """The staged bundle with its target's features exposed and a saved feature head (specdec
-    train-drafter --save) added, checked against PyTorch."""
+    train-drafter --save) added, checked against PyTorch; its matrices in ``quantize``'s blocks
+    (the drafts' precision) or float32."""
     import torch
 
     from specdec.export.feature import add_head, expose_features, tables
@@ -387,7 +397,7 @@ def _feature_drafter(tmp: Path, manifest: Manifest, head_dir: Path) -> Manifest:
     manifest = expose_features(tmp, manifest)
     embed, head_t, tied = tables(tmp, manifest)
     head, record = load_head(head_dir, torch.from_numpy(embed), torch.from_numpy(head_t), tied)
-    return add_head(tmp, manifest, head, {**record, "loaded_from": str(head_dir)})
+    return add_head(tmp, manifest, head, {**record, "loaded_from": str(head_dir)}, quantize=quantize)
 
 
 def _recommended(folder: Path, cfg: ExportConfig, with_head: bool) -> dict | None:

@@ -216,7 +216,8 @@ def _draft_with_head(model: Path, head: Path, draft: Path, serve: dict) -> tuple
 def test_a_draft_folder_with_a_head_makes_it_the_bundles_default_drafter(feature_bundle, family_bundle, tmp_path):
     """``specdec-export --draft DIR`` where DIR holds a draft model and a saved head: the bundle
     carries both, its default drafter is the one the head's folder recommends (γ included), and
-    ``SpeculativeDecoder.load(B)`` decodes with it, exactly; a quantized export leaves it out."""
+    ``SpeculativeDecoder.load(B)`` decodes with it, exactly; a float16 or dynamic-int8 export
+    leaves it out, an int8/int4 one keeps it."""
     from specdec.export.pipeline import ExportConfig
 
     target, _, _, root = feature_bundle
@@ -238,13 +239,15 @@ def test_a_draft_folder_with_a_head_makes_it_the_bundles_default_drafter(feature
         "another drafter keeps the bundle's gamma"  # fmt: skip
     shown = subprocess.run([sys.executable, "-m", "specdec", "inspect", str(out)], capture_output=True, text=True)
     assert "default drafter feature-lookup, gamma 2 (measured best here)" in shown.stdout, shown.stdout + shown.stderr
-    assert ExportConfig(str(target), str(draft), tmp_path / "q", quantize="int8").head() is None, "a quantized bundle leaves the head out"
+    assert ExportConfig(str(target), str(draft), tmp_path / "h", dtype="float16").head() is None, "a float16 bundle leaves the head out"
+    assert ExportConfig(str(target), str(draft), tmp_path / "d", quantize="dynamic-int8").head() is None
+    assert ExportConfig(str(target), str(draft), tmp_path / "q", quantize="int8").head() == draft, "an int8 bundle keeps it"
     assert ExportConfig(str(target), str(draft), tmp_path / "f").head() == draft
 
 
 @LLAMA
 def test_a_bundle_that_leaves_the_head_out_takes_the_folders_headless_default(feature_bundle, family_bundle, tmp_path):
-    """A quantized export of a folder with a head leaves the head out; its default drafter is the
+    """A float16 export of a folder with a head leaves the head out; its default drafter is the
     folder's ``"serve": {"without_head": ...}`` (Gemma-3-270M's: lookup, as its draft model does
     not pay), named in the warning, and decodes exactly; a recommendation it cannot run is ignored."""
     import warnings
@@ -256,18 +259,89 @@ def test_a_bundle_that_leaves_the_head_out_takes_the_folders_headless_default(fe
                                      {"drafter": "feature-lookup", "gamma": 2, "without_head": {"drafter": "lookup", "gamma": 3, "why": "no head here"}})
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        m = export_bundle(ExportConfig(str(target), str(draft), tmp_path / "q", max_seq_len=128, quantize="int8"))
+        m = export_bundle(ExportConfig(str(target), str(draft), tmp_path / "q", max_seq_len=128, dtype="float16"))
     assert any("its default drafter is lookup" in str(w.message) for w in caught), [str(w.message) for w in caught]
     assert m.head is None and m.drafter == {"name": "lookup", "gamma": 3, "why": "no head here"}
     dec = SpeculativeDecoder.load(tmp_path / "q")
     assert dec.drafter_spec == "lookup"
     ref = SpeculativeDecoder.load(tmp_path / "q")
-    for prompt in [PROMPTS[0], *corpus_prompts(dec)]:  # the quantized target's own greedy output
+    for prompt in [PROMPTS[0], *corpus_prompts(dec)]:  # the float16 target's own greedy output
         res = dec.generate(prompt, max_new_tokens=NEW, ignore_eos=True)
         assert res.tokens == ref.generate(prompt, max_new_tokens=NEW, ignore_eos=True, gamma=0).tokens and res.stats.gamma == 3
     config["serve"]["without_head"] = {"drafter": "feature", "gamma": 3}  # needs the head it lacks: ignored
     (draft / "head_config.json").write_text(json.dumps(config))
-    assert ExportConfig(str(target), str(draft), tmp_path / "r", quantize="int8").head() is None
+    assert ExportConfig(str(target), str(draft), tmp_path / "r", dtype="float16").head() is None
     from specdec.export.pipeline import headless_drafter
 
-    assert headless_drafter(draft, ExportConfig(str(target), str(draft), tmp_path / "r", quantize="int8")) is None
+    assert headless_drafter(draft, ExportConfig(str(target), str(draft), tmp_path / "r", dtype="float16")) is None
+
+
+@LLAMA
+def test_a_quantized_export_keeps_the_head_in_int8_blocks(feature_bundle, family_bundle, tmp_path):
+    """An int8 export of a folder with a head keeps it (int4 too, its head in int8 as its draft): the head's matrices in int8
+    blocks (MatMulNBits, the drafts' precision), its embedding the target's own float table in
+    the target's file. Its default drafter is the folder's. Decoding keeps the quantized target's
+    greedy output, one request and a batch. Teacher-forced, the int8 head drafts
+    the float head's tokens wherever q8_0's rounding cannot change them."""
+    from collections import Counter
+
+    import onnx
+
+    from specdec.engines.kv import KVCache
+    from specdec.engines.ort import runner_for
+    from specdec.export.pipeline import ExportConfig, export_bundle
+
+    target, float_bundle, _, root = feature_bundle
+    draft, _ = _draft_with_head(family_bundle[2], root / "head", tmp_path / "draft", {"drafter": "feature-lookup", "gamma": 2, "why": "measured"})
+    heads = {q: (ExportConfig(str(target), str(draft), tmp_path / "c", quantize=q).head() is not None,
+                 ExportConfig(str(target), str(draft), tmp_path / "c", quantize=q).head_quantization()) for q in ("int8", "int4")}
+    assert heads == {"int8": (True, "int8"), "int4": (True, "int8")}, heads
+    out = tmp_path / "int8"
+    m = export_bundle(ExportConfig(str(target), str(draft), out, max_seq_len=128, quantize="int8", max_batch=2))
+    assert m.head is not None and m.head.quantization == "int8" and m.drafter["name"] == "feature-lookup"
+    assert m.feature["check"]["max_abs_logits"] > 0, "the check compared the int8 head with the float one"
+    proto = onnx.load(str(out / m.graphs["head_dynamic"].file), load_external_data=False)
+    ops = Counter(n.op_type for n in proto.graph.node)
+    inits = {t.name: t for t in proto.graph.initializer}
+    float_matmuls = [n.name for n in proto.graph.node if n.op_type == "MatMul" and n.input[1] in inits and len(inits[n.input[1]].dims) == 2
+                     and not n.input[1].startswith("block_sum")]  # fmt: skip
+    assert ops["MatMulNBits"] >= 5 and not float_matmuls, (ops, float_matmuls)
+    bits = {a.i for n in proto.graph.node if n.op_type == "MatMulNBits" for a in n.attribute if a.name == "bits"}
+    assert bits == {8}, f"the head's blocks: {bits} bits"
+    locations = {e.value for t in proto.graph.initializer for e in t.external_data if e.key == "location"}
+    assert "target.weights" in locations, "the head embeds with the target's float table, not a copy"
+
+    ref = SpeculativeDecoder.load(out, drafter="model")
+    dec = SpeculativeDecoder.load(out)
+    fdec = SpeculativeDecoder.load(float_bundle, drafter="feature")
+    prompts = [PROMPTS[0], *corpus_prompts(dec)]
+    for prompt in prompts:
+        want = ref.generate(prompt, max_new_tokens=NEW, ignore_eos=True, gamma=0).tokens
+        assert dec.generate(prompt, max_new_tokens=NEW, ignore_eos=True).tokens == want, f"prompt={prompt}"
+    # Teacher-forced, on the float target's features of a corpus passage: the int8 head's draft
+    # (its argmax) is the float head's wherever the float head's top two logits are apart by
+    # more than what q8_0 blocks can move them. q8_0 rounds each weight by at most 1/254 of its
+    # block's largest, and MatMulNBits rounds activations the same way: ~1% of the logits' range
+    # here (check_head's figure, recorded in the manifest); bound 0.1 of the range, ten times it.
+    fm = fdec.manifest
+    name, g = fm.graph("target", "dynamic")
+    t = fm.target
+    ids = np.array(corpus_prompts(dec)[0])
+    runner = runner_for(float_bundle, name, g, KVCache(t.num_layers, t.num_kv_heads, fm.max_seq_len, t.head_dim, fm.dtype))
+    runner.run(ids)
+    context = np.concatenate([np.zeros((1, t.hidden_size), np.float32), runner.features[0, : len(ids) - 1]])  # c_j = f_{j-1}
+    logits = {}
+    for label, bundle, bm in (("float", float_bundle, fm), ("int8", out, m)):
+        cache = KVCache(1, t.num_kv_heads, bm.max_seq_len, t.head_dim, "float32")
+        logits[label] = runner_for(bundle, "head_dynamic", bm.graphs["head_dynamic"], cache).run(ids, context).copy()[: len(ids)]
+    vocab = np.asarray(logits["float"] > -1e29).all(axis=0)  # the draft vocabulary's columns
+    f, q = logits["float"][:, vocab], logits["int8"][:, vocab]
+    span = float(f.max() - f.min())
+    assert np.abs(q - f).max() <= 0.1 * span, f"int8 head moved logits by {np.abs(q - f).max():.3g}, range {span:.3g}"
+    top2 = np.sort(f, axis=-1)[:, -2:]
+    clear = (top2[:, 1] - top2[:, 0]) > 2 * np.abs(q - f).max()
+    assert clear.sum() >= len(ids) // 2 and (q.argmax(-1) == f.argmax(-1))[clear].all(), "the int8 head drafts the float head's tokens"
+    with BatchEngine(out, max_batch=2) as engine:
+        results = engine.generate_many(prompts, max_new_tokens=NEW, ignore_eos=True)
+    for prompt, res in zip(prompts, results):
+        assert res.tokens == ref.generate(prompt, max_new_tokens=NEW, ignore_eos=True, gamma=0).tokens, f"batched prompt={prompt}"
