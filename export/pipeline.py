@@ -321,6 +321,7 @@ def _stack() -> str:
 
 def _export(cfg: ExportConfig, progress: Progress, log: ExportLog) -> Manifest:
     from specdec.export.graphs import TORCH_DTYPES
+    from specdec.export.tokenizer_files import save_tokenizer
     from specdec.export.validate import NEAR_TIE, check, text_tokens
 
     fallback = None
@@ -359,7 +360,7 @@ def _export(cfg: ExportConfig, progress: Progress, log: ExportLog) -> Manifest:
         target = sources["target"]
         tokenizer = chat_template = None
         if target.tokenizer is not None:
-            target.tokenizer.save_pretrained(tmp / "tokenizer")
+            save_tokenizer(target.tokenizer, tmp / "tokenizer")
             tokenizer = "tokenizer"
             chat_template = save_chat_template(target.tokenizer, tmp / "tokenizer", cfg.chat_template)
         ngram = None

@@ -119,6 +119,9 @@ def test_bundle_contents(llama_bundle):
     _, _, out = llama_bundle
     m = load_manifest(out)
     assert (out / "tokenizer" / "tokenizer.json").is_file()
+    # Its class is one transformers 4.x and 5.x both know: 5.x writes "TokenizersBackend", which 4.x refuses
+    tokenizer_class = json.loads((out / "tokenizer" / "tokenizer_config.json").read_text())["tokenizer_class"]
+    assert tokenizer_class == "PreTrainedTokenizerFast", tokenizer_class
     assert m.eos_token_ids == (1,) and m.bos_token_id == 0
     assert set(m.graphs) == {"target_dynamic", "target_verify", "draft_dynamic", "draft_step"}
     assert m.graph("target", "verify") == ("target_verify", m.graphs["target_verify"])

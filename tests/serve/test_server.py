@@ -140,7 +140,7 @@ def test_chat_uses_the_bundles_template(server, client, chat_bundle, reference):
     from transformers import AutoTokenizer
 
     messages = [{"role": "system", "content": "You write Python."}, {"role": "user", "content": "def add(a, b):"}]
-    want = AutoTokenizer.from_pretrained(chat_bundle[0]).apply_chat_template(messages, add_generation_prompt=True)
+    want = AutoTokenizer.from_pretrained(chat_bundle[0]).apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
     ref = reference(want, 30, ignore_eos=True)
     r = client.chat.completions.create(model="tiny", messages=messages, max_tokens=30, temperature=0, extra_body={"return_token_ids": True, "ignore_eos": True})
     assert extra(r, "prompt_token_ids") == list(want)
@@ -422,7 +422,7 @@ def test_beam_search_is_the_decoders_and_hugging_faces(client, chat_bundle):
     c = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=8, n=2, temperature=0, extra_body={"use_beam_search": True, "return_token_ids": True})
     from transformers import AutoTokenizer
 
-    prompt = AutoTokenizer.from_pretrained(chat_bundle[0]).apply_chat_template(msgs, add_generation_prompt=True)
+    prompt = AutoTokenizer.from_pretrained(chat_bundle[0]).apply_chat_template(msgs, add_generation_prompt=True, return_dict=False)
     ref = dec.beam_search(prompt, num_beams=2, num_return_sequences=2, max_new_tokens=8, gamma=0)
     assert [extra(ch, "token_ids") for ch in c.choices] == [b.tokens for b in ref.sequences]
 
@@ -747,7 +747,7 @@ def test_chat_template_renders_as_transformers_does(chat_bundle):
     for messages in ([{"role": "user", "content": "hi"}], [{"role": "system", "content": "s"}, {"role": "user", "content": "a\nb"}, {"role": "assistant", "content": "c"}]):
         for gen in (True, False):
             assert state.chat.render(messages, gen) == tok.apply_chat_template(messages, add_generation_prompt=gen, tokenize=False)
-    assert np.array_equal(state.codec.encode(state.chat.render(messages, True), special=False), tok.apply_chat_template(messages, add_generation_prompt=True))
+    assert np.array_equal(state.codec.encode(state.chat.render(messages, True), special=False), tok.apply_chat_template(messages, add_generation_prompt=True, return_dict=False))
 
 
 def test_null_fields_mean_their_defaults():

@@ -151,7 +151,7 @@ def generate(minutes: float, batch: int, max_new: int, max_prompt: int, seed: in
     i = sum(int(np.load(p, allow_pickle=True)["count"]) for p in shards())
     t0, shard, tokens = time.time(), len(shards()), 0
     while time.time() - t0 < minutes * 60 and i < len(prompts):
-        encoded = [tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True) for p in prompts[i : i + 4 * batch]]
+        encoded = [tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, return_dict=False) for p in prompts[i : i + 4 * batch]]
         encoded = sorted((e for e in encoded if len(e) <= max_prompt), key=len)  # similar lengths together: little padding
         i += 4 * batch
         for c in range(0, len(encoded), batch):

@@ -135,6 +135,7 @@ def gguf_checkpoint(gguf: Path, work: Path, setup: bool = True) -> Path:
     runs the same weights (llama.cpp's F32 file is converted back from it)."""
     from specdec.errors import ModelError
     from specdec.export.gguf_file import check_header, load_gguf_model, one_parse
+    from specdec.export.tokenizer_files import save_tokenizer
 
     if gguf.suffix != ".gguf":
         raise ModelError(f"--target {gguf}: a file must be a .gguf; else give a Hugging Face checkpoint folder")
@@ -147,7 +148,7 @@ def gguf_checkpoint(gguf: Path, work: Path, setup: bool = True) -> Path:
         with one_parse():
             check_header(gguf)
             load_gguf_model(AutoModelForCausalLM, gguf).save_pretrained(tmp, safe_serialization=True)
-            AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name).save_pretrained(tmp)
+            save_tokenizer(AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name), tmp)
 
     return build_once(work / "checkpoints" / f"{gguf.stem}-{key}", build, f"float32 checkpoint of {gguf.name}", setup)
 
