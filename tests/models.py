@@ -288,9 +288,13 @@ def train_tiny_head(bundle: Path, root: Path, save: Path | None = None) -> dict:
 
 
 def rope_theta(cfg) -> float:
-    """The rotary base: ``rope_theta`` (transformers 4.57) or ``rope_parameters["rope_theta"]`` (5.x)."""
+    """The rotary base: ``rope_theta`` (transformers 4.57) or ``rope_parameters["rope_theta"]``
+    (5.x; per layer type for Gemma 3, whose global layers' base is the model's)."""
     theta = getattr(cfg, "rope_theta", None)
-    return theta if theta is not None else cfg.rope_parameters["rope_theta"]
+    if theta is not None:
+        return theta
+    params = cfg.rope_parameters
+    return params["full_attention"]["rope_theta"] if "full_attention" in params else params["rope_theta"]
 
 
 def set_rope(cfg, theta: float | None = None, **scaling) -> None:

@@ -32,14 +32,21 @@ def _permute(w: np.ndarray, heads: int) -> np.ndarray:
 
 PERMUTED = ("llama", "mistral")  # llama.cpp reorders q/k rows for these architectures only
 SENTENCEPIECE = ("gemma2", "gemma3", "phi3")  # transformers reads these architectures' tokenizers as sentencepiece ones
+UNK_NAMED = ("gemma2", "gemma3")  # transformers 5 finds Gemma's unknown token by its name, "<unk>", as real Gemma files have it
 PLUS_ONE_NORMS = ("gemma2", "gemma3")  # llama.cpp stores Gemma's (1 + w) norm weights as 1 + w
+
+
+def gguf_names(model, arch: str) -> dict[str, str]:
+    """Each of ``model``'s tensor names -> its GGUF name (``blk.N.attn_q.weight``), from the gguf
+    package's own table for ``arch`` (transformers' helper for it changed signature in 5.x)."""
+    enum = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch)
+    table = gguf.get_tensor_name_map(enum, model.config.num_hidden_layers)
+    return {hf: table.get_name(hf, try_suffixes=(".weight", ".bias")) for hf in model.state_dict()}
 
 
 def write_gguf(model, tokenizer_folder, path, arch: str = "llama", odd_type=None) -> None:
     """``model`` (a llama) as a GGUF file: 2-D weights Q8_0, the rest F32. ``odd_type``: one
     tensor written raw in that GGML type instead (its bytes are not a real quantization)."""
-    from transformers.modeling_gguf_pytorch_utils import get_gguf_hf_weights_map
-
     cfg = model.config
     w = gguf.GGUFWriter(str(path), arch)
     w.add_context_length(cfg.max_position_embeddings)
@@ -59,6 +66,8 @@ def write_gguf(model, tokenizer_folder, path, arch: str = "llama", odd_type=None
     special = {t["id"] for t in tok["added_tokens"]}
     if getattr(cfg, "sliding_window", None):
         w.add_sliding_window(cfg.sliding_window)
+    if arch in UNK_NAMED:  # the unknown token (the pad id here) under the name transformers 5 looks up
+        vocab = [("<unk>" if i == cfg.pad_token_id else t, i) for t, i in vocab]
     w.add_token_list([t for t, _ in vocab])
     w.add_token_types([3 if i in special else 1 for _, i in vocab])  # 3: control
     if arch in SENTENCEPIECE:
@@ -71,7 +80,7 @@ def write_gguf(model, tokenizer_folder, path, arch: str = "llama", odd_type=None
     w.add_bos_token_id(cfg.bos_token_id)
     w.add_eos_token_id(cfg.eos_token_id)
     w.add_pad_token_id(cfg.pad_token_id)
-    names = {hf: g for g, hf in get_gguf_hf_weights_map(model).items()}
+    names = gguf_names(model, arch)
     state = model.state_dict()
     for hf, t in state.items():
         if hf == "lm_head.weight" and cfg.tie_word_embeddings:
