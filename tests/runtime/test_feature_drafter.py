@@ -281,12 +281,15 @@ def test_a_quantized_export_keeps_the_head_in_int8_blocks(feature_bundle, family
     """An int8 export of a folder with a head keeps it (int4 too, its head in int8 as its draft): the head's matrices in int8
     blocks (MatMulNBits, the drafts' precision), its embedding the target's own float table in
     the target's file. Its default drafter is the folder's. Decoding keeps the quantized target's
-    greedy output, one request and a batch. Teacher-forced, the int8 head drafts
+    greedy output up to int8's close calls, one request and a batch. Teacher-forced, the int8 head drafts
     the float head's tokens wherever q8_0's rounding cannot change them."""
     from collections import Counter
 
     import onnx
 
+    from models import assert_same_up_to_a_close_call
+
+    from specdec.bench.quality import TargetRunner
     from specdec.engines.kv import KVCache
     from specdec.engines.ort import runner_for
     from specdec.export.pipeline import ExportConfig, export_bundle
@@ -315,9 +318,10 @@ def test_a_quantized_export_keeps_the_head_in_int8_blocks(feature_bundle, family
     dec = SpeculativeDecoder.load(out)
     fdec = SpeculativeDecoder.load(float_bundle, drafter="feature")
     prompts = [PROMPTS[0], *corpus_prompts(dec)]
-    for prompt in prompts:
-        want = ref.generate(prompt, max_new_tokens=NEW, ignore_eos=True, gamma=0).tokens
-        assert dec.generate(prompt, max_new_tokens=NEW, ignore_eos=True).tokens == want, f"prompt={prompt}"
+    own = TargetRunner(out)  # the int8 target's logits, to judge a close call
+    wants = [ref.generate(prompt, max_new_tokens=NEW, ignore_eos=True, gamma=0).tokens for prompt in prompts]
+    for prompt, want in zip(prompts, wants):  # the int8 target's own greedy output, up to int8 close calls (docs/exactness.md)
+        assert_same_up_to_a_close_call(own, prompt, dec.generate(prompt, max_new_tokens=NEW, ignore_eos=True).tokens, want, prompt)
     # Teacher-forced, on the float target's features of a corpus passage: the int8 head's draft
     # (its argmax) is the float head's wherever the float head's top two logits are apart by
     # more than what q8_0 blocks can move them. q8_0 rounds each weight by at most 1/254 of its
@@ -343,5 +347,5 @@ def test_a_quantized_export_keeps_the_head_in_int8_blocks(feature_bundle, family
     assert clear.sum() >= len(ids) // 2 and (q.argmax(-1) == f.argmax(-1))[clear].all(), "the int8 head drafts the float head's tokens"
     with BatchEngine(out, max_batch=2) as engine:
         results = engine.generate_many(prompts, max_new_tokens=NEW, ignore_eos=True)
-    for prompt, res in zip(prompts, results):
-        assert res.tokens == ref.generate(prompt, max_new_tokens=NEW, ignore_eos=True, gamma=0).tokens, f"batched prompt={prompt}"
+    for prompt, res, want in zip(prompts, results, wants):
+        assert_same_up_to_a_close_call(own, prompt, res.tokens, want, f"batched {prompt}")
