@@ -3,15 +3,23 @@
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from specdec.runtime.analysis import plan
 
-SPECDEC = shutil.which("specdec")
+def console_script(name: str) -> str | None:
+    """The ``name`` script installed beside this interpreter (None: run ``python -m`` instead).
+    Not PATH's first: in a venv over system packages (tools/test_stacks.sh) that one would
+    run another interpreter, with another transformers."""
+    script = Path(sys.executable).with_name(name)
+    return str(script) if script.is_file() else None
+
+
+SPECDEC = console_script("specdec")
 
 
 def run(*args: str) -> subprocess.CompletedProcess:

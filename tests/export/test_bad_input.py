@@ -13,13 +13,15 @@ import pytest
 pytest.importorskip("torch")
 
 from models import config_for, make_tokenizer, peaked_model  # noqa: E402
+from test_cli import console_script  # noqa: E402
+from test_cli import run as run_specdec  # noqa: E402
 
 import specdec.export.validate as validate  # noqa: E402
 from specdec.errors import BundleError, SignatureError, ValidationError  # noqa: E402
 from specdec.export.pipeline import ExportConfig, export_bundle  # noqa: E402
 from specdec.manifest import load_manifest  # noqa: E402
 
-EXPORT = shutil.which("specdec-export")
+EXPORT = console_script("specdec-export")
 
 
 def export_cli(*args: str) -> subprocess.CompletedProcess:
@@ -205,10 +207,10 @@ def test_engine_refuses_a_graph_that_differs_from_the_manifest(bundle_copy):
 
 def test_inspect_cli(llama_bundle):
     _, _, out = llama_bundle
-    res = subprocess.run([shutil.which("specdec") or "specdec", "inspect", str(out)], capture_output=True, text=True, timeout=120)
+    res = run_specdec("inspect", str(out))
     assert res.returncode == 0, res.stderr
     assert "K=5" in res.stdout and "target_verify" in res.stdout and "validated target" in res.stdout
-    bad = subprocess.run([shutil.which("specdec") or "specdec", "inspect", str(out / "nope")], capture_output=True, text=True, timeout=120)
+    bad = run_specdec("inspect", str(out / "nope"))
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
 
 

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 
-SPECDEC = shutil.which("specdec")
+from test_cli import SPECDEC  # noqa: E402
 
 
 def bench(*args: str) -> subprocess.CompletedProcess:

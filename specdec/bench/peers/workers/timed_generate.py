@@ -6,6 +6,8 @@ Shared by the transformers peer (``local.py``, in specdec's python) and the opti
 
 from __future__ import annotations
 
+import inspect
+
 import time
 
 
@@ -33,10 +35,13 @@ def timed_generate(model, prompt: list[int], tokens: int, temperature: float, se
     config = (GenerationConfig(do_sample=False, **common) if temperature == 0 else
               GenerationConfig(do_sample=True, temperature=temperature, top_k=0, top_p=1.0, **common))
     ids, clock = torch.tensor([prompt], dtype=torch.long), StepClock()
+    if "use_model_defaults" in inspect.signature(model.generate).parameters:  # 4.57: the model's own config (its EOS) stays out
+        kwargs = {**kwargs, "use_model_defaults": False}
+    else:  # 5.x fills only what ``config`` leaves None from the model's own config: its EOS is cleared there
+        model.generation_config.eos_token_id = None
     torch.manual_seed(seed)
     with torch.inference_mode():
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), streamer=clock, use_model_defaults=False,  # keep the model's EOS out
-                             generation_config=config, **kwargs)
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), streamer=clock, generation_config=config, **kwargs)
     new = out[0, len(prompt):].tolist()
     if len(clock.puts) < 2 or clock.t_end is None:
         raise RuntimeError("generate did not stream its tokens; cannot split prefill from decoding")
