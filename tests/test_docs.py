@@ -120,9 +120,10 @@ def test_families_table_covers_every_supported_architecture(tmp_path):
 
     text = (ROOT / "docs" / "families.md").read_text()
     body = text.split(families_table.BEGIN, 1)[1].split(families_table.END, 1)[0]
-    rows = [ln.strip("|").split("|") for ln in body.strip().splitlines()[2:]]
+    rows = [ln.strip("|").split("|") for ln in body.strip().splitlines() if ln.startswith("|")][2:]
     assert sorted(r[0].strip() for r in rows) == sorted(SUPPORTED) == sorted(families_table.FAMILIES.values())
-    assert all(len(r) == len(families_table.COLUMNS) + 1 and {c.strip() for c in r[1:]} <= {"✓", "✗", "—"} for r in rows), rows
+    marks = {m for r in rows for c in r[1:] for m in c.strip().split(" · ")}
+    assert all(len(r) == len(families_table.COLUMNS) + 1 for r in rows) and marks <= {"✓", "✗", "—"}, rows
     junit = tmp_path / "junit.xml"
     junit.write_text(
         '<testsuites><testsuite name="pytest">'
@@ -133,5 +134,7 @@ def test_families_table_covers_every_supported_architecture(tmp_path):
     )
     cells = families_table.outcomes(junit)
     assert cells == {("greedy = PyTorch", "gemma2"): [True], ("batched (BatchEngine)", "gemma2"): [False]}
-    table = families_table.table(cells)
+    table = families_table.table({"4.57": cells})
     assert "| gemma2 | ✓ | — | — | ✗ | — | — | — | — |" in table
+    both = families_table.table({"4.57": cells, "5.24": {("greedy = PyTorch", "gemma2"): [False]}})  # one mark per run, in order
+    assert "Each cell: transformers 4.57 · 5.24." in both and "| gemma2 | ✓ · ✗ | — · — | — · — | ✗ · — |" in both

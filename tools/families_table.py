@@ -1,12 +1,14 @@
-"""docs/families.md's table of families x features, filled from a test run (never by hand).
+"""docs/families.md's table of families x features, filled from test runs (never by hand).
 
-    python -m pytest tests --junitxml=.bench/junit.xml
-    python tools/families_table.py .bench/junit.xml        # rewrites the table in docs/families.md
+    python -m pytest tests --junitxml=.bench/junit-4.57.xml                       # one run per transformers version
+    .venvs/tf5/bin/python -m pytest tests --junitxml=.bench/junit-5.24.xml          # (tools/test_stacks.sh makes such a venv)
+    python tools/families_table.py 4.57=.bench/junit-4.57.xml 5.24=.bench/junit-5.24.xml   # rewrites the table in docs/families.md
 
-A cell is ✓ when at least one of the column's tests ran for that family and every one that ran
-passed, ✗ when one failed, and — when none ran (no test yet: the feature is not claimed). The
-family of a test is its parameter (``[gemma2-lookup]``) or, for a test written for one family,
-the family given here.
+A mark is ✓ when at least one of the column's tests ran for that family and every one that ran
+passed, ✗ when one failed, and — when none ran (no test yet: the feature is not claimed). With
+several runs (``LABEL=FILE``, e.g. one per transformers version) a cell holds one mark per run,
+in the order given and named in the line above the table. The family of a test is its
+parameter (``[gemma2-lookup]``) or, for a test written for one family, the family given here.
 """
 
 from __future__ import annotations
@@ -73,30 +75,36 @@ def outcomes(junit: Path) -> dict[tuple[str, str], list[bool]]:
     return cells
 
 
-def table(cells: dict[tuple[str, str], list[bool]]) -> str:
-    rows = ["| family (model_type) | " + " | ".join(COLUMNS) + " |", "|---" * (len(COLUMNS) + 1) + "|"]
+def mark(ran: list[bool]) -> str:
+    return "—" if not ran else ("✓" if all(ran) else "✗")
+
+
+def table(runs: dict[str, dict[tuple[str, str], list[bool]]]) -> str:
+    """One row per family, one column per feature; a cell has one mark per run (``runs``' order)."""
+    rows = [f"Each cell: transformers {' · '.join(runs)}." if len(runs) > 1 else "", "",
+            "| family (model_type) | " + " | ".join(COLUMNS) + " |", "|---" * (len(COLUMNS) + 1) + "|"]  # fmt: skip
     for fam, model_type in FAMILIES.items():
-        marks = []
-        for column in COLUMNS:
-            ran = cells.get((column, fam), [])
-            marks.append("—" if not ran else ("✓" if all(ran) else "✗"))
-        rows.append(f"| {model_type} | " + " | ".join(marks) + " |")
-    return "\n".join(rows)
+        cells = [" · ".join(mark(cells.get((column, fam), [])) for cells in runs.values()) for column in COLUMNS]
+        rows.append(f"| {model_type} | " + " | ".join(cells) + " |")
+    return "\n".join(rows[2:] if len(runs) == 1 else rows)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("junit", type=Path, help="pytest --junitxml output of the full suite")
+    ap.add_argument("junit", nargs="+", help="pytest --junitxml output of a full run, as FILE or LABEL=FILE (LABEL: what differs, e.g. 5.24)")
     args = ap.parse_args(argv)
-    cells = outcomes(args.junit)
-    if not cells:
-        print(f"{args.junit}: no family tests ran; pass the junit file of a full run", file=sys.stderr)
-        return 2
+    runs = {}
+    for given in args.junit:
+        label, _, file = given.rpartition("=")
+        runs[label or file] = outcomes(Path(file))
+        if not runs[label or file]:
+            print(f"{file}: no family tests ran; pass the junit file of a full run", file=sys.stderr)
+            return 2
     text = DOC.read_text()
     head, rest = text.split(BEGIN, 1)
     _, tail = rest.split(END, 1)
-    DOC.write_text(f"{head}{BEGIN}\n{table(cells)}\n{END}{tail}")
-    print(table(cells))
+    DOC.write_text(f"{head}{BEGIN}\n{table(runs)}\n{END}{tail}")
+    print(table(runs))
     return 0
 
 
