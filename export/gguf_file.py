@@ -62,10 +62,17 @@ def load_gguf_model(auto: Any, path: Path) -> Any:
     from specdec.export.source import REFERENCE_ATTENTION
 
     try:
-        return auto.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32, attn_implementation=REFERENCE_ATTENTION)
+        model = auto.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32, attn_implementation=REFERENCE_ATTENTION)
     except (OSError, ValueError, KeyError, NotImplementedError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ModelError(f"cannot load the weights of GGUF file {path.name} ({first})") from None
+    # transformers 5 marks the model as GGUF-quantized, though its weights are float32 by now,
+    # and then refuses to save_pretrained it (bench-peers saves the checkpoint every peer reads)
+    model.hf_quantizer = None
+    model.is_quantized = False
+    if getattr(model.config, "quantization_config", None) is not None:
+        del model.config.quantization_config
+    return model
 
 
 @contextlib.contextmanager

@@ -130,10 +130,11 @@ def test_families_table_covers_every_supported_architecture(tmp_path):
         '<testcase classname="tests.runtime.test_decoder_exact" name="test_greedy_matches_target_for_every_family[gemma2]"/>'
         '<testcase classname="tests.runtime.test_batch" name="test_batched_greedy_matches_target_per_row[gemma2-lookup]"><failure/></testcase>'
         '<testcase classname="tests.export.test_gguf" name="test_new_family_gguf_decodes_as_pytorch[gemma2]"><skipped/></testcase>'
+        '<testcase classname="tests.export.test_gguf" name="test_gguf_bundle_decodes_as_pytorch@test_gguf"/>'  # a loadgroup test's name
         "</testsuite></testsuites>"
     )
     cells = families_table.outcomes(junit)
-    assert cells == {("greedy = PyTorch", "gemma2"): [True], ("batched (BatchEngine)", "gemma2"): [False]}
+    assert cells == {("greedy = PyTorch", "gemma2"): [True], ("batched (BatchEngine)", "gemma2"): [False], ("GGUF in", "llama"): [True]}
     table = families_table.table({"4.57": cells})
     assert "| gemma2 | ✓ | — | — | ✗ | — | — | — | — |" in table
     both = families_table.table({"4.57": cells, "5.24": {("greedy = PyTorch", "gemma2"): [False]}})  # one mark per run, in order

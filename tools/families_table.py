@@ -63,7 +63,7 @@ def outcomes(junit: Path) -> dict[tuple[str, str], list[bool]]:
         if case.find("skipped") is not None:
             continue
         path = case.get("classname", "").replace(".", "/")  # tests.runtime.test_batch -> tests/runtime/test_batch
-        name = case.get("name", "")
+        name = case.get("name", "").split("@", 1)[0]  # pytest-xdist's --dist loadgroup appends @GROUP
         func, _, params = name.partition("[")
         node = f"{path.removeprefix('tests/')}.py::{func}"
         ok = case.find("failure") is None and case.find("error") is None

@@ -35,14 +35,14 @@ def command_line(argv: list[str] | None = None) -> str:
 
     argv = list(sys.argv if argv is None else argv)
     head = Path(argv[0])
+    if head.name in ("__main__.py", "-m"):  # python -m specdec (before the .py rule: it is a .py file too)
+        return shlex.join(["python", "-m", "specdec", *argv[1:]])
     if head.suffix == ".py":
         try:
             shown = str(head.resolve().relative_to(REPO))
         except ValueError:
             shown = str(head)
         return shlex.join(["python", shown, *argv[1:]])
-    if head.name in ("__main__.py", "-m"):
-        return shlex.join(["python", "-m", "specdec", *argv[1:]])
     return shlex.join([os.path.basename(argv[0]), *argv[1:]])
 
 

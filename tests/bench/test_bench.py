@@ -239,3 +239,14 @@ def test_op_split_counts_each_node_of_a_call_once(llama_bundle, tmp_path):
     assert g["matmul"] > 0 and g["attention"] > 0 and g["other"] > 0
     assert sum(g.values()) <= split.call_ms and split.tokens == 2 and split.calls == 6
     assert "MatMul" in split.lines()[0] and json.dumps(split.as_dict())
+
+
+def test_results_name_the_command_as_typed():
+    """A results file's command is what a user types again: ``python -m specdec`` (not the path
+    of specdec's __main__.py), a console script by its name, a tools/ script relative to the checkout."""
+    from specdec.bench.report import REPO, command_line
+
+    main = str(REPO / "specdec" / "__main__.py")
+    assert command_line([main, "bench", "B", "--tokens", "8"]) == "python -m specdec bench B --tokens 8"
+    assert command_line(["/usr/bin/specdec", "bench", "B"]) == "specdec bench B"
+    assert command_line([str(REPO / "tools" / "bench_int8_rows.py"), "--calls", "5"]) == "python tools/bench_int8_rows.py --calls 5"
