@@ -50,4 +50,3 @@ def longrope_by_position(model: Any) -> int:
         module.forward = types.MethodType(_per_position, module)
         done += 1
     return done
-

@@ -296,8 +296,8 @@ def test_a_quantized_export_keeps_the_head_in_int8_blocks(feature_bundle, family
 
     target, float_bundle, _, root = feature_bundle
     draft, _ = _draft_with_head(family_bundle[2], root / "head", tmp_path / "draft", {"drafter": "feature-lookup", "gamma": 2, "why": "measured"})
-    heads = {q: (ExportConfig(str(target), str(draft), tmp_path / "c", quantize=q).head() is not None,
-                 ExportConfig(str(target), str(draft), tmp_path / "c", quantize=q).head_quantization()) for q in ("int8", "int4")}
+    configs = {q: ExportConfig(str(target), str(draft), tmp_path / "c", quantize=q) for q in ("int8", "int4")}
+    heads = {q: (c.head() is not None, c.head_quantization()) for q, c in configs.items()}
     assert heads == {"int8": (True, "int8"), "int4": (True, "int8")}, heads
     out = tmp_path / "int8"
     m = export_bundle(ExportConfig(str(target), str(draft), out, max_seq_len=128, quantize="int8", max_batch=2))

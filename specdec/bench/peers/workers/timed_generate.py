@@ -7,7 +7,6 @@ Shared by the transformers peer (``local.py``, in specdec's python) and the opti
 from __future__ import annotations
 
 import inspect
-
 import time
 
 
