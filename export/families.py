@@ -72,14 +72,14 @@ FAMILIES = (
     # Llama-shaped: what differs (Qwen3's q/k norms, Phi-3's fused projections) runs in
     # transformers' own modules before the attention function export/attention.py replaces;
     # LongRoPE (Phi-3 128k) chooses its factors per position (export/rope.py)
-    Family("llama", ("llama", "qwen2", "qwen3", "mistral", "phi3"), adapt=rope.longrope_by_position),
+    Family("llama", ("llama", "qwen2", "qwen3", "mistral", "phi3"), adapt=rope.for_export),
     # Gemma 2 / Gemma 3 text: scaled embedding, (1 + w) norms, q/k norms, final soft-capping and
     # per-layer RoPE bases run in transformers' modules; what reaches attention (sliding windows
     # on local layers, Gemma 2's score soft-capping, query_pre_attn_scalar) becomes GQA attributes
-    Family("gemma", ("gemma2", "gemma3_text"), _no_unsupported(use_bidirectional_attention=False)),
+    Family("gemma", ("gemma2", "gemma3_text"), _no_unsupported(use_bidirectional_attention=False), adapt=rope.for_export),
     Family("gpt2", ("gpt2",), _no_unsupported(scale_attn_by_inverse_layer_idx=False, reorder_and_upcast_attn=False)),
     Family("opt", ("opt",), _no_unsupported(enable_bias=True)),
-    Family("gpt_neox", ("gpt_neox",)),
+    Family("gpt_neox", ("gpt_neox",), adapt=rope.for_export),
     # T5: relative position bias instead of positions, so the decoder has no position limit of its own
     _seq2seq("t5", ("t5",), _t5_unsupported, lambda c: c.num_decoder_layers, lambda c: c.num_heads, lambda c: c.d_kv, lambda c: None),
     _seq2seq("bart", ("bart", "marian"), _bart_vocab, lambda c: c.decoder_layers, lambda c: c.decoder_attention_heads,

@@ -92,6 +92,14 @@ def self_attention(q, k, v, past_k, past_v, seqlens, total, heads: int, scale: f
     return torch.ops.specdec.gqa_bias(q, k, v, past_k, past_v, seqlens, total, bias, heads, scale)
 
 
+def t5_scales_head(cfg) -> bool:
+    """Whether T5's head input is scaled by d_model^-0.5: original T5 (tied head) yes, v1.1 and
+    flan-t5 (own head) no. transformers 5.x says so in ``scale_decoder_outputs`` (it sets
+    ``tie_word_embeddings`` True for every T5 and unties on load when the checkpoint holds its
+    own head); 4.57 in ``tie_word_embeddings``."""
+    return bool(getattr(cfg, "scale_decoder_outputs", cfg.tie_word_embeddings))
+
+
 class T5Decoder(torch.nn.Module):
     """T5's decoder stack and head: pre-RMSNorm blocks, unscaled attention, the relative position
     bias of block 0 shared by every block, and a tied head scaled by d_model^-0.5."""
@@ -102,9 +110,7 @@ class T5Decoder(torch.nn.Module):
 
         cfg = model.config
         self.dec, self.lm_head, self.heads, self.max_seq = model.get_decoder(), model.lm_head, cfg.num_heads, max_seq
-        # the head's input scaled by d_model^-0.5 (original T5; not v1.1): transformers 5.x says so in scale_decoder_outputs,
-        # 4.57 in tie_word_embeddings (5.x sets that True for every T5)
-        self.out_scale = cfg.d_model**-0.5 if getattr(cfg, "scale_decoder_outputs", cfg.tie_word_embeddings) else 1.0
+        self.out_scale = cfg.d_model**-0.5 if t5_scales_head(cfg) else 1.0
         rel = self.dec.block[0].layer[0].SelfAttention
         self.bias_table, self.bucket = rel.relative_attention_bias, T5Attention._relative_position_bucket
         self.buckets, self.distance = rel.relative_attention_num_buckets, rel.relative_attention_max_distance

@@ -205,11 +205,16 @@ def peaked_seq2seq(cfg, seed: int):
     import torch
     from transformers import AutoModelForSeq2SeqLM
 
+    from specdec.export.seq2seq import t5_scales_head
+
     torch.manual_seed(seed)
     model = AutoModelForSeq2SeqLM.from_config(cfg, dtype=torch.float32).eval()
     inner, head = SEQ2SEQ_SCALES[cfg.model_type]
-    if cfg.model_type == "t5" and cfg.tie_word_embeddings:
+    if cfg.model_type == "t5" and t5_scales_head(cfg):
         head *= cfg.d_model**0.5  # a tied T5 head scales its input by d_model^-0.5: undo it
+    elif cfg.model_type == "t5" and model.lm_head.weight is model.shared.weight:
+        # transformers 5.x ties every T5 at init; v1.1's head is its own (drawn as 4.57 draws it)
+        model.lm_head.weight = torch.nn.Parameter(torch.randn_like(model.shared.weight) * cfg.initializer_factor)
     dec = model.get_decoder()
     last = dec.final_layer_norm if hasattr(dec, "final_layer_norm") else dec.layers[-1].final_layer_norm
     return sharpen(model, inner, [last], head)

@@ -1,7 +1,7 @@
 """docs/families.md's table of families x features, filled from test runs (never by hand).
 
-    python -m pytest tests --junitxml=.bench/junit-4.57.xml                       # one run per transformers version
-    tools/test_stacks.sh tests --junitxml=.bench/junit-5.24.xml                   # the same on transformers 5.24, in its own venv
+    python -m pytest tests --junitxml=.bench/junit-5.24.xml                       # one run per transformers version
+    tools/test_stacks.sh tests --junitxml=.bench/junit-4.57.xml                   # the same on transformers 4.57, in its own venv
     python tools/families_table.py 4.57=.bench/junit-4.57.xml 5.24=.bench/junit-5.24.xml   # rewrites the table in docs/families.md
 
 A mark is ✓ when at least one of the column's tests ran for that family and every one that ran
