@@ -62,7 +62,8 @@ def load_gguf_model(auto: Any, path: Path) -> Any:
     from specdec.export.source import REFERENCE_ATTENTION
 
     try:
-        model = auto.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32, attn_implementation=REFERENCE_ATTENTION)
+        with _no_conversion_bar():
+            model = auto.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32, attn_implementation=REFERENCE_ATTENTION)
     except (OSError, ValueError, KeyError, NotImplementedError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ModelError(f"cannot load the weights of GGUF file {path.name} ({first})") from None
@@ -73,6 +74,26 @@ def load_gguf_model(auto: Any, path: Path) -> Any:
     if getattr(model.config, "quantization_config", None) is not None:
         del model.config.quantization_config
     return model
+
+
+@contextlib.contextmanager
+def _no_conversion_bar():
+    """transformers 5.x draws the loader's "Converting and de-quantizing" bar with tqdm itself,
+    past the progress-bar switch export/logs.py turns off (4.57's went through it): off here too,
+    so the export's screen keeps its one line per phase."""
+    import functools
+    import importlib
+
+    module = importlib.import_module("transformers.modeling_gguf_pytorch_utils")
+    bar = getattr(module, "tqdm", None)
+    if bar is None:
+        yield
+        return
+    module.tqdm = functools.partial(bar, disable=True)
+    try:
+        yield
+    finally:
+        module.tqdm = bar
 
 
 @contextlib.contextmanager

@@ -266,6 +266,33 @@ def distill_cmd(bundle: Path, out: Path, tokens: int | None, minutes: float | No
                + ("; interrupted: run the same command to resume" if record["interrupted"] else ""))  # fmt: skip
 
 
+@cli.command("check")
+@click.argument("bundle", type=click.Path(path_type=Path))
+@click.option("--prompts", "prompts_file", default=None, type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Prompts, one per line (each a user turn through the bundle's chat template when it has one) [default: built-in held-out requests].")
+@click.option("--reference", default=None, help="The checkpoint folder, hub id or GGUF file the bundle was exported from: also compare with it (needs PyTorch).")
+@click.option("--threads", default=None, type=int, help="ONNX Runtime intra-op threads per model session [default: one per core].")
+@click.option("--quick", is_flag=True, help="Fewer prompts, tokens and runs, the default drafter alone sampled and batched: under a minute for a 135M bundle.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (for CI pipelines).")
+def check_cmd(bundle: Path, prompts_file: Path | None, reference: str | None, threads: int | None, quick: bool, as_json: bool) -> None:
+    """Is this bundle exact on this box, and does speculation pay here? Integrity, exactness, speed; exit status 1 on any failure."""
+    from specdec import check
+    from specdec.errors import InputError
+
+    if not (bundle / "manifest.json").is_file():
+        raise InputError(f"{bundle}: not a bundle (no manifest.json); pass the folder specdec-export wrote")
+    texts = None
+    if prompts_file is not None:
+        texts = [line for line in prompts_file.read_text().splitlines() if line.strip()]
+        if not texts:
+            raise InputError(f"--prompts {prompts_file}: no prompt in it; expected one prompt per line")
+    items, seconds = check.timed(check.run, bundle, quick=quick, texts=texts, reference=reference, threads=_threads(threads),
+                                 progress=lambda step: None if as_json else click.echo(f"checking {step} ...", err=True))  # fmt: skip
+    click.echo(json.dumps(check.as_json(bundle, items, seconds), indent=1) if as_json else check.report(bundle, items, seconds))
+    if not check.passed(items):
+        sys.exit(1)
+
+
 @cli.command("inspect")
 @click.argument("bundle", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest.")
@@ -667,12 +694,13 @@ def _numbers(option: str, text: str, kind: type) -> list:
 @click.option("--prefix-reuse/--no-prefix-reuse", default=True, show_default=True, help="A request keeps the prefix of its prompt that an idle KV slot holds (multi-turn chat).")
 @click.option("--cache-slots", default=None, type=int, help="KV slots allocated at load, >= --max-batch: more keep more conversations [default: --max-batch].")
 @click.option("--log-level", default="info", show_default=True, type=click.Choice(["critical", "error", "warning", "info", "debug"]))
+@click.option("--check", "run_check", is_flag=True, help="First run specdec check --quick on this box; refuse to start if the bundle fails it.")
 @click.option("--ray", "use_ray", is_flag=True, help="Serve on Ray Serve: replicas behind Ray's HTTP proxy (the ray extra).")
 @click.option("--replicas", default=1, show_default=True, type=int, help="With --ray: replicas, each loading the bundle once.")
 @click.option("--autoscale", default=None, help="With --ray: MIN:MAX replicas, scaled on ongoing requests (instead of --replicas).")
 @click.option("--ray-address", default=None, help="With --ray: 'auto' or ADDR deploys onto a running cluster [default: start a local Ray instance].")
 @click.option("--replica-cpus", default=1.0, show_default=True, type=float, help="With --ray: CPUs Ray reserves per replica.")
-def serve_cmd(bundle: Path, gamma: str | None, use_ray: bool, replicas: int, autoscale: str | None, ray_address: str | None,
+def serve_cmd(bundle: Path, gamma: str | None, run_check: bool, use_ray: bool, replicas: int, autoscale: str | None, ray_address: str | None,
               replica_cpus: float, **kw) -> None:  # fmt: skip
     """An OpenAI-compatible server (completions, chat, SSE streaming, /metrics) over the batched engine."""
     try:
@@ -680,6 +708,8 @@ def serve_cmd(bundle: Path, gamma: str | None, use_ray: bool, replicas: int, aut
     except ImportError as e:
         raise ConfigError(f"specdec serve needs the serve extra ({e.name} is missing): pip install 'specdec[serve]'") from None
     logging.basicConfig(level=kw["log_level"].upper(), format="%(levelname)s: %(message)s")
+    if run_check:
+        _check_before_serving(bundle, kw["threads"])
     cfg = ServeConfig(bundle, gamma=_gamma(gamma), **kw)
     if not use_ray:
         if (replicas, autoscale, ray_address) != (1, None, None):
@@ -691,6 +721,20 @@ def serve_cmd(bundle: Path, gamma: str | None, use_ray: bool, replicas: int, aut
         raise ConfigError(f"specdec serve --ray needs the ray extra ({e.name} is missing): pip install 'specdec[ray]'") from None
     scale = ray_app.parse_autoscale(autoscale) if autoscale else None
     sys.exit(ray_app.run(cfg, replicas, scale, ray_address, replica_cpus))
+
+
+def _check_before_serving(bundle: Path, threads: int | None) -> None:
+    """``specdec serve --check``: the quick check, its verdict logged; a failure refuses to serve."""
+    from specdec import check
+    from specdec.errors import BundleError
+
+    items, seconds = check.timed(check.run, bundle, quick=True, threads=_threads(threads))
+    failed = [i for i in items if i.ok is False]
+    if failed:
+        f = failed[0]
+        raise BundleError(f"{bundle} failed specdec check --quick ({f.section}, {f.name}): {f.detail}; {f.fix}")
+    advice = next((i.detail for i in items if i.name == "advice"), "")
+    logging.getLogger("specdec.serve").info("specdec check --quick passed in %.0f s (%d checks); %s", seconds, sum(i.ok is True for i in items), advice)
 
 
 @cli.command("demo")

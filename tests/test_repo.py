@@ -40,3 +40,20 @@ def test_every_upper_pin_says_why():
         assert "#" in line.split(f'"{dep}"', 1)[1], f"{dep}: an upper pin without a reason beside it"
     users = project["dependencies"] + project["optional-dependencies"]["export"]  # what users install to export: never a downgrade
     assert not any(d.startswith(("transformers", "optimum")) and "<" in d for d in users)
+
+
+def test_every_subpackage_is_packaged():
+    """pyproject's package list is explicit (the code folders are subpackages of ``specdec``): a
+    folder with an ``__init__.py`` left out of it is missing from every wheel and non-editable install."""
+    import tomllib
+
+    tool = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed, dirs = set(tool["packages"]), tool["package-dir"]
+    found = set()
+    for name, folder in dirs.items():
+        base = ROOT / folder
+        for init in base.rglob("__init__.py"):
+            rel = init.parent.relative_to(base)
+            if "__pycache__" not in rel.parts:
+                found.add(".".join([name, *rel.parts]))
+    assert found and found <= listed, f"not in [tool.setuptools] packages: {sorted(found - listed)}"

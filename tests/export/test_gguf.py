@@ -362,3 +362,16 @@ def test_new_family_gguf_decodes_as_pytorch(tmp_path, arch):
         tol = 0.02 * float(written[name].abs().max()) if t.dim() == 2 else 1e-6
         torch.testing.assert_close(t, written[name], rtol=0, atol=tol, msg=lambda m: f"{arch} {name}: {m}")
     assert_greedy_as(ref, SpeculativeDecoder.load(out))
+
+
+def test_the_loaders_conversion_bar_stays_off_the_screen(gguf_pair, capfd):
+    """transformers 5.x draws its GGUF conversion bar with tqdm directly (past its own progress-bar
+    switch): export turns it off too, so the screen keeps one line per phase."""
+    from transformers import AutoModelForCausalLM
+
+    from specdec.export.gguf_file import load_gguf_model
+
+    files, _ = gguf_pair
+    load_gguf_model(AutoModelForCausalLM, files["target"])
+    err = capfd.readouterr().err
+    assert "Converting and de-quantizing" not in err, err[-500:]

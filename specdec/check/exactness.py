@@ -1,0 +1,205 @@
+"""Section 2 of ``specdec check``: is speculative output the target's, on this box?
+
+- greedy: every drafter the bundle carries, one request at a time and in a ``BatchEngine``,
+  against the bundle's own autoregressive output (γ = 0) token for token. A first difference is
+  allowed only at a close call of the target (its top two logits nearer than ``close_call``),
+  where the verify call (K positions) and a 1-token call may round differently; a wrong graph,
+  cache or acceptance rule differs at clear calls.
+- sampled: the law of the first emitted token under speculation (T = 1) against the target's p,
+  read from the bundle's own target graph, by Pearson's chi-square (``law.py``); the item states
+  the test's power. Decoder-only bundles (an encoder-decoder's p needs its encoder: not yet).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from specdec.check import law
+from specdec.check.items import Item
+
+SECTION = "exactness"
+LEVEL = 1e-3  # a sampled check fails below this p-value: a false alarm 1 run in 1000 per drafter; a broken
+# sampler (tests/check: a residual that forgets the draft) gives p < 1e-10 at the runs used
+MIN_PATHS = 0.05  # the first draft must be both accepted and rejected at least this share of runs, or the test
+# cannot see the residual path (or the acceptance path): reported, not failed
+PAIRING = 0.02  # a draft model whose greedy drafts the target keeps less often than this (over >= PAIRING_DRAFTS
+PAIRING_DRAFTS = 40  # drafts) is not this target's: a token agrees by chance about 1/V of the time, while even
+# a weak draft of the same tokenizer agrees far more (the shipped SmolLM2 draft: 0.06 on everyday chat)
+CLOSE_FLOAT = 1e-3  # float bundles: a close call is a top-2 gap < this x max(1, max|logit|) (export's NEAR_TIE),
+# or < 4x the verify-vs-reference max|Δ logits| export measured, whichever is larger
+CLOSE_QUANTIZED = 0.05  # int8/int4: activations are quantized per block of each call, so a K-token verify call
+# and a 1-token call differ by ~1% of the logits' scale (docs/exactness.md): 5% of max|logit|
+
+
+def carried(m) -> list[str]:
+    """The drafters this bundle has what they need for, the default first."""
+    from specdec.runtime.drafters import DRAFTERS, bundle_default
+
+    models = {g.model for g in m.graphs.values()}
+    tree = any(g.model == "target" and g.role == "tree" for g in m.graphs.values())
+    names = [n for n, r in DRAFTERS.items()
+             if (not r.needs_draft_model or "draft" in models) and (not r.needs_head or "head" in models)
+             and (not r.tree or tree) and (n not in ("ngram", "unigram") or m.ngram)]  # fmt: skip
+    first = bundle_default(m)
+    return [first, *(n for n in names if n != first)]
+
+
+def close_call_gap(m, logits: np.ndarray) -> float:
+    """The top-2 gap below which a greedy step of this bundle is a close call (see the constants)."""
+    scale = max(1.0, float(np.abs(logits).max()))
+    if m.quantization:
+        return CLOSE_QUANTIZED * scale
+    measured = (m.validation.get("target") or {}).get("logits") or 0.0
+    return max(CLOSE_FLOAT * scale, 4 * measured)
+
+
+def first_difference(got: Sequence[int], want: Sequence[int]) -> int | None:
+    i = next((k for k, (a, b) in enumerate(zip(got, want)) if a != b), None)
+    return i if i is not None or len(got) == len(want) else min(len(got), len(want))
+
+
+class Judge:
+    """Whether a divergence of a greedy continuation is a close call of the target."""
+
+    def __init__(self, bundle: Path, m, threads):
+        from specdec.bench.quality import TargetRunner
+
+        self.m = m
+        self.runner = None if m.seq2seq else TargetRunner(bundle, threads)
+
+    def differs(self, prompt: list[int], got: list[int], want: list[int]) -> tuple[str, str | None]:
+        """("same" | "close" | "wrong", a description of the first difference)."""
+        i = first_difference(got, want)
+        if i is None:
+            return "same", None
+        where = f"token {i} (got {got[i] if i < len(got) else 'end'}, autoregressive {want[i] if i < len(want) else 'end'})"
+        if self.runner is None or i >= min(len(got), len(want)):
+            return "wrong", where
+        logits = self.runner.logits(list(prompt) + list(want[:i]))[-1].astype(np.float64)
+        top2 = np.sort(logits)[-2:]
+        gap, bound = float(top2[1] - top2[0]), close_call_gap(self.m, logits)
+        return ("close" if gap < bound else "wrong"), f"{where}, target's top-2 gap {gap:.3g} (close below {bound:.3g})"
+
+
+def _verdict(label: str, outcomes: list[tuple[str, str | None]], prompts: int, tokens: int) -> Item:
+    wrong = [d for kind, d in outcomes if kind == "wrong"]
+    close = [d for kind, d in outcomes if kind == "close"]
+    if wrong:
+        return Item(SECTION, label, False, f"{len(wrong)} of {prompts} requests differ from autoregressive; first at {wrong[0]}",
+                    "this drafter or graph is not exact here: report it with this output (specdec check --json)")  # fmt: skip
+    tail = f"; {len(close)} ended at a close call of the target ({close[0]})" if close else ""
+    return Item(SECTION, label, True, f"{prompts - len(close)} of {prompts} requests x {tokens} tokens identical to autoregressive{tail}")
+
+
+def greedy(bundle: Path, m, prompts: list[list[int]], tokens: int, threads, drafters: list[str], batch_drafters: list[str]) -> list[Item]:
+    """Greedy speculative output of each drafter (batch 1, and ``batch_drafters`` in a BatchEngine) against γ = 0."""
+    from specdec.runtime.batch import BatchEngine
+    from specdec.runtime.decoder import SpeculativeDecoder
+
+    kw = dict(max_new_tokens=tokens, ignore_eos=True)
+    base = SpeculativeDecoder.load(bundle, threads=threads, drafter=drafters[0], verify="size")  # digests: section 1
+    want = [base.generate(p, gamma=0, **kw).tokens for p in prompts]
+    judge = Judge(bundle, m, threads)
+    items, pairing = [], None
+    for name in drafters:
+        dec = base if name == drafters[0] else base.fork(drafter=name)
+        results = [dec.generate(p, gamma=m.gamma, **kw) for p in prompts]
+        got = [r.tokens for r in results]
+        items.append(_verdict(f"greedy, {name}", [judge.differs(p, g, w) for p, g, w in zip(prompts, got, want)], len(prompts), tokens))
+        if name == "model":
+            pairing = draft_pairing(sum(r.stats.accepted for r in results), sum(r.stats.rejected for r in results))
+    for name in batch_drafters:
+        engine = BatchEngine(bundle, drafter=name, threads=threads, manifest=m)
+        try:
+            got = [r.tokens for r in engine.generate_many(prompts, gamma=m.gamma, **kw)]
+        finally:
+            engine.close()
+        label = f"greedy, {name}, BatchEngine ({engine.max_batch} row{'s' if engine.max_batch > 1 else ''})"
+        items.append(_verdict(label, [judge.differs(p, g, w) for p, g, w in zip(prompts, got, want)], len(prompts), tokens))
+    return items + ([pairing] if pairing else [])
+
+
+def draft_pairing(accepted: int, rejected: int) -> Item | None:
+    """An integrity item on whether the draft model is this target's (same tokens), from its greedy drafts."""
+    from specdec.bench.sweep import alpha_mle
+
+    trials = accepted + rejected
+    if trials < PAIRING_DRAFTS:
+        return None
+    alpha = alpha_mle(accepted, rejected)
+    if alpha < PAIRING:
+        return Item("integrity", "draft pairing", False, f"the draft model agrees with the target on {alpha:.1%} of {trials} greedy drafts: "
+                                                         "no better than chance, as a draft with another tokenizer or vocabulary order would",
+                    "export with a draft made for this target's tokenizer (or serve with --drafter lookup)")  # fmt: skip
+    return Item("integrity", "draft pairing", True, f"the draft model agrees with the target on {alpha:.0%} of {trials} greedy drafts")
+
+
+def first_token_runs(dec, m, prompt: list[int], seeds: range) -> tuple[np.ndarray, int, int]:
+    """Counts [V] of the first emitted token over seeded T = 1 runs, and the first draft's (accepted, drafted)."""
+    counts = np.zeros(m.vocab_size, dtype=np.int64)
+    accepted = drafted = 0
+    for seed in seeds:
+        req = dec.request(prompt, max_new_tokens=2, gamma=m.gamma, temperature=1.0, seed=seed, ignore_eos=True)
+        stream = dec.run(req, incremental_text=False, reuse=True)  # the prompt's rows stay cached between runs
+        for _ in stream:
+            pass
+        res = stream.result
+        counts[res.tokens[0]] += 1
+        accepted += res.stats.accepted_at[0] if res.stats.accepted_at else 0
+        drafted += res.stats.drafted_at[0] if res.stats.drafted_at else 0
+    return counts, accepted, drafted
+
+
+PILOT = 40  # seeded runs per prompt to find one whose first draft is both accepted and rejected
+
+
+def pick_prompt(dec, m, runner, prompts: list[list[int]]) -> tuple[list[int], np.ndarray]:
+    """The prompt that exercises both paths best (first-draft acceptance nearest 1/2 in a short
+    pilot; then the most entropy: the most bins to test), and the target's law after it (T = 1)."""
+    from specdec.runtime.sampling import softmax
+
+    scored = []
+    for k, prompt in enumerate(prompts):
+        p = softmax(runner.logits(prompt)[-1].astype(np.float64))
+        _, accepted, drafted = first_token_runs(dec, m, prompt, range(10**6, 10**6 + PILOT))  # seeds apart from the test's
+        share = accepted / drafted if drafted else 0.0
+        entropy = float(-(p * np.log(np.maximum(p, 1e-300))).sum())
+        scored.append((round(min(share, 1 - share), 1), entropy, k, p))
+    _, _, k, p = max(scored, key=lambda s: s[:3])
+    return prompts[k], p
+
+
+def sampled(bundle: Path, m, prompts: list[list[int]], runs: int, threads, drafters: list[str]) -> list[Item]:
+    """The first emitted token's law under speculation, per drafter, against the target's."""
+    from specdec.bench.quality import TargetRunner
+    from specdec.runtime.decoder import SpeculativeDecoder
+
+    if m.seq2seq:
+        return [Item(SECTION, "sampled", None, "not checked for encoder-decoder bundles yet (greedy above is)")]
+    runner = TargetRunner(bundle, threads)
+    base = SpeculativeDecoder.load(bundle, threads=threads, drafter=drafters[0], verify="size")
+    items = []
+    for name in drafters:
+        dec = base if name == drafters[0] else base.fork(drafter=name)
+        prompt, p = pick_prompt(dec, m, runner, prompts)
+        counts, accepted, drafted = first_token_runs(dec, m, prompt, range(runs))
+        stat, df, pvalue = law.pearson(counts, p)
+        w = law.detectable_effect(runs, df, LEVEL)
+        power = f"{runs} runs, {df + 1} bins: a law at Cohen's w >= {w:.2f} from the target's is caught 4 times in 5"
+        share = accepted / drafted if drafted else 0.0
+        label = f"sampled, {name}"
+        if df < 1:
+            items.append(Item(SECTION, label, None, f"the target's first token is nearly certain after the chosen prompt: nothing to test ({power})"))
+        elif pvalue < LEVEL:
+            items.append(Item(SECTION, label, False, f"first token's law differs from the target's: chi-square {stat:.1f} on {df} df, p = {pvalue:.2g} ({power})",
+                              "speculative sampling is not exact here: report it with this output (specdec check --json)"))  # fmt: skip
+        elif drafted and not MIN_PATHS <= share <= 1 - MIN_PATHS:
+            items.append(Item(SECTION, label, None, f"p = {pvalue:.2g}, but the first draft was accepted in {share:.0%} of runs: "
+                                                    f"one of its two paths is barely exercised ({power})"))  # fmt: skip
+        else:
+            items.append(Item(SECTION, label, True, f"first token's law is the target's: p = {pvalue:.2g} (fails below {LEVEL:g}); "
+                                                    f"first draft accepted in {share:.0%} of runs; {power}"))  # fmt: skip
+    return items
