@@ -2,12 +2,16 @@
 own forward does, bit for bit, on the transformers installed (4.57 writes a MatMul, 5.x a Mul)."""
 
 import inspect
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-from specdec.export import rope
-from tests.models import config_for, peaked_model, set_rope
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from models import config_for, peaked_model, set_rope  # noqa: E402
+
+from specdec.export import rope  # noqa: E402
 
 
 def rotaries(model) -> list:
