@@ -196,7 +196,10 @@ def sampled(bundle: Path, m, prompts: list[list[int]], runs: int, threads, draft
         elif pvalue < LEVEL:
             items.append(Item(SECTION, label, False, f"first token's law differs from the target's: chi-square {stat:.1f} on {df} df, p = {pvalue:.2g} ({power})",
                               "speculative sampling is not exact here: report it with this output (specdec check --json)"))  # fmt: skip
-        elif drafted and not MIN_PATHS <= share <= 1 - MIN_PATHS:
+        elif drafted < MIN_PATHS * runs:
+            what = "proposed no first token on these prompts: only" if not drafted else f"proposed a first token in only {drafted} of {runs} runs: mostly"
+            items.append(Item(SECTION, label, None, f"p = {pvalue:.2g}, but the drafter {what} plain sampling was tested ({power})"))
+        elif not MIN_PATHS <= share <= 1 - MIN_PATHS:
             items.append(Item(SECTION, label, None, f"p = {pvalue:.2g}, but the first draft was accepted in {share:.0%} of runs: "
                                                     f"one of its two paths is barely exercised ({power})"))  # fmt: skip
         else:
