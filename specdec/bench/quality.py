@@ -80,17 +80,18 @@ def code_windows(encode: Callable[[str], list[int]], count: int, length: int) ->
 
 
 class TargetRunner:
-    """A bundle's target dynamic graph over its own cache: logits of a window from an empty cache."""
+    """A bundle's target dynamic graph over its own cache: logits of a window from an empty cache.
+    ``model="draft"``: the draft model's dynamic graph instead."""
 
-    def __init__(self, bundle: Path, threads: int | None = None):
+    def __init__(self, bundle: Path, threads: int | None = None, model: str = "target"):
         from specdec.engines.kv import KVCache
         from specdec.engines.ort import runner_for
         from specdec.manifest import load_manifest
 
         m = load_manifest(bundle, verify="size", stamps=False)
-        t = m.target
+        t = getattr(m, model)
         self.cache = KVCache(t.num_layers, t.num_kv_heads, m.max_seq_len, t.head_dim, m.dtype)
-        name, spec = m.graph("target", "dynamic")
+        name, spec = m.graph(model, "dynamic")
         self.runner = runner_for(Path(bundle), name, spec, self.cache, threads=threads)
 
     def logits(self, tokens: Sequence[int]) -> np.ndarray:
