@@ -47,6 +47,8 @@ COLUMNS = {
     "feature drafter": [("runtime/test_feature_drafter.py::test_feature_drafter_greedy_is_the_target_token_for_token", None),
                         ("runtime/test_feature_drafter.py::test_feature_drafter_first_two_tokens_follow_the_target", None),
                         ("runtime/test_feature_drafter.py::test_feature_drafter_in_a_batch_keeps_each_row_exact", None)],
+    "specdec check": [("check/test_check.py::test_every_family_passes_the_quick_check", None),
+                      ("check/test_check.py::test_encoder_decoder_bundles_get_the_greedy_check", None)],
 }
 
 
