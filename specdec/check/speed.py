@@ -13,10 +13,13 @@
    second sweep measures γ = 0 against that setting (and, outside --quick, every drafter's own
    best) and sets the prediction beside the measurement.
 4. The advice: the drafter and γ to serve with, or γ = 0 when nothing beats plain decoding.
+5. Outside --quick, threads: plain decoding with one intra-op thread per session against one
+   per core (and the --threads given), interleaved; the faster is advised.
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from pathlib import Path
@@ -78,7 +81,29 @@ def sweep(decoders: dict, configs: list, prompts: list[list[int]], tokens: int, 
     return {c: r for c, r in zip(configs, rows)}, {c: outside_calls(t) for c, t in tallies.items()}
 
 
+def thread_advice(bundle: Path, m, prompts: list[list[int]], tokens: int, rounds: int, given) -> Item:
+    """Plain decoding's tok/s at 1 thread per session, one per core, and ``given`` (a ThreadPolicy or None)."""
+    from specdec.bench.sweep import interleaved
+    from specdec.engines.threads import ThreadPolicy
+    from specdec.runtime.decoder import SpeculativeDecoder
+
+    counts = sorted({1, os.cpu_count() or 1, *([given.threads] if given is not None and given.threads else [])})
+    decoders = {n: SpeculativeDecoder.load(bundle, threads=ThreadPolicy.per_session(n), drafter="lookup", verify="size") for n in counts}
+    done = {n: [0, 0.0] for n in counts}  # tokens, seconds
+    for dec in decoders.values():
+        dec.generate(prompts[0], max_new_tokens=4, gamma=0, ignore_eos=True)  # warm-up
+    for _, (n, prompt) in interleaved([(n, p) for n in counts for p in prompts], rounds):
+        res = decoders[n].generate(prompt, max_new_tokens=tokens, gamma=0, ignore_eos=True)
+        done[n][0] += res.stats.new_tokens
+        done[n][1] += res.stats.total_seconds - res.stats.prefill_seconds
+    rate = {n: t / s for n, (t, s) in done.items()}
+    best = max(rate, key=rate.get)
+    seen = ", ".join(f"{n}: {r:.1f} tok/s" for n, r in rate.items())
+    return Item(SECTION, "threads", None, f"plain decoding per intra-op thread count ({seen}): serve with --threads {best}")
+
+
 def check(bundle: Path, m, prompts: list[list[int]], tokens: int, rounds: int, threads, drafters: list[str], quick: bool) -> list[Item]:
+    """The section's items; ``threads``: the thread policy asked for (None: one thread per core)."""
     from specdec.bench.sweep import Config
     from specdec.runtime.decoder import SpeculativeDecoder
 
@@ -123,7 +148,8 @@ def check(bundle: Path, m, prompts: list[list[int]], tokens: int, rounds: int, t
         advice = f"serve with γ = 0: speculation loses or ties here (best measured: {d} at γ {g}, {got:.2f}x over {ar:.1f} tok/s)"
     else:
         advice = f"serve with drafter {d}, γ {g}: {got:.2f}x over γ = 0's {ar:.1f} tok/s (specdec serve BUNDLE --drafter {d} --gamma {g})"
-    threads_label = base.threads.label
-    items.append(Item(SECTION, "advice", None, f"{advice}; threads: {threads_label}"
+    items.append(Item(SECTION, "advice", None, f"{advice}; threads: {base.threads.label}"
                       + (f"; batched graphs for up to {m.max_batch} rows: specdec bench-batch measures them" if m.max_batch > 1 else "")))  # fmt: skip
+    if not quick:
+        items.append(thread_advice(bundle, m, prompts, tokens, rounds, threads))
     return items

@@ -50,6 +50,7 @@ def test_the_full_check_of_a_chat_bundle_with_batched_graphs(chat_bundle):
     for d in exactness.carried(m):
         assert names[f"sampled, {d}"].ok in (True, None) and f"greedy, {d}, BatchEngine ({m.max_batch} rows)" in names
     assert any(n.startswith("prediction") for n in names) and "4 rows" in names["advice"].detail
+    assert "serve with --threads" in names["threads"].detail and "1: " in names["threads"].detail  # one thread against one per core
 
 
 def test_encoder_decoder_bundles_get_the_greedy_check(seq2seq_bundle):
