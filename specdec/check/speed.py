@@ -8,8 +8,8 @@
 3. Theorem 3.8 predicts each drafter's speedup at each γ, E[tokens](α, γ) / (γc + v(γ)), with
    the time a round spends outside the two models' calls added (o: Python glue, acceptance,
    drafting bookkeeping; measured in the same sweep, per round in units of a 1-token target
-   call, and o₀ per step of γ = 0): E[tokens] (1 + o₀) / (γc + v(γ) + o). On a 135M model
-   o is ~10% of a call: the bare theorem then overshoots γ = 1 by ~20%. The best is picked; a
+   call, and o₀ per step of γ = 0): E[tokens] (1 + o₀) / (γc + v(γ) + o). For SmolLM2-135M o
+   is ~1% of a call; on the tiny test models, whose calls take ~0.1 ms, it is most of one. The best is picked; a
    second sweep measures γ = 0 against that setting (and, outside --quick, every drafter's own
    best) and sets the prediction beside the measurement.
 4. The advice: the drafter and γ to serve with, or γ = 0 when nothing beats plain decoding.
