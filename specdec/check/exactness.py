@@ -117,7 +117,8 @@ def greedy(bundle: Path, m, prompts: list[list[int]], tokens: int, threads, draf
             engine.close()
         label = f"greedy, {name}, BatchEngine ({engine.max_batch} row{'s' if engine.max_batch > 1 else ''})"
         items.append(_verdict(label, [judge.differs(p, g, w) for p, g, w in zip(prompts, got, want)], len(prompts), tokens))
-    pairing = draft_pairing(bundle, m, prompts, want, threads) if "model" in drafters and not m.seq2seq else None
+    has_graph = any(g.model == "draft" and g.role == "dynamic" for g in m.graphs.values())  # older bundles may lack it
+    pairing = draft_pairing(bundle, m, prompts, want, threads) if "model" in drafters and has_graph and not m.seq2seq else None
     return items + ([pairing] if pairing else [])
 
 
