@@ -75,20 +75,16 @@ def for_export(model: Any) -> int:
     return matmul_rotary(model) + longrope_by_position(model)
 
 
-def _init_functions() -> dict:
-    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-
-    return ROPE_INIT_FUNCTIONS
-
-
 def longrope_by_position(model: Any) -> int:
     """Give every LongRoPE rotary module of ``model`` the per-position forward; returns how many."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
     done = 0
     for module in model.modules():
         if getattr(module, "rope_type", None) != "longrope" or not hasattr(module, "config"):
             continue
         cfg = module.config
-        init = getattr(module, "rope_init_fn", None) or _init_functions()["longrope"]  # 5.x: looked up per call
+        init = getattr(module, "rope_init_fn", None) or ROPE_INIT_FUNCTIONS["longrope"]  # 5.x: looked up per call
         params = getattr(cfg, "rope_parameters", None) or {}  # transformers 5.x keeps it there
         original = (getattr(cfg, "original_max_position_embeddings", None) or params.get("original_max_position_embeddings")
                     or cfg.max_position_embeddings)  # fmt: skip

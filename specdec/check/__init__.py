@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specdec.check.items import Item
+from specdec.check.items import Item, Loaded
 
 PLAIN_TEXTS = (  # built-in prompts of a bundle with a tokenizer and no chat template
     "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
@@ -96,18 +96,18 @@ def run(bundle: Path, *, quick: bool = False, texts: list[str] | None = None, re
         return items
     ps = prompts(bundle, m, s.prompts if texts is None else len(texts), texts)
     drafters = exactness.carried(m)
+    loaded = Loaded.of(bundle, m, drafters, threads)
     progress("greedy exactness")
-    batched = drafters if s.every_drafter_batched else drafters[:1]
-    items += exactness.greedy(bundle, m, ps, s.tokens, threads, drafters, batched)
+    items += exactness.greedy(bundle, m, loaded, ps, s.tokens, threads, drafters if s.every_drafter_batched else drafters[:1])
     if reference:
         progress("reference")
         from specdec.check import reference as ref
 
-        items += ref.check(bundle, m, reference, ps, s.tokens, threads)
+        items += ref.check(m, loaded, reference, ps, s.tokens)
     progress("sampled exactness")
-    items += exactness.sampled(bundle, m, ps, s.runs, threads, drafters if s.every_drafter_sampled else drafters[:1])
+    items += exactness.sampled(m, loaded, ps, s.runs, drafters if s.every_drafter_sampled else drafters[:1])
     progress("speed")
-    items += speed.check(bundle, m, ps, s.speed_tokens, s.rounds, threads, drafters, quick)
+    items += speed.check(bundle, m, loaded, ps, s.speed_tokens, s.rounds, threads, quick)
     return items
 
 

@@ -65,11 +65,8 @@ def first_difference(got: Sequence[int], want: Sequence[int]) -> int | None:
 class Judge:
     """Whether a divergence of a greedy continuation is a close call of the target."""
 
-    def __init__(self, bundle: Path, m, threads):
-        from specdec.bench.quality import TargetRunner
-
-        self.m = m
-        self.runner = None if m.seq2seq else TargetRunner(bundle, threads)
+    def __init__(self, m, runner):
+        self.m, self.runner = m, runner  # runner: the target's dynamic graph (None: no judging, an encoder-decoder)
 
     def differs(self, prompt: list[int], got: list[int], want: list[int]) -> tuple[str, str | None]:
         """("same" | "close" | "wrong", a description of the first difference)."""
@@ -95,18 +92,15 @@ def _verdict(label: str, outcomes: list[tuple[str, str | None]], prompts: int, t
     return Item(SECTION, label, True, f"{prompts - len(close)} of {prompts} requests x {tokens} tokens identical to autoregressive{tail}")
 
 
-def greedy(bundle: Path, m, prompts: list[list[int]], tokens: int, threads, drafters: list[str], batch_drafters: list[str]) -> list[Item]:
+def greedy(bundle: Path, m, loaded, prompts: list[list[int]], tokens: int, threads, batch_drafters: list[str]) -> list[Item]:
     """Greedy speculative output of each drafter (batch 1, and ``batch_drafters`` in a BatchEngine) against γ = 0."""
     from specdec.runtime.batch import BatchEngine
-    from specdec.runtime.decoder import SpeculativeDecoder
 
     kw = dict(max_new_tokens=tokens, ignore_eos=True)
-    base = SpeculativeDecoder.load(bundle, threads=threads, drafter=drafters[0], verify="size")  # digests: section 1
-    want = [base.generate(p, gamma=0, **kw).tokens for p in prompts]
-    judge = Judge(bundle, m, threads)
+    want = [loaded.base.generate(p, gamma=0, **kw).tokens for p in prompts]
+    judge = Judge(m, loaded.runner)
     items = []
-    for name in drafters:
-        dec = base if name == drafters[0] else base.fork(drafter=name)
+    for name, dec in loaded.decoders.items():
         got = [dec.generate(p, gamma=m.gamma, **kw).tokens for p in prompts]
         items.append(_verdict(f"greedy, {name}", [judge.differs(p, g, w) for p, g, w in zip(prompts, got, want)], len(prompts), tokens))
     for name in batch_drafters:
@@ -118,7 +112,7 @@ def greedy(bundle: Path, m, prompts: list[list[int]], tokens: int, threads, draf
         label = f"greedy, {name}, BatchEngine ({engine.max_batch} row{'s' if engine.max_batch > 1 else ''})"
         items.append(_verdict(label, [judge.differs(p, g, w) for p, g, w in zip(prompts, got, want)], len(prompts), tokens))
     has_graph = any(g.model == "draft" and g.role == "dynamic" for g in m.graphs.values())  # older bundles may lack it
-    pairing = draft_pairing(bundle, m, prompts, want, threads) if "model" in drafters and has_graph and not m.seq2seq else None
+    pairing = draft_pairing(bundle, m, prompts, want, threads) if "model" in loaded.decoders and has_graph and not m.seq2seq else None
     return items + ([pairing] if pairing else [])
 
 
@@ -180,19 +174,14 @@ def pick_prompt(dec, m, runner, prompts: list[list[int]]) -> tuple[list[int], np
     return prompts[k], p
 
 
-def sampled(bundle: Path, m, prompts: list[list[int]], runs: int, threads, drafters: list[str]) -> list[Item]:
+def sampled(m, loaded, prompts: list[list[int]], runs: int, drafters: list[str]) -> list[Item]:
     """The first emitted token's law under speculation, per drafter, against the target's."""
-    from specdec.bench.quality import TargetRunner
-    from specdec.runtime.decoder import SpeculativeDecoder
-
     if m.seq2seq:
         return [Item(SECTION, "sampled", None, "not checked for encoder-decoder bundles yet (greedy above is)")]
-    runner = TargetRunner(bundle, threads)
-    base = SpeculativeDecoder.load(bundle, threads=threads, drafter=drafters[0], verify="size")
     items = []
     for name in drafters:
-        dec = base if name == drafters[0] else base.fork(drafter=name)
-        prompt, p = pick_prompt(dec, m, runner, prompts)
+        dec = loaded.decoders[name]
+        prompt, p = pick_prompt(dec, m, loaded.runner, prompts)
         counts, accepted, drafted = first_token_runs(dec, m, prompt, range(runs))
         stat, df, pvalue = law.pearson(counts, p)
         w = law.detectable_effect(runs, df, LEVEL)

@@ -1,8 +1,9 @@
-"""One finding of ``specdec check``: a section, a name, a verdict, what was seen, and the fix."""
+"""What ``specdec check``'s sections share: one finding (``Item``), and the models loaded once (``Loaded``)."""
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from pathlib import Path
+from typing import Any, NamedTuple
 
 
 class Item(NamedTuple):
@@ -14,3 +15,23 @@ class Item(NamedTuple):
 
     def as_dict(self) -> dict:
         return self._asdict()
+
+
+class Loaded(NamedTuple):
+    """The bundle loaded once for every section: a decoder per drafter (forks of the first, over
+    the same sessions) and the target's dynamic graph (None for an encoder-decoder)."""
+
+    decoders: dict[str, Any]  # drafter name -> SpeculativeDecoder; the first is the bundle's default
+    runner: Any  # specdec.bench.quality.TargetRunner, or None
+
+    @classmethod
+    def of(cls, bundle: Path, m, drafters: list[str], threads) -> Loaded:
+        from specdec.bench.quality import TargetRunner
+        from specdec.runtime.decoder import SpeculativeDecoder
+
+        base = SpeculativeDecoder.load(bundle, threads=threads, drafter=drafters[0], verify="size")  # digests: the integrity section
+        return cls({drafters[0]: base, **{d: base.fork(drafter=d) for d in drafters[1:]}}, None if m.seq2seq else TargetRunner(bundle, threads))
+
+    @property
+    def base(self):
+        return next(iter(self.decoders.values()))

@@ -10,8 +10,6 @@ this box (PyTorch: the ``export`` extra).
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 
 from specdec.check.exactness import CLOSE_QUANTIZED, SECTION, first_difference
@@ -45,11 +43,9 @@ def reference_greedy(model, prompt: list[int], n: int) -> tuple[list[int], list[
     return seq[len(prompt):], logits
 
 
-def check(bundle: Path, m, reference: str, prompts: list[list[int]], tokens: int, threads) -> list[Item]:
+def check(m, loaded, reference: str, prompts: list[list[int]], tokens: int) -> list[Item]:
     import torch
 
-    from specdec.bench.quality import TargetRunner
-    from specdec.runtime.decoder import SpeculativeDecoder
     from specdec.runtime.sampling import log_softmax
 
     if m.seq2seq:
@@ -58,7 +54,7 @@ def check(bundle: Path, m, reference: str, prompts: list[list[int]], tokens: int
     if model.config.vocab_size < m.vocab_size:
         return [Item(SECTION, "reference", False, f"{reference} has {model.config.vocab_size} tokens, the bundle {m.vocab_size}",
                      "pass the checkpoint this bundle was exported from")]  # fmt: skip
-    runner = TargetRunner(bundle, threads)
+    runner = loaded.runner
     delta = scale = kl = 0.0
     positions = 0
     for p in prompts:
@@ -70,10 +66,9 @@ def check(bundle: Path, m, reference: str, prompts: list[list[int]], tokens: int
         kl += float((np.exp(lt) * (lt - lo)).sum())
         positions += len(p)
     kl /= positions
-    dec = SpeculativeDecoder.load(bundle, threads=threads, drafter="lookup", verify="size")  # γ = 0: the drafter is not used
     wrong, close = [], 0
     for p in prompts:
-        got = dec.generate(p, max_new_tokens=tokens, gamma=0, ignore_eos=True).tokens
+        got = loaded.base.generate(p, max_new_tokens=tokens, gamma=0, ignore_eos=True).tokens
         want, logits = reference_greedy(model, p, tokens)
         i = first_difference(got, want)
         if i is None:

@@ -33,11 +33,8 @@ AGREE = 0.10  # the prediction is called good within 10% of the measured speedup
 GAIN = 1.03  # speculation is advised only when it measured at least 3% over γ = 0: closer is noise on a shared box
 
 
-def verify_curve(bundle: Path, m, threads, context: int = 64, reps: int = 21) -> dict[int, float]:
-    """{k: median time of a k-token call / a 1-token call} of the target's dynamic graph, k = 1..K."""
-    from specdec.bench.quality import TargetRunner
-
-    runner = TargetRunner(bundle, threads)
+def verify_curve(m, runner, context: int = 64, reps: int = 21) -> dict[int, float]:
+    """{k: median time of a k-token call / a 1-token call} of the target's dynamic graph (``runner``), k = 1..K."""
     context = min(context, m.max_seq_len - m.k - 1)
     ids = np.arange(3, 3 + context, dtype=np.int64) % m.vocab_size  # [context]: any tokens; time does not depend on them
     runner.cache.rewind_to(0)
@@ -102,18 +99,17 @@ def thread_advice(bundle: Path, m, prompts: list[list[int]], tokens: int, rounds
     return Item(SECTION, "threads", None, f"plain decoding per intra-op thread count ({seen}): serve with --threads {best}")
 
 
-def check(bundle: Path, m, prompts: list[list[int]], tokens: int, rounds: int, threads, drafters: list[str], quick: bool) -> list[Item]:
+def check(bundle: Path, m, loaded, prompts: list[list[int]], tokens: int, rounds: int, threads, quick: bool) -> list[Item]:
     """The section's items; ``threads``: the thread policy asked for (None: one thread per core)."""
     from specdec.bench.sweep import Config
-    from specdec.runtime.decoder import SpeculativeDecoder
 
     if m.seq2seq:
         return [Item(SECTION, "speed", None, "not measured for encoder-decoder bundles yet: specdec bench --corpus functions measures them")]
-    base = SpeculativeDecoder.load(bundle, threads=threads, drafter=drafters[0], verify="size")
-    decoders = {drafters[0]: base, **{d: base.fork(drafter=d) for d in drafters[1:]}}
+    decoders, base = loaded.decoders, loaded.base
+    drafters = list(decoders)
     first, outside = sweep(decoders, [Config(drafters[0], 0), *(Config(d, m.gamma) for d in drafters)], prompts, tokens, rounds)
     o_ar = outside[Config(drafters[0], 0)]
-    curve = verify_curve(bundle, m, threads)
+    curve = verify_curve(m, loaded.runner)
     items, plans, fixed = [], {}, []
     for d in drafters:
         r = first[Config(d, m.gamma)]

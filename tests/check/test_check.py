@@ -15,6 +15,7 @@ from test_cli import SPECDEC  # noqa: E402
 
 from specdec import check  # noqa: E402
 from specdec.check import exactness  # noqa: E402
+from specdec.check.items import Loaded  # noqa: E402
 from specdec.manifest import load_manifest  # noqa: E402
 
 
@@ -111,11 +112,12 @@ def test_a_sampler_that_forgets_the_residual_is_caught(family_bundle, monkeypatc
     bundle = family_bundle[3]
     m = load_manifest(bundle)
     prompts = check.prompts(bundle, m, 4)
+    loaded = Loaded.of(bundle, m, ["model"], None)
     monkeypatch.setattr(speculative, "_residual", lambda p, q: p.copy())
-    [item] = exactness.sampled(bundle, m, prompts, 1000, None, ["model"])
+    [item] = exactness.sampled(m, loaded, prompts, 1000, ["model"])
     assert item.ok is False and "differs from the target's" in item.detail, item
     monkeypatch.undo()
-    [item] = exactness.sampled(bundle, m, prompts, 1000, None, ["model"])
+    [item] = exactness.sampled(m, loaded, prompts, 1000, ["model"])
     assert item.ok is True, item
 
 
