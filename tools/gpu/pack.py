@@ -153,7 +153,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=ROOT / ".gpu", help="folder for the pieces (git-ignored)")
     ap.add_argument("--piece-mib", type=int, default=54, help="piece size: 64 MiB per call minus the slim tree (~7 MiB) and slack")
-    ap.add_argument("--prebuilt", default="demo-fp32,smollm2-fp16",
+    ap.add_argument("--prebuilt", default="demo-fp32,demo-fp16,smollm2-fp16",
                     help="check.py's bundles to export here and send whole ('' for none); the device exports the others")
     args = ap.parse_args()
     if shutil.which("xz") is None:
