@@ -44,7 +44,8 @@ WHEELS = [
 # onnxruntime's own graph tools.
 DROP = ("onnxruntime/capi/libonnxruntime_providers_tensorrt.so", "onnxruntime/transformers/", "onnxruntime/tools/", "onnxruntime/quantization/")
 GGUF = "gguf/SmolLM2-135M-Instruct.Q4_1.gguf"
-MODELS = ["models/demo/target", "models/demo/draft", "models/demo/head", "models/smollm2-draft"]
+DEMO = ["models/demo/target", "models/demo/draft", "models/demo/head"]  # sent only where a demo bundle is exported there
+SMOLLM2 = ["models/smollm2-draft"]  # always: transformers' assisted generation drafts with it
 
 
 def download(dest: Path) -> list[Path]:
@@ -105,6 +106,13 @@ def prebuild(names: list[str], build: Path) -> list[str]:
     return names
 
 
+def export_names() -> list[str]:
+    sys.path.insert(0, str(ROOT / "tools" / "gpu"))
+    import check
+
+    return list(check.export_jobs(ROOT / "models", Path("x.gguf"), Path("work"), quick=False))
+
+
 def pack(out: Path, piece_mib: int, prebuilt: list[str]) -> list[Path]:
     out = out.resolve()  # the exports run in the build folder: relative paths would land inside it
     out.mkdir(parents=True, exist_ok=True)
@@ -124,7 +132,8 @@ def pack(out: Path, piece_mib: int, prebuilt: list[str]) -> list[Path]:
             for wheel in wheels:
                 if not wheel.name.startswith("onnxruntime"):
                     add_wheel(tar, wheel, "site")
-            for folder in MODELS:
+            demo_there = any(n.startswith("demo-") and n not in prebuilt for n in export_names())
+            for folder in (DEMO if demo_there else []) + SMOLLM2:
                 tar.add(ROOT / folder, arcname=folder)
             tar.add(gguf, arcname=GGUF)
             for name in prebuilt:  # after the GGUF: --export-early starts the others without waiting for these
@@ -153,7 +162,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=ROOT / ".gpu", help="folder for the pieces (git-ignored)")
     ap.add_argument("--piece-mib", type=int, default=54, help="piece size: 64 MiB per call minus the slim tree (~7 MiB) and slack")
-    ap.add_argument("--prebuilt", default="demo-fp32,demo-fp16,smollm2-fp16",
+    ap.add_argument("--prebuilt", default="demo-fp16,smollm2-fp16",
                     help="check.py's bundles to export here and send whole ('' for none); the device exports the others")
     args = ap.parse_args()
     if shutil.which("xz") is None:
