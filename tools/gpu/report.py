@@ -71,7 +71,9 @@ def speed_rows(stages: dict) -> tuple[list[dict], list[dict]]:
             if "tok_s" in d:
                 rows, _, mode = label.split(" ")
                 batch.append({"bundle": bundle, "rows": int(rows), "mode": "autoregressive" if mode == "ar" else f"speculative ({d['drafter']})",
-                              "requests": d["requests"], "tok_s": d["tok_s"]})  # fmt: skip
+                              "requests": d["requests"], "tok_s": d["tok_s"], "load_seconds": r.get("batch_load_seconds", "–")})  # fmt: skip
+        if "batch_error" in r:
+            batch.append({"bundle": bundle, "rows": "–", "mode": r["batch_error"][:160], "requests": "–", "tok_s": "–", "load_seconds": "–"})
     return single, batch
 
 
