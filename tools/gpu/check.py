@@ -13,6 +13,7 @@ skipped and says so):
 2. exact: per bundle, every drafter's greedy output on the provider against autoregressive
    decoding on the provider and on the CPU (same bundle, same machine), batch 1 and
    ``BatchEngine`` with 8 rows; tree drafters are expected to be refused at load.
+   cli: ``python -m specdec generate --provider`` against the same command on the CPU.
 3. traffic: the target's graphs run under ORT's profiler over device KV buffers: bytes moved
    by Memcpy nodes per call (KV would show here) and the nodes each provider ran; plus the
    bytes the host binds per call (ids, positions, logits), computed from the bindings.
@@ -263,6 +264,21 @@ def exactness(bundle: Path, provider: str, tokens: int) -> dict:
     return report
 
 
+def cli(bundle: Path, provider: str, tokens: int) -> dict:
+    """``specdec generate --provider`` as a user runs it, against the same command on the CPU."""
+    prompt = "The three most important things to know about photosynthesis are"
+    out = {}
+    for p in dict.fromkeys([provider, "cpu"]):
+        cmd = [sys.executable, "-m", "specdec", "generate", str(bundle), "--prompt", prompt, "--max-new-tokens", str(tokens), "--provider", p]
+        t = time.perf_counter()
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        out[p] = {"rc": done.returncode, "seconds": round(time.perf_counter() - t, 1), "text": done.stdout[-400:], "stderr": done.stderr[-400:]}
+        if done.returncode != 0:
+            raise RuntimeError(f"specdec generate --provider {p} exited {done.returncode}: {done.stderr[-400:]}")
+    out["same_text"] = out[provider]["text"] == out["cpu"]["text"]
+    return out
+
+
 # -- 3. host<->device traffic -------------------------------------------------------------------
 
 
@@ -421,7 +437,7 @@ def main() -> None:
     rows = [1, 8]  # BatchEngine's rows, as many as the bundle has (see export_jobs)
     chains = ["model", "model-steps", "hierarchical", "lookup"]  # float16 bundles carry no feature head
     plan = {
-        "smollm2-fp16": [("exact", exactness, (p, tokens), 40), ("traffic", traffic, (p,), 20),
+        "smollm2-fp16": [("exact", exactness, (p, tokens), 40), ("cli", cli, (p, 32), 20), ("traffic", traffic, (p,), 20),
                          ("speed", speed, (p, speed_tokens, chains, rows), 90),
                          ("transformers", transformers_speed, (args.gguf, draft, "float16", speed_tokens), 60)],
         "demo-fp16": [("exact", exactness, (p, tokens), 30)],
