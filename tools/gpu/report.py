@@ -36,8 +36,7 @@ def exact_rows(stages: dict) -> list[dict]:
                 rows.append({"bundle": bundle, "drafter": drafter, "identical_on_device": "refused at load", "identical_to_cpu": d["refused"].split(":", 1)[0]})
                 continue
             rows.append({"bundle": bundle, "drafter": drafter, "identical_on_device": _count(d["vs_ar_on_device"]), "identical_to_cpu": _count(d["vs_cpu"])})
-        if "batch" in r:
-            b = r["batch"]
+        for b in r.get("batches", [r["batch"]] if "batch" in r else []):  # "batch": the first two runs
             rows.append({"bundle": bundle, "drafter": f"BatchEngine, {b['rows']} rows, {b['drafter']}", "identical_on_device": _count(b["vs_ar_on_device"]),
                          "identical_to_cpu": _count(b["vs_cpu"])})  # fmt: skip
     return rows
