@@ -1,0 +1,30 @@
+"""The rows graph on CUDA at each ORT graph-optimization level, against the CPU (third H100 run)."""
+import json, sys
+from pathlib import Path
+import numpy as np
+import onnxruntime as ort
+bundle, out = Path(sys.argv[1]), Path(sys.argv[2])
+m = json.loads((bundle / "manifest.json").read_text())
+g = m["graphs"]["target_rows"]
+rng = np.random.default_rng(0)
+s, feeds = 3, {}
+for t in g["inputs"]:
+    n = t["name"]
+    feeds[n] = (rng.integers(100, 5000, (1, s)).astype(np.int64) if n == "input_ids" else np.tile(np.arange(s), (1, 1)).astype(np.int64) if n == "position_ids"
+                else np.full((1,), s - 1, np.int32) if n == "seqlens_k" else np.zeros(t["shape"], dtype=t["dtype"]))
+res = {}
+def run(label, prov, level):
+    so = ort.SessionOptions(); so.graph_optimization_level = level
+    sess = ort.InferenceSession(str(bundle / g["file"]), so, providers=[prov])
+    names = {i.name for i in sess.get_inputs()}
+    return sess.run(["logits/rows1"], {k: v for k, v in feeds.items() if k in names})[0]
+ref = run("cpu", "CPUExecutionProvider", ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
+for name, level in (("disable_all", ort.GraphOptimizationLevel.ORT_DISABLE_ALL), ("basic", ort.GraphOptimizationLevel.ORT_ENABLE_BASIC),
+                    ("extended", ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED)):
+    try:
+        lo = run(name, "CUDAExecutionProvider", level)
+        res[name] = float(np.abs(lo - ref).max())
+    except Exception as e:
+        res[name] = f"{type(e).__name__}: {e}"[:300]
+    print(name, res[name], flush=True)
+    (out / "diag_rows_opt.json").write_text(json.dumps(res, indent=1))
