@@ -22,7 +22,7 @@ import onnxruntime as ort
 
 from specdec.engines.binding import Binding, stale_memories
 from specdec.engines.kv import NP_DTYPES, KVCache
-from specdec.errors import InputError, SignatureError
+from specdec.errors import EngineError, InputError, SignatureError
 from specdec.manifest import GraphSpec, body_output
 
 
@@ -110,6 +110,11 @@ class BatchRunner:
         self._features = np.zeros((cap * self.width,), dtype=np.float32) if spec.io.features else None  # [B * S * d]
         self.features: np.ndarray | None = None  # [B, S, d]: the last call's (a view), when the graph has them
         self.seqlens = np.zeros((self.rows,), dtype=np.int32)  # [B]: rows visible after the call - 1
+        self.totals = np.ones((self.rows,), dtype=np.int32)  # [B]: rows visible after the call (graphs with io.totals)
+        if not spec.io.totals and cache.views[0].device != "cpu":
+            raise EngineError(f"graph {name} computes its attention's total length in the graph, which CUDA's GroupQueryAttention "
+                              "reads wrong (docs/gpu.md); re-export the bundle with this specdec for a batched engine on a GPU, "
+                              "or use max_batch=1")  # fmt: skip
         self._arange = np.arange(max(max_tokens, self.single), dtype=np.int64)  # [S_max] position offsets
         self.vocab, self.layers = vocab, layers
         # one binding per body: a call binds only the outputs of the body it runs (a rows graph's
@@ -138,6 +143,8 @@ class BatchRunner:
         b.bind_input(self.io.ids, "cpu", 0, np.int64, [body, s], self._ids.ctypes.data)
         b.bind_input(self.io.positions, "cpu", 0, np.int64, [body, s], self._pos.ctypes.data)
         b.bind_input(self.io.seqlens, "cpu", 0, np.int32, [body], self.seqlens.ctypes.data)
+        for r, total in enumerate(self.io.totals):  # every row the graph takes, a scratch row's too
+            b.bind_input(total, "cpu", 0, np.int32, [], self.totals.ctypes.data + r * self.totals.itemsize)
         b.bind_output(self.out(self.io.logits, body), "cpu", 0, np.float32, [body, s, self.vocab], self._logits.ctypes.data)
         if self._features is not None:
             b.bind_output(self.out(self.io.features, body), "cpu", 0, np.float32, [body, s, self.width], self._features.ctypes.data)
@@ -168,6 +175,7 @@ class BatchRunner:
             if r < rows:
                 np.add(self._arange[:s], start, out=pos[r])
                 self.seqlens[r] = start + s - 1
+                self.totals[r] = start + s
             if self.bound_slots[rows][r] != slot:
                 self._bind_row(rows, r, slot)
         if s != self.bound_tokens[rows]:

@@ -50,6 +50,13 @@ def batched_sizes(manifest: Manifest, slots: int) -> tuple[int, ...]:
     return sizes
 
 
+# Providers the fused draft graphs run on. Their attention's total length is computed in the
+# graph from seqlens_k (export/fused.py), which CUDA's GroupQueryAttention reads wrong: on the
+# H100 the same draft accepted 0.01 fused against 0.10 in steps (docs/gpu.md). On CUDA the draft
+# model runs its step graphs; outputs stay exact either way, since the target verifies.
+FUSED_PROVIDERS = ("cpu",)
+
+
 def graph_names(manifest: Manifest, models: Sequence[str], slots: int, fused: bool, tree: bool = False) -> list[str]:
     """Every graph an engine of ``slots`` rows opens a session for: per model, for several
     slots its rows graph alone (one session for every row count, 1 included: the weights are

@@ -12,7 +12,9 @@ attention as one batch-1 GQA per row and layer on that row's own buffers, append
     logits [B, S, V] ◄────────────────────┘
 
 Inputs: input_ids int64 [B, S], position_ids int64 [B, S] (row b: its own past + 0..S-1),
-seqlens_k int32 [B] (row b: rows visible after the call - 1), and past_key_i_b /
+seqlens_k int32 [B] (row b: rows visible after the call - 1), total_sequence_length_b int32 []
+(row b: rows visible after the call; an input of its own, as in the batch-1 graphs: computed in
+the graph from seqlens_k, CUDA's GroupQueryAttention read it wrong, docs/gpu.md), and past_key_i_b /
 past_value_i_b [1, kvH, MAX, D]; outputs logits float32 [B, S, V] and present_key_i_b /
 present_value_i_b (the runtime binds them to the past buffers). B is static, S dynamic. The
 runtime binds each row's buffers to whichever cache slot that row serves in a call, and points
@@ -41,6 +43,7 @@ class RowsState:
     past_k: list[list[torch.Tensor]]  # [layer][row] -> [1, kvH, MAX, D]
     past_v: list[list[torch.Tensor]]
     seqlens_k: torch.Tensor  # int32 [B]
+    totals: list[torch.Tensor]  # [row] -> int32 []: rows visible after the call
     present_k: dict[int, list[torch.Tensor]] = field(default_factory=dict)
     present_v: dict[int, list[torch.Tensor]] = field(default_factory=dict)
 
@@ -58,7 +61,7 @@ def rows_attention(module, query, key, value, attention_mask, scaling=None, drop
             query[b : b + 1].transpose(1, 2).reshape(1, s, h * d),
             key[b : b + 1].transpose(1, 2).reshape(1, s, kvh * d),
             value[b : b + 1].transpose(1, 2).reshape(1, s, kvh * d),
-            state.past_k[layer][b], state.past_v[layer][b], seqlens, (seqlens[0] + 1).to(torch.int32),
+            state.past_k[layer][b], state.past_v[layer][b], seqlens, state.totals[b],
             h, kvh, _scaling(module, d, scaling), int(sliding_window or 0), float(softcap or 0.0),
         )  # fmt: skip
         outs.append(out)
@@ -76,12 +79,12 @@ class _RowsWrapper(torch.nn.Module):
         super().__init__()
         self.model, self.rows = model, rows
 
-    def forward(self, input_ids, position_ids, seqlens_k, past: list[torch.Tensor]):
+    def forward(self, input_ids, position_ids, seqlens_k, totals: list[torch.Tensor], past: list[torch.Tensor]):
         layers = self.model.config.num_hidden_layers
         # past is row-major: row b, layer i -> past[2 * (b * layers + i)] (key), + 1 (value)
         pk = [[past[2 * (b * layers + i)] for b in range(self.rows)] for i in range(layers)]
         pv = [[past[2 * (b * layers + i) + 1] for b in range(self.rows)] for i in range(layers)]
-        state = RowsState(pk, pv, seqlens_k)
+        state = RowsState(pk, pv, seqlens_k, totals)
         with attention.call_state(state):
             out = self.model(input_ids=input_ids, position_ids=position_ids, past_key_values=attention.PassThroughCache(), use_cache=True)
         kv = []
@@ -94,15 +97,16 @@ class _RowsWrapper(torch.nn.Module):
 def signature(layers: int, rows: int, kv_heads: int, head_dim: int, vocab: int, max_seq: int, dtype: str):
     """Inputs, outputs and I/O roles of a batched graph (past/present listed row-major)."""
     kv = (1, kv_heads, max_seq, head_dim)
+    totals = tuple(f"total_sequence_length_{b}" for b in range(rows))
     inputs = [TensorSpec("input_ids", "int64", (rows, "S")), TensorSpec("position_ids", "int64", (rows, "S")),
-              TensorSpec("seqlens_k", "int32", (rows,))]  # fmt: skip
+              TensorSpec("seqlens_k", "int32", (rows,)), *(TensorSpec(t, "int32", ()) for t in totals)]  # fmt: skip
     outputs = [TensorSpec("logits", "float32", (rows, "S", vocab))]
     past = [(f"past_key_{i}_{b}", f"past_value_{i}_{b}") for b in range(rows) for i in range(layers)]
     present = [(f"present_key_{i}_{b}", f"present_value_{i}_{b}") for b in range(rows) for i in range(layers)]
     for (pk, pv), (nk, nv) in zip(past, present):
         inputs += [TensorSpec(pk, dtype, kv), TensorSpec(pv, dtype, kv)]
         outputs += [TensorSpec(nk, dtype, kv), TensorSpec(nv, dtype, kv)]
-    return inputs, outputs, GraphIO("input_ids", "position_ids", "logits", tuple(past), tuple(present), seqlens="seqlens_k")
+    return inputs, outputs, GraphIO("input_ids", "position_ids", "logits", tuple(past), tuple(present), seqlens="seqlens_k", totals=totals)
 
 
 def export_batched(model: torch.nn.Module, path: Path, rows: int, max_seq: int, kv_heads: int, head_dim: int, dtype: str):
@@ -118,9 +122,10 @@ def export_batched(model: torch.nn.Module, path: Path, rows: int, max_seq: int, 
         torch.zeros(rows, s, dtype=torch.long),
         starts[:, None] + torch.arange(s)[None, :],
         (starts + s - 1).to(torch.int32),
+        [(starts[b] + s).to(torch.int32) for b in range(rows)],  # [] each
         [torch.zeros(1, kv_heads, max_seq, head_dim, dtype=TORCH_DTYPES[dtype]) for _ in range(2 * layers * rows)],
     )
     dim = torch.export.Dim("S", min=1, max=max_seq)
-    dynamic = ({1: dim}, {1: dim}, None, [None] * (2 * layers * rows))
+    dynamic = ({1: dim}, {1: dim}, None, [None] * rows, [None] * (2 * layers * rows))
     attention.export_traced(_RowsWrapper(model, rows), args, path, inputs, outputs, config=cfg, attn=ATTN_NAME, dynamic=dynamic)
     return inputs, outputs, io

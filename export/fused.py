@@ -115,7 +115,9 @@ class _FusedWrapper(torch.nn.Module):
             # Every step reads the graph's own past inputs and writes a present output that the
             # runtime binds to the same buffer: ORT appends step j's row in place, where step
             # j + 1 (which depends on step j's token) reads it. No buffer is ever copied.
-            state = RowsState(pk, pv, seqlens_k + j)
+            # Step j's totals are computed here, from seqlens_k: CUDA's GroupQueryAttention read
+            # such a total wrong (docs/gpu.md), so on CUDA the draft model runs its step graphs.
+            state = RowsState(pk, pv, seqlens_k + j, [(seqlens_k[b] + j + 1).to(torch.int32) for b in range(self.rows)])
             with attention.call_state(state):
                 out = self.model(input_ids=ids, position_ids=position_ids + j, past_key_values=attention.PassThroughCache(), use_cache=True)
             tok, q = pick(out.logits[:, -1].float(), j)

@@ -144,7 +144,7 @@ def signature(specs: dict[int, GraphSpec]) -> tuple[tuple[TensorSpec, ...], tupl
     kv = {n for pair in (*top.io.past, *top.io.present) for n in pair}
 
     def symbolic(t: TensorSpec, name: str | None = None) -> TensorSpec:
-        shape = t.shape if t.name in kv else ("B", *t.shape[1:])
+        shape = t.shape if t.name in kv or not t.shape else ("B", *t.shape[1:])  # a row's scalar (its total) stays one
         return TensorSpec(name or t.name, t.dtype, shape)
 
     outputs = [symbolic(t, body_output(t.name, b, sizes[-1])) for b in sizes for t in specs[b].outputs]

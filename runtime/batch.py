@@ -22,7 +22,7 @@ import threading
 from pathlib import Path
 from typing import Sequence
 
-from specdec.engines.executor import graph_names, open_sessions
+from specdec.engines.executor import FUSED_PROVIDERS, graph_names, open_sessions
 from specdec.engines.threads import ThreadPolicy
 from specdec.errors import ConfigError, QueueFullError, SpecDecError
 from specdec.manifest import Manifest, load_manifest
@@ -69,7 +69,7 @@ class BatchEngine:
         self.max_batch = self.check_options(m, max_batch, drafter, max_queue, cache_slots)
         self.cache_slots = slots = self.max_batch if cache_slots is None else cache_slots
         self.limits, self.codec, self.threads = Limits.of(m, drafter), TextCodec.from_bundle(bundle, m), ThreadPolicy.of(threads)
-        sessions = open_sessions(bundle, m, graph_names(m, models_for(drafter), self.max_batch, fused=True, tree=needs_tree(drafter)), provider, self.threads)
+        sessions = open_sessions(bundle, m, graph_names(m, models_for(drafter), self.max_batch, fused=provider in FUSED_PROVIDERS, tree=needs_tree(drafter)), provider, self.threads)
         self.beams = BeamRunner(bundle, m, sessions, provider, self.threads, self.codec)  # beam searches, beside the rows in flight
         self.engine = Engine(bundle, m, sessions, drafter, slots, provider, prefill_chunk=PREFILL_CHUNK, reuse=prefix_reuse, rows=self.max_batch)
         self.drafter_name = self.engine.proposer.name

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, Sequence
 
-from specdec.engines.executor import graph_names, open_sessions
+from specdec.engines.executor import FUSED_PROVIDERS, graph_names, open_sessions
 from specdec.engines.threads import ThreadPolicy
 from specdec.errors import BusyError
 from specdec.manifest import Manifest, load_manifest
@@ -85,7 +85,7 @@ class SpeculativeDecoder:
         check_drafter(drafter)
         policy = ThreadPolicy.of(threads)
         models = ("target", "draft", *(m for m in models_for(drafter) if m == "head"))
-        sessions = open_sessions(bundle, manifest, graph_names(manifest, models, 1, fused=True, tree=needs_tree(drafter)), provider, policy)
+        sessions = open_sessions(bundle, manifest, graph_names(manifest, models, 1, fused=provider in FUSED_PROVIDERS, tree=needs_tree(drafter)), provider, policy)
         return cls(bundle, manifest, sessions, TextCodec.from_bundle(bundle, manifest), provider, drafter, policy)
 
     def fork(self, drafter: str | Drafter | None = None) -> SpeculativeDecoder:

@@ -77,16 +77,22 @@ class GraphIO:
     features: str | None = None  # float32 [1, S, d]: the hidden state the LM head reads (target graphs of a
     #                              bundle with a feature drafter), or the head's own predicted features
     context: str | None = None  # the head's input: float32 [1, S, d], the target's features one position back
+    # A batched graph (export/batched.py): per row b, its attention's total_sequence_length
+    # (int32 [], rows visible), fed by the runtime. CUDA's GroupQueryAttention went wrong when
+    # that scalar was computed inside the graph from seqlens_k (docs/gpu.md); empty in a graph
+    # exported before, which computes it.
+    totals: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("past", "present", "cross"):
             object.__setattr__(self, name, tuple(tuple(pair) for pair in getattr(self, name)))
+        object.__setattr__(self, "totals", tuple(self.totals))
 
     def names(self) -> set[str]:
         """Every tensor name this mapping refers to."""
         out = {self.ids, self.positions, self.logits, self.seqlens, self.total, self.past_length}
         out |= {self.tokens, self.uniforms, self.temperature, self.top_k, self.top_p, self.tree_bias, self.features, self.context}
-        out |= {n for pair in (*self.past, *self.present, *self.cross) for n in pair}
+        out |= {n for pair in (*self.past, *self.present, *self.cross) for n in pair} | set(self.totals)
         return out - {None}
 
 

@@ -8,11 +8,17 @@ the same comparisons on a real GPU.
 
 from __future__ import annotations
 
+import dataclasses
+
+import onnx
 import onnxruntime as ort
 import pytest
 
 from specdec.engines import ort as ort_engine
+from specdec.engines.batch import BatchRunner, SlotCache
+from specdec.engines.ort import open_session
 from specdec.errors import EngineError
+from specdec.manifest import load_manifest
 from specdec.runtime import SpeculativeDecoder
 from specdec.runtime.batch import BatchEngine
 
@@ -107,3 +113,50 @@ def test_device_runners_bind_their_host_inputs_again_before_each_run(family_bund
         runner = next(iter(engine.engine.target.batched.values()))
         ran = [b for b, s in runner.bound_tokens.items() if s]  # bodies bind their token buffers at their first run
         assert ran and all({runner.io.ids, runner.io.positions, runner.io.seqlens} <= set(runner.bindings[b].inputs) for b in ran)
+
+
+def _rows_gqas(proto: onnx.ModelProto) -> list[onnx.NodeProto]:
+    """Every GroupQueryAttention of a rows graph (export/rows.py: each body inside an If)."""
+    found = []
+    for node in proto.graph.node:
+        for a in node.attribute:
+            if a.type == onnx.AttributeProto.GRAPH:
+                found += [n for n in a.g.node if n.op_type == "GroupQueryAttention"]
+    return found
+
+
+@LLAMA
+def test_batched_attention_reads_its_rows_total_from_an_input(family_bundle):
+    """CUDA's GroupQueryAttention read a total length computed inside the graph wrong: the H100's
+    third run decoded a constant token through every batched graph, and one GQA fed its total
+    as an input matched the CPU (docs/gpu.md). Every GQA of a batched graph, target and draft,
+    takes its own row's total straight from a graph input."""
+    bundle = family_bundle[3]
+    m = load_manifest(bundle, "size")
+    for model in ("target", "draft"):
+        name, spec = m.rows_graph(model)
+        assert spec.io.totals == tuple(f"total_sequence_length_{b}" for b in range(spec.batch))
+        proto = onnx.load(str(bundle / spec.file), load_external_data=False)
+        inputs = {i.name: [d.dim_value or d.dim_param for d in i.type.tensor_type.shape.dim] for i in proto.graph.input}
+        assert all(inputs[t] == [] for t in spec.io.totals), inputs  # a scalar per row, as the runner binds it
+        gqas = _rows_gqas(proto)
+        assert len(gqas) == sum(spec.rows) * getattr(m, model).num_layers
+        for n in gqas:  # row b's attention (past_key_<layer>_<b>) reads total_sequence_length_<b>
+            assert n.input[6] == f"total_sequence_length_{n.input[3].rsplit('_', 1)[1]}", list(n.input)
+
+
+@LLAMA
+def test_a_batched_graph_without_row_totals_is_refused_on_a_device_cache(family_bundle):
+    """A bundle exported before the fix computes its totals in the graph: on a device cache its
+    batched engine is refused at load, naming the fix, rather than decoding wrong tokens."""
+    bundle = family_bundle[3]
+    m = load_manifest(bundle, "size")
+    name, spec = m.rows_graph("target")
+    older = dataclasses.replace(spec, io=dataclasses.replace(spec.io, totals=()))
+    t = m.target
+    session = open_session(bundle, name, spec)
+    host = SlotCache(t.num_layers, t.num_kv_heads, m.max_seq_len, t.head_dim, m.dtype, spec.batch)
+    BatchRunner(session, name, older, host, m.k)  # the CPU reads the graph as it is
+    device = SlotCache(t.num_layers, t.num_kv_heads, m.max_seq_len, t.head_dim, m.dtype, spec.batch, "ortvalue")
+    with pytest.raises(EngineError, match="re-export the bundle"):
+        BatchRunner(session, name, older, device, m.k)
