@@ -8,6 +8,9 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+sys.path.insert(0, str(Path(__file__).parent))
+import diag_feeds  # noqa: E402
+
 bundle, out = Path(sys.argv[1]), Path(sys.argv[2])
 try:
     ort.preload_dlls()
@@ -21,12 +24,7 @@ flat = onnx.helper.make_graph(list(body.node), "rows1_flat", list(proto.graph.in
 model = onnx.helper.make_model(flat, opset_imports=list(proto.opset_import), ir_version=proto.ir_version)
 names = [o for n in body.node for o in n.output[:1] if o and n.op_type in ("MatMul", "GroupQueryAttention", "SkipSimplifiedLayerNormalization", "SimplifiedLayerNormalization", "Gather", "Add", "Mul", "Sigmoid", "Cast")]
 kinds = {o: n.op_type for n in body.node for o in n.output}
-rng = np.random.default_rng(0)
-s, feeds = 3, {}
-for t in g["inputs"]:
-    n = t["name"]
-    feeds[n] = (rng.integers(100, 500, (1, s)).astype(np.int64) if n == "input_ids" else np.tile(np.arange(s), (1, 1)).astype(np.int64) if n == "position_ids"
-                else np.full((1,), s - 1, np.int32) if n == "seqlens_k" else np.zeros(t["shape"], dtype=t["dtype"]))
+feeds = diag_feeds.feeds(g["inputs"], 1, high=500)
 res = {}
 for label, extra in (("flat", []), ("flat_all_outputs", names)):
     mm = onnx.ModelProto(); mm.CopyFrom(model)

@@ -3,6 +3,9 @@ import json, sys
 from pathlib import Path
 import numpy as np
 import onnxruntime as ort
+
+sys.path.insert(0, str(Path(__file__).parent))
+import diag_feeds  # noqa: E402
 bundle, out = Path(sys.argv[1]), Path(sys.argv[2])
 m = json.loads((bundle / "manifest.json").read_text())
 res = {}
@@ -13,21 +16,7 @@ except Exception as e:
 for gname, rowset in (("target_dynamic", (1,)), ("target_rows", (1,))):
     g = m["graphs"][gname]
     for rows in rowset:
-        feeds = {}
-        rng = np.random.default_rng(0)
-        s = 3
-        for t in g["inputs"]:
-            n = t["name"]
-            if n == "input_ids":
-                feeds[n] = rng.integers(100, 5000, (rows, s)).astype(np.int64)
-            elif n == "position_ids":
-                feeds[n] = np.tile(np.arange(s), (rows, 1)).astype(np.int64)
-            elif n == "seqlens_k":
-                feeds[n] = np.full((rows,), s - 1, np.int32)
-            elif n == "total_sequence_length":
-                feeds[n] = np.array(s, np.int32)
-            else:
-                feeds[n] = np.zeros(t["shape"], dtype=t["dtype"])
+        feeds = diag_feeds.feeds(g["inputs"], rows, high=min(5000, m["vocab_size"]))  # 5000 on SmolLM2, as run
         fetch = "logits" if gname.endswith("dynamic") else ("logits/rows1" if rows == 1 else "logits/rows2")
         r = {}
         for prov in ("CUDAExecutionProvider", "CPUExecutionProvider"):

@@ -6,6 +6,9 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+sys.path.insert(0, str(Path(__file__).parent))
+import diag_feeds  # noqa: E402
+
 bundle, out = Path(sys.argv[1]), Path(sys.argv[2])
 m = json.loads((bundle / "manifest.json").read_text())
 g = m["graphs"]["target_rows"]
@@ -20,12 +23,7 @@ flat = onnx.helper.make_graph(nodes, "rows1_total", inputs, list(body.output), l
 model = onnx.helper.make_model(flat, opset_imports=list(proto.opset_import), ir_version=proto.ir_version)
 path = bundle / "diag_total.onnx"
 onnx.save_model(model, str(path))
-rng = np.random.default_rng(0)
-s, feeds = 3, {"total_sequence_length": np.array(3, np.int32)}
-for t in g["inputs"]:
-    n = t["name"]
-    feeds[n] = (rng.integers(100, 500, (1, s)).astype(np.int64) if n == "input_ids" else np.tile(np.arange(s), (1, 1)).astype(np.int64) if n == "position_ids"
-                else np.full((1,), s - 1, np.int32) if n == "seqlens_k" else np.zeros(t["shape"], dtype=t["dtype"]))
+feeds = {**diag_feeds.feeds(g["inputs"], 1, high=500), "total_sequence_length": np.array(3, np.int32)}
 got = {}
 for prov in ("CPUExecutionProvider", "CUDAExecutionProvider"):
     sess = ort.InferenceSession(str(path), providers=[prov])
