@@ -3,12 +3,13 @@ import json, os, sys, time
 from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 import check
+import diag_common
 from specdec.runtime import SpeculativeDecoder
 from specdec.runtime.batch import BatchEngine
 
-bundle, out = Path(sys.argv[1]), Path(sys.argv[2])
+bundle, out = diag_common.args(__doc__)
 prompts = check.prompts_for(bundle, 4)
-res = {}
+res = {"provenance": diag_common.stamp()}
 cpu = [SpeculativeDecoder.load(bundle, provider="cpu", drafter="lookup").generate(p, max_new_tokens=12, ignore_eos=True, gamma=0).tokens for p in prompts]
 res["cpu_ar"] = cpu
 def run(label, provider, max_batch, n, gamma, drafter="lookup", **kw):

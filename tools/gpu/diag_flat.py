@@ -9,9 +9,9 @@ import onnx
 import onnxruntime as ort
 
 sys.path.insert(0, str(Path(__file__).parent))
-import diag_feeds  # noqa: E402
+import diag_common  # noqa: E402
 
-bundle, out = Path(sys.argv[1]), Path(sys.argv[2])
+bundle, out = diag_common.args(__doc__)
 try:
     ort.preload_dlls()
 except Exception:
@@ -24,8 +24,8 @@ flat = onnx.helper.make_graph(list(body.node), "rows1_flat", list(proto.graph.in
 model = onnx.helper.make_model(flat, opset_imports=list(proto.opset_import), ir_version=proto.ir_version)
 names = [o for n in body.node for o in n.output[:1] if o and n.op_type in ("MatMul", "GroupQueryAttention", "SkipSimplifiedLayerNormalization", "SimplifiedLayerNormalization", "Gather", "Add", "Mul", "Sigmoid", "Cast")]
 kinds = {o: n.op_type for n in body.node for o in n.output}
-feeds = diag_feeds.feeds(g["inputs"], 1, high=500)
-res = {}
+feeds = diag_common.feeds(g["inputs"], 1, high=500)
+res = {"provenance": diag_common.stamp()}
 for label, extra in (("flat", []), ("flat_all_outputs", names)):
     mm = onnx.ModelProto(); mm.CopyFrom(model)
     have = {o.name for o in mm.graph.output}

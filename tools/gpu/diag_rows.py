@@ -5,10 +5,10 @@ import numpy as np
 import onnxruntime as ort
 
 sys.path.insert(0, str(Path(__file__).parent))
-import diag_feeds  # noqa: E402
-bundle, out = Path(sys.argv[1]), Path(sys.argv[2])
+import diag_common  # noqa: E402
+bundle, out = diag_common.args(__doc__)
 m = json.loads((bundle / "manifest.json").read_text())
-res = {}
+res = {"provenance": diag_common.stamp()}
 try:
     ort.preload_dlls()
 except Exception as e:
@@ -16,7 +16,7 @@ except Exception as e:
 for gname, rowset in (("target_dynamic", (1,)), ("target_rows", (1,))):
     g = m["graphs"][gname]
     for rows in rowset:
-        feeds = diag_feeds.feeds(g["inputs"], rows, high=min(5000, m["vocab_size"]))  # 5000 on SmolLM2, as run
+        feeds = diag_common.feeds(g["inputs"], rows, high=min(5000, m["vocab_size"]))  # 5000 on SmolLM2, as run
         fetch = "logits" if gname.endswith("dynamic") else ("logits/rows1" if rows == 1 else "logits/rows2")
         r = {}
         for prov in ("CUDAExecutionProvider", "CPUExecutionProvider"):

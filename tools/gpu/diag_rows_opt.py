@@ -5,12 +5,12 @@ import numpy as np
 import onnxruntime as ort
 
 sys.path.insert(0, str(Path(__file__).parent))
-import diag_feeds  # noqa: E402
-bundle, out = Path(sys.argv[1]), Path(sys.argv[2])
+import diag_common  # noqa: E402
+bundle, out = diag_common.args(__doc__)
 m = json.loads((bundle / "manifest.json").read_text())
 g = m["graphs"]["target_rows"]
-feeds = diag_feeds.feeds(g["inputs"], 1, high=min(5000, m["vocab_size"]))  # 5000 on SmolLM2, as run
-res = {}
+feeds = diag_common.feeds(g["inputs"], 1, high=min(5000, m["vocab_size"]))  # 5000 on SmolLM2, as run
+res = {"provenance": diag_common.stamp()}
 def run(label, prov, level):
     so = ort.SessionOptions(); so.graph_optimization_level = level
     sess = ort.InferenceSession(str(bundle / g["file"]), so, providers=[prov])

@@ -7,9 +7,9 @@ import onnx
 import onnxruntime as ort
 
 sys.path.insert(0, str(Path(__file__).parent))
-import diag_feeds  # noqa: E402
+import diag_common  # noqa: E402
 
-bundle, out = Path(sys.argv[1]), Path(sys.argv[2])
+bundle, out = diag_common.args(__doc__)
 m = json.loads((bundle / "manifest.json").read_text())
 g = m["graphs"]["target_rows"]
 proto = onnx.load(str(bundle / g["file"]), load_external_data=False)
@@ -23,13 +23,13 @@ flat = onnx.helper.make_graph(nodes, "rows1_total", inputs, list(body.output), l
 model = onnx.helper.make_model(flat, opset_imports=list(proto.opset_import), ir_version=proto.ir_version)
 path = bundle / "diag_total.onnx"
 onnx.save_model(model, str(path))
-feeds = {**diag_feeds.feeds(g["inputs"], 1, high=500), "total_sequence_length": np.array(3, np.int32)}
+feeds = {**diag_common.feeds(g["inputs"], 1, high=500), "total_sequence_length": np.array(3, np.int32)}
 got = {}
 for prov in ("CPUExecutionProvider", "CUDAExecutionProvider"):
     sess = ort.InferenceSession(str(path), providers=[prov])
     ins = {i.name for i in sess.get_inputs()}
     got[prov] = sess.run([body.output[0].name], {k: v for k, v in feeds.items() if k in ins})[0]
 path.unlink()
-res = {"max_abs_diff": float(np.abs(got["CPUExecutionProvider"] - got["CUDAExecutionProvider"]).max()), "scale": float(np.abs(got["CPUExecutionProvider"]).max())}
+res = {"provenance": diag_common.stamp(), "max_abs_diff": float(np.abs(got["CPUExecutionProvider"] - got["CUDAExecutionProvider"]).max()), "scale": float(np.abs(got["CPUExecutionProvider"]).max())}
 print("total as input:", res, flush=True)
 (out / "diag_total.json").write_text(json.dumps(res))
