@@ -115,8 +115,9 @@ def export_jobs(models: Path, gguf: Path, work: Path, quick: bool) -> dict[str, 
     # each: only what a stage below uses, so that the exports fit the machine's slot.
     # One bundle per model and precision: a bundle with --max-batch 8 holds the batch-1 graphs
     # too, and a model's graphs share one weights file, so batch 1 and 8 travel as one. Not 32
-    # rows: SmolLM2's batched graph unrolls attention per row and layer, and its export grows
-    # faster than the rows (8 rows: 4 min to trace; 16 rows: over 15 min, on 2 cores).
+    # rows: SmolLM2's batched graph unrolls attention per row and layer, and its export grew
+    # faster than the rows (8 rows: 4 min to trace; 16 rows: over 15 min, on 2 cores; 4x less
+    # since the rows are split once, not yet re-timed at 32).
     # SmolLM2's head rides along from the draft folder (float32 only).
     jobs = {
         "demo-fp32": [*demo, "--fused-draft", "--feature-drafter", str(models / "demo/head")],
