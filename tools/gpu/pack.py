@@ -80,14 +80,20 @@ def _exported(build: Path, name: str) -> bool:
     return done.exists() and json.loads(done.read_text())["rc"] == 0 and (build / name / "manifest.json").exists()
 
 
+def _check():
+    """tools/gpu/check.py, whose export jobs both sides share."""
+    sys.path.insert(0, str(ROOT / "tools" / "gpu"))
+    import check
+
+    return check
+
+
 def prebuild(names: list[str], build: Path) -> list[str]:
     """Export ``names`` (tools/gpu/check.py's jobs) here, into ``build``: on the first H100 slot
     six exports at once took 6 of its 15 minutes, sending a bundle takes seconds."""
     if not names:
         return []
-    sys.path.insert(0, str(ROOT / "tools" / "gpu"))
-    import check
-
+    check = _check()
     jobs = check.export_jobs(ROOT / "models", smollm2_gguf(), build, quick=False)
     unknown = sorted(set(names) - set(jobs))
     if unknown:
@@ -106,14 +112,7 @@ def prebuild(names: list[str], build: Path) -> list[str]:
     return names
 
 
-def export_names() -> list[str]:
-    sys.path.insert(0, str(ROOT / "tools" / "gpu"))
-    import check
-
-    return list(check.export_jobs(ROOT / "models", Path("x.gguf"), Path("work"), quick=False))
-
-
-def pack(out: Path, piece_mib: int, prebuilt: list[str]) -> list[Path]:
+def pack(out: Path, piece_mib: int, prebuilt: list[str], device_exports: list[str]) -> list[Path]:
     out = out.resolve()  # the exports run in the build folder: relative paths would land inside it
     out.mkdir(parents=True, exist_ok=True)
     for old in out.glob("part-*"):
@@ -132,8 +131,7 @@ def pack(out: Path, piece_mib: int, prebuilt: list[str]) -> list[Path]:
             for wheel in wheels:
                 if not wheel.name.startswith("onnxruntime"):
                     add_wheel(tar, wheel, "site")
-            demo_there = any(n.startswith("demo-") and n not in prebuilt for n in export_names())
-            for folder in (DEMO if demo_there else []) + SMOLLM2:
+            for folder in (DEMO if any(n.startswith("demo-") for n in device_exports) else []) + SMOLLM2:
                 tar.add(ROOT / folder, arcname=folder)
             tar.add(gguf, arcname=GGUF)
             for name in prebuilt:  # after the GGUF: --export-early starts the others without waiting for these
@@ -163,11 +161,17 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=ROOT / ".gpu", help="folder for the pieces (git-ignored)")
     ap.add_argument("--piece-mib", type=int, default=54, help="piece size: 64 MiB per call minus the slim tree (~7 MiB) and slack")
     ap.add_argument("--prebuilt", default="demo-fp16,smollm2-fp16",
-                    help="check.py's bundles to export here and send whole ('' for none); the device exports the others")
+                    help="check.py's bundles to export here and send whole ('' for none)")
+    ap.add_argument("--device-exports", default="",
+                    help="check.py's bundles the device exports (check.sh --export-early, --bundles naming them): their sources travel")
     args = ap.parse_args()
     if shutil.which("xz") is None:
         raise SystemExit("xz is needed (apt-get install xz-utils)")
-    pieces = pack(args.out, args.piece_mib, [n for n in args.prebuilt.split(",") if n])
+    prebuilt, device = ([n for n in v.split(",") if n] for v in (args.prebuilt, args.device_exports))
+    names = set(_check().export_jobs(ROOT / "models", Path("x.gguf"), Path("work"), quick=False))
+    if set(device) - names:
+        raise SystemExit(f"--device-exports {sorted(set(device) - names)}: expected names among {sorted(names)}")
+    pieces = pack(args.out, args.piece_mib, prebuilt, device)
     total = sum(p.stat().st_size for p in pieces) / 2**20
     print(f"{len(pieces)} pieces, {total:.0f} MiB, in {args.out}: send one per device call (docs/gpu.md)")
 
