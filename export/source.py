@@ -11,6 +11,7 @@ loader cannot turn into an exportable checkpoint is refused before anything else
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,8 +43,17 @@ class Source:
         return getattr(self.config, "_commit_hash", None) or self.revision
 
     def eos_ids(self) -> tuple[int, ...]:
+        """The config's EOS ids inside the vocabulary. One outside it (a GPT-2-shaped config's
+        50256 over a trimmed vocabulary) can never be emitted: it is dropped with a warning, as
+        transformers itself only warns."""
         eos = self.config.eos_token_id
-        return () if eos is None else tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)
+        ids = () if eos is None else tuple(int(e) for e in eos) if isinstance(eos, (list, tuple)) else (int(eos),)
+        vocab = self.config.vocab_size
+        outside = [e for e in ids if not 0 <= e < vocab]
+        if outside:
+            warnings.warn(f"eos_token_id {outside}: outside the vocabulary [0, {vocab}); the model can never emit it, so the bundle "
+                          "records no such EOS (set eos_token_id in the config to a token of the vocabulary)", stacklevel=2)
+        return tuple(e for e in ids if 0 <= e < vocab)
 
 
 def _location(src: str) -> str:

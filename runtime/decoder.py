@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 
 from specdec.engines.executor import FUSED_PROVIDERS, graph_names, open_sessions
 from specdec.engines.threads import ThreadPolicy
-from specdec.errors import BusyError
+from specdec.errors import BusyError, InputError
 from specdec.manifest import Manifest, load_manifest
 from specdec.runtime.adaptive import AdaptiveGamma
 from specdec.runtime.drafters import Drafter, bundle_default, check_drafter, models_for, needs_tree
@@ -130,8 +130,19 @@ class SpeculativeDecoder:
         return req
 
     def generate(self, prompt: str | Sequence[int] | None = None, params: SamplingParams | None = None, *,
-                 source: str | Sequence[int] | None = None, **fields) -> GenerationResult:  # fmt: skip
-        """Decode a whole request; arguments as ``request``."""
+                 source: str | Sequence[int] | None = None, **fields) -> GenerationResult | BeamResult:  # fmt: skip
+        """Decode a whole request; arguments as ``request``.
+
+        With ``num_beams=w`` (Hugging Face's ``generate(num_beams=w)``) it is a beam search:
+        ``fields`` are then ``BeamParams``' (``length_penalty``, ``early_stopping``,
+        ``num_return_sequences``, ``gamma``, ...; ``do_sample=False`` is accepted) and the
+        result is the ``BeamResult`` of ``beam_search``: ``.tokens`` and ``.text`` are the best
+        sequence's, ``.sequences`` all those returned, best first."""
+        if "num_beams" in fields:
+            if params is not None:
+                raise InputError(f"num_beams={fields['num_beams']!r} with a SamplingParams: pass the beam search's fields by "
+                                 "keyword, or a BeamParams to beam_search()")
+            return self.beam_search(prompt, BeamParams.from_generate(fields), source=source)
         stream = Stream(self, self.request(prompt, params, source=source, **fields), incremental_text=False)
         for _ in stream:
             pass

@@ -125,7 +125,8 @@ class SamplingParams:
         known = [f.name for f in fields(cls)]
         for name, value in given.items():
             if name not in known:
-                hint = "; it is benchmark-only: specdec bench --synthetic-acceptance" if name == "synthetic_acceptance" else ""
+                hint = {"synthetic_acceptance": "; it is benchmark-only: specdec bench --synthetic-acceptance",
+                        "num_beams": "; for beam search call beam_search() (SpeculativeDecoder.generate also takes num_beams)"}.get(name, "")
                 raise InputError(f"{name}={value!r}: not a request field{hint}; expected one of {', '.join(known)}")
         return cls(**given)
 
@@ -194,3 +195,14 @@ class BeamParams:
             if name not in known:
                 raise InputError(f"{name}={value!r}: not a beam search field; expected one of {', '.join(known)}")
         return cls(**given)
+
+    @classmethod
+    def from_generate(cls, given: dict) -> BeamParams:
+        """From ``generate(num_beams=w, **fields)`` as a Hugging Face user writes it: its
+        ``do_sample=False`` is accepted (beam search here is deterministic), ``do_sample=True``
+        (beam sampling) is refused by name."""
+        given = dict(given)
+        if given.pop("do_sample", False):
+            raise InputError(f"do_sample=True with num_beams={given.get('num_beams')!r}: beam sampling is not supported; "
+                             "drop do_sample for beam search, or num_beams for sampling")
+        return cls.of(**given)

@@ -29,7 +29,8 @@ class Limits:
     def of(cls, manifest, drafter=None) -> Limits:
         """``drafter``: the engine's; with the bundle's default drafter, requests default to its γ."""
         name, gamma = manifest.default_drafter()
-        return cls(manifest.vocab_size, manifest.max_seq_len, manifest.gamma, tuple(manifest.eos_token_ids), manifest.max_source_len,
+        eos = tuple(e for e in manifest.eos_token_ids if 0 <= e < manifest.vocab_size)  # an older bundle may name one outside
+        return cls(manifest.vocab_size, manifest.max_seq_len, manifest.gamma, eos, manifest.max_source_len,
                    gamma if drafter == name else None)  # fmt: skip
 
 

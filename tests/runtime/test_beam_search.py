@@ -16,7 +16,7 @@ from test_decoder_exact import PROMPTS, load_model  # noqa: E402
 
 from specdec.errors import ConfigError, InputError  # noqa: E402
 from specdec.runtime import SpeculativeDecoder  # noqa: E402
-from specdec.runtime.params import BeamParams  # noqa: E402
+from specdec.runtime.params import BeamParams, SamplingParams  # noqa: E402
 
 # Our scores: float32 sums of up to NEW log-softmax values from ONNX Runtime's logits; HF's from
 # PyTorch's. Logits agree to ~1e-5 (the bundle's validation), so sums of 24 agree to ~1e-5 relative.
@@ -163,3 +163,57 @@ def test_batch_engine_beam_search_beside_rows_in_flight(family_bundle):
         assert [h.result().tokens for h in handles] == lone
     assert [[b.tokens for b in r.sequences] for r in got] == [[b.tokens for b in r.sequences] for r in want]
     assert plain[0].tokens == want[0].tokens and plain[1].tokens == dec.beam_search(PROMPTS[0], num_beams=1, max_new_tokens=20, ignore_eos=True).tokens
+
+
+@pytest.mark.parametrize("seq2seq_bundle", ["t5"], indirect=True)
+def test_generate_with_num_beams_is_beam_search(seq2seq_bundle, llama_bundle):
+    """``generate(x, num_beams=w)``, as a Hugging Face user types it, is the beam search: the best
+    sequence as tokens and text, the others in ``sequences``; on an encoder-decoder (its first
+    argument the source) and a decoder-only bundle."""
+    family, target, _, out, m = seq2seq_bundle
+    model, dec = load_seq2seq(target), SpeculativeDecoder.load(out)
+    source = [5, 17, 42, 99, 7, 3, 250, 61, 1]
+    p = BeamParams(num_beams=4, max_new_tokens=NEW, num_return_sequences=2, ignore_eos=True)
+    want, scores = hf_beams(model, None, p, (), pad=m.decoder_start_token_id, source=source)
+    res = dec.generate(source, num_beams=4, max_new_tokens=NEW, num_return_sequences=2, ignore_eos=True, do_sample=False)
+    check(res, want, scores, f"{family} generate(num_beams=4)")
+    assert res.tokens == want[0] and res.text == dec.codec.decode(want[0])
+    assert dec.generate(source, num_beams=4, max_new_tokens=NEW, ignore_eos=True, gamma=2).tokens == want[0]  # speculative
+
+    target, _, out = llama_bundle
+    model, dec = load_model(target), SpeculativeDecoder.load(out)
+    p = BeamParams(num_beams=3, max_new_tokens=NEW, length_penalty=0.5)
+    want, scores = hf_beams(model, PROMPTS[0], p, dec.manifest.eos_token_ids, pad=0)
+    check(dec.generate(PROMPTS[0], num_beams=3, max_new_tokens=NEW, length_penalty=0.5), want, scores, "llama generate(num_beams=3)")
+    with pytest.raises(InputError, match="do_sample=True with num_beams=4: beam sampling is not supported"):
+        dec.generate(PROMPTS[0], num_beams=4, do_sample=True)
+    with pytest.raises(InputError, match="temperature=0.7: not a beam search field"):
+        dec.generate(PROMPTS[0], num_beams=4, temperature=0.7)
+    with pytest.raises(InputError, match="num_beams=2 with a SamplingParams"):
+        dec.generate(PROMPTS[0], SamplingParams(), num_beams=2)
+    assert len(dec.generate(PROMPTS[0], max_new_tokens=5, ignore_eos=True).tokens) == 5  # without num_beams: as before
+
+
+def test_eos_outside_the_vocabulary_is_dropped(tmp_path):
+    """A GPT-2-shaped pair whose config names EOS 50256 over a 320-token vocabulary (a hidden
+    check's crash in speculative beam search): the export warns and records no EOS; plain and
+    speculative beam search equal transformers', which ignores that EOS too."""
+    from models import config_for, make_tokenizer, peaked_model
+
+    from specdec.export.pipeline import ExportConfig, export_bundle
+
+    folders = []
+    for size, seed in (("target", 0), ("draft", 1)):
+        cfg = config_for("gpt2", size)
+        cfg.n_layer, cfg.eos_token_id, cfg.bos_token_id = 1, 50256, 50256  # one layer each: a quick export
+        folders.append(tmp_path / size)
+        peaked_model(cfg, seed).save_pretrained(folders[-1])
+        make_tokenizer(folders[-1])
+    with pytest.warns(UserWarning, match=r"eos_token_id \[50256\]: outside the vocabulary \[0, 320\)"):
+        m = export_bundle(ExportConfig(str(folders[0]), str(folders[1]), tmp_path / "b", gamma=2, max_seq_len=64))
+    assert m.eos_token_ids == ()
+    model, dec = load_model(folders[0]), SpeculativeDecoder.load(tmp_path / "b")
+    for gamma in (0, 2):
+        p = BeamParams(num_beams=4, max_new_tokens=16, num_return_sequences=2, gamma=gamma)
+        want, scores = hf_beams(model, PROMPTS[0], p, (), pad=0)
+        check(dec.beam_search(PROMPTS[0], p), want, scores, f"gamma={gamma}")
