@@ -16,10 +16,14 @@ whose engine thread died reports unhealthy and is replaced) and restarts dead re
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import logging
+import threading
 from pathlib import Path
 from typing import Any
 
+import ray
 from ray import serve
 
 from specdec.errors import ConfigError
@@ -115,43 +119,161 @@ def app_builder(args: dict[str, Any]):
 def run(cfg: ServeConfig, replicas: int = 1, autoscale: tuple[int, int] | None = None, address: str | None = None,
         num_cpus: float = 1.0) -> int:  # fmt: skip
     """``specdec serve --ray``. Without ``address``: start a local Ray instance, serve until
-    SIGTERM/SIGINT, then shut Serve and Ray down. With one: deploy onto that cluster and return
-    (the application keeps running there; ``serve shutdown`` removes it)."""
+    SIGTERM/SIGINT, then shut Serve and Ray down and return 0. With one: deploy onto that
+    cluster and return (the application keeps running there; ``serve shutdown`` removes it).
+
+    Our handler is installed before anything starts, and Ray is started on a thread of its own
+    (``Startup``): ``ray.init`` sets its own SIGTERM handler (``sys.exit(15)``, no drain) when it
+    runs on the main thread, and ``serve.run`` blocks until every replica is up. So a SIGTERM at
+    any moment, during start-up, during the roll-out or under load, ends in the same bounded
+    shutdown, with exit status 0."""
     import signal
     import sys
-    import threading
 
-    import ray
+    wake = threading.Event()  # a signal, or the start-up ended
+    stopping = threading.Event()
 
+    def on_signal(*_) -> None:
+        stopping.set()
+        wake.set()
+
+    def install() -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, on_signal)
+
+    install()
     prepare(cfg)  # refuse a bad bundle or option before starting anything (one line, exit 2)
     app = application(cfg, replicas, autoscale, num_cpus)
-    if address:
-        ray.init(address=address, include_dashboard=False)
-    else:  # a local instance; on loopback only when the server is
-        ray.init(include_dashboard=False, **({"_node_ip_address": "127.0.0.1"} if is_loopback(cfg.host) else {}))
+    print(f"specdec: {f'connecting to Ray at {address}' if address else 'starting a local Ray instance'} "
+          "(SIGTERM or Ctrl-C from here on shuts down gracefully)", file=sys.stderr, flush=True)  # fmt: skip
+    startup = Startup(cfg, app, address, stopping, wake)
     try:
-        serve.start(http_options={"host": cfg.host, "port": cfg.port})
-        serve.run(app, name="specdec", route_prefix="/")
-        print(f"specdec: {cfg.served_model_name or Path(cfg.bundle).resolve().name} on Ray Serve at http://{cfg.host}:{cfg.port}/v1 "
-              f"({f'{autoscale[0]}..{autoscale[1]} replicas' if autoscale else f'{replicas} replicas'})", file=sys.stderr, flush=True)  # fmt: skip
-        if address:
-            return 0
-        stop = threading.Event()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: stop.set())
-        stop.wait()
-        # Replicas finish what Ray Serve's graceful shutdown allows. Bounded: when a service
-        # manager signals the whole process group, Ray's own processes may already be gone.
-        bounded(serve.shutdown, cfg.grace_period + 15)
+        while not (startup.ray_up.wait(0.2) or stopping.is_set()):
+            pass
+        install()  # ray.init's core worker put its own C handler (absl's) in front of ours
+        wake.wait()
+        if not stopping.is_set():
+            if startup.error is not None:
+                raise startup.error
+            print(f"specdec: {cfg.served_model_name or Path(cfg.bundle).resolve().name} on Ray Serve at http://{cfg.host}:{cfg.port}/v1 "
+                  f"({f'{autoscale[0]}..{autoscale[1]} replicas' if autoscale else f'{replicas} replicas'})", file=sys.stderr, flush=True)  # fmt: skip
+            if address:
+                return 0
+            stopping.wait()
+        if startup.ray_up.wait(60):
+            install()  # a SIGTERM during ray.init: its handler again
+        startup.stop_serve(cfg.grace_period + 15)
     finally:
         if not address:
+            ours = session_processes()
             bounded(ray.shutdown, 30)
+            reap(ours)
+        startup.close()
     return 0
+
+
+class Startup:
+    """``ray.init``, ``serve.start`` and ``serve.run`` on a daemon thread of their own, so that
+    the main thread keeps its signal handler and can stop at any step. ``ray_up`` is set once
+    ``ray.init`` has returned (or failed); ``wake`` once the whole start-up has ended, with
+    ``error`` what it raised. Steps not yet begun are skipped once ``stopping`` is set."""
+
+    def __init__(self, cfg: ServeConfig, app, address: str | None, stopping: threading.Event, wake: threading.Event):
+        self.cfg, self.app, self.address, self.stopping, self.wake = cfg, app, address, stopping, wake
+        self.ray_up = threading.Event()
+        self.serve_started = False  # serve.shutdown with no Serve instance waits on Ray for long
+        self.error: BaseException | None = None
+        # Ray says it sets no SIGTERM handler off the main thread: here that is the point.
+        self.quiet = _Drop("SIGTERM handler is not set")
+        logging.getLogger("ray._private.worker").addFilter(self.quiet)
+        self.thread = threading.Thread(target=self._run, name="specdec-ray-start", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        cfg = self.cfg
+        try:
+            if self.address:
+                ray.init(address=self.address, include_dashboard=False)
+            else:  # a local instance; on loopback only when the server is
+                ray.init(include_dashboard=False, **({"_node_ip_address": "127.0.0.1"} if is_loopback(cfg.host) else {}))
+            self.ray_up.set()
+            if not self.stopping.is_set():
+                self.serve_started = True
+                serve.start(http_options={"host": cfg.host, "port": cfg.port})
+            if not self.stopping.is_set():
+                serve.run(self.app, name="specdec", route_prefix="/")
+        except BaseException as e:  # noqa: BLE001 -- raised again on the main thread
+            self.error = e
+        finally:
+            self.ray_up.set()
+            self.wake.set()
+
+    def stop_serve(self, seconds: float) -> None:
+        """Serve's graceful shutdown (replicas finish what it allows, also mid-roll-out), then the
+        start-up thread's end: a ``serve.run`` still waiting for the roll-out fails once the
+        controller is gone, and must end before ``ray.shutdown``, or Serve would start a new
+        local Ray for it (whose processes outlive us). Bounded: when a service manager signals
+        the process group, Ray's own processes may already be gone."""
+        for _ in range(3):  # the thread may have passed its stopping check just as we shut down
+            if self.serve_started and ray.is_initialized():
+                bounded(serve.shutdown, seconds)
+            self.thread.join(15)
+            if not self.thread.is_alive():
+                return
+
+    def close(self) -> None:
+        logging.getLogger("ray._private.worker").removeFilter(self.quiet)
+
+
+class _Drop(logging.Filter):
+    """Drops log records whose message contains ``text``."""
+
+    def __init__(self, text: str):
+        super().__init__()
+        self.text = text
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.text not in record.getMessage()
+
+
+def session_processes() -> list:
+    """The processes of this process's local Ray instance: those it started (GCS, raylet, ...),
+    and any holding a file of its session folder open (Ray's agents rename themselves
+    ``ray::...`` and may be re-parented to init)."""
+    import psutil  # Ray's own dependency
+
+    node = getattr(ray._private.worker, "_global_node", None)
+    session = node.get_session_dir_path() if node is not None else None
+    ours = {p.pid: p for p in psutil.Process().children(recursive=True)}
+    if session:
+        for p in psutil.process_iter(["name"]):
+            with contextlib.suppress(psutil.Error):
+                if p.pid not in ours and (p.info["name"] or "").startswith("ray::") and any(f.path.startswith(session) for f in p.open_files()):
+                    ours[p.pid] = p
+    return list(ours.values())
+
+
+def reap(procs: list, seconds: float = 5.0) -> None:
+    """End what is left of ``procs`` after ``ray.shutdown``: when the raylet goes down before
+    its agents are done starting, they wait a minute on a GCS that is gone before they exit."""
+    import psutil
+
+    alive = []
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            if p.is_running():
+                p.terminate()
+                alive.append(p)
+    _, alive = psutil.wait_procs(alive, timeout=seconds)
+    for p in alive:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
 
 
 def bounded(fn, seconds: float) -> None:
     """Run ``fn`` in a daemon thread for at most ``seconds`` (a shutdown must not hang the exit)."""
     import threading
+    import time
 
     t = threading.Thread(target=fn, daemon=True)
     t.start()
