@@ -20,6 +20,7 @@ from specdec.engines.executor import FUSED_PROVIDERS, graph_names, open_sessions
 from specdec.engines.threads import ThreadPolicy
 from specdec.errors import BusyError, InputError
 from specdec.manifest import Manifest, load_manifest
+from specdec.store import fetch, is_uri
 from specdec.runtime.adaptive import AdaptiveGamma
 from specdec.runtime.drafters import Drafter, bundle_default, check_drafter, models_for, needs_tree
 from specdec.runtime.engine import Engine, clip
@@ -68,6 +69,8 @@ class SpeculativeDecoder:
         """Check the bundle (manifest, paths, hashes, graph signatures) and load its graphs.
 
         Args:
+            bundle: the folder specdec-export wrote, or a stored bundle's URI (s3://, https://,
+                ...; ``specdec push``): fetched once into this machine's verified cache.
             provider: "cpu" or "cuda".
             threads: a ``ThreadPolicy`` (``engines.threads``), or an int: the default policy
                 (a pool per session) with that many threads; None: one per core.
@@ -79,7 +82,7 @@ class SpeculativeDecoder:
                 before and has not changed since); "size" checks sizes only, for a bundle you
                 trust: changed bytes then load and run as another model (``load_manifest``).
         """
-        bundle = Path(bundle)
+        bundle = fetch(str(bundle)) if is_uri(bundle) else Path(bundle)  # a stored bundle: this machine's verified copy
         manifest = load_manifest(bundle, verify)
         drafter = bundle_default(manifest) if drafter is None else drafter
         check_drafter(drafter)

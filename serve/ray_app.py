@@ -29,7 +29,8 @@ from ray import serve
 from specdec.errors import ConfigError
 from specdec.manifest import load_manifest
 from specdec.serve.app import build_app
-from specdec.serve.server import ServeConfig, is_loopback, load_engine, prepare
+from specdec.serve.server import ServeConfig, is_loopback, load_engine, local_bundle, prepare
+from specdec.store import is_uri
 
 # Back-pressure is the engine's, as in `specdec serve`: a replica takes every request its engine
 # can hold (rows + queue) plus SLACK that are being answered 503 at once, so a full engine answers
@@ -44,7 +45,7 @@ class SpecdecReplica:
     """One replica: the bundle loaded once, a batched engine, the OpenAI routes."""
 
     def __init__(self, config: dict):
-        cfg = ServeConfig(**config)
+        cfg = local_bundle(ServeConfig(**config))  # a stored bundle: fetched once per node (a lock shares it)
         self.state = prepare(cfg, bind=False)  # the bundle's hashes are checked here, on this replica's machine
         self.state.engine = load_engine(cfg, self.state)  # loaded and warmed before the replica is ready
         replica = serve.get_replica_context().replica_id.unique_id
@@ -82,14 +83,15 @@ def application(cfg: ServeConfig, replicas: int = 1, autoscale: tuple[int, int] 
     ``max_ongoing`` (requests per replica) defaults to what its engine holds + SLACK."""
     if replicas < 1:
         raise ConfigError(f"--replicas {replicas}: expected >= 1")
-    rows = cfg.max_batch or load_manifest(cfg.bundle, verify_hashes=False).max_batch
+    rows = cfg.max_batch or load_manifest(local_bundle(cfg).bundle, verify_hashes=False).max_batch
     if max_ongoing is None:
         max_ongoing = rows + cfg.max_queue + SLACK
     scale: dict[str, Any] = {"num_replicas": replicas}
     if autoscale:
         scale = {"autoscaling_config": {"min_replicas": autoscale[0], "max_replicas": autoscale[1], "target_ongoing_requests": rows}}  # scale up once requests queue for rows
     config = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
-    config["bundle"] = Path(cfg.bundle).resolve()  # replicas do not share the driver's working directory
+    # replicas do not share the driver's working directory; a URI is fetched by each replica's node
+    config["bundle"] = str(cfg.bundle) if is_uri(cfg.bundle) else Path(cfg.bundle).resolve()
     deployment = serve.deployment(SpecdecReplica, name="specdec", max_ongoing_requests=max_ongoing, max_queued_requests=max_queued,
                                   ray_actor_options={"num_cpus": num_cpus}, health_check_period_s=5, **scale)  # fmt: skip
     return deployment.bind(config)
@@ -112,7 +114,7 @@ def app_builder(args: dict[str, Any]):
     unknown = sorted(set(args) - known)
     if unknown:
         raise ConfigError(f"application args {unknown}: unknown; expected bundle and the specdec serve options ({', '.join(sorted(known))})")
-    args["bundle"] = Path(args["bundle"])
+    args["bundle"] = args["bundle"] if is_uri(args["bundle"]) else Path(args["bundle"])
     return application(ServeConfig(**args), **kw)
 
 
@@ -142,7 +144,8 @@ def run(cfg: ServeConfig, replicas: int = 1, autoscale: tuple[int, int] | None =
             signal.signal(sig, on_signal)
 
     install()
-    prepare(cfg)  # refuse a bad bundle or option before starting anything (one line, exit 2)
+    local = local_bundle(cfg)  # a stored bundle: fetched (and verified) on this node too
+    prepare(local)  # refuse a bad bundle or option before starting anything (one line, exit 2)
     app = application(cfg, replicas, autoscale, num_cpus)
     print(f"specdec: {f'connecting to Ray at {address}' if address else 'starting a local Ray instance'} "
           "(SIGTERM or Ctrl-C from here on shuts down gracefully)", file=sys.stderr, flush=True)  # fmt: skip
@@ -155,7 +158,7 @@ def run(cfg: ServeConfig, replicas: int = 1, autoscale: tuple[int, int] | None =
         if not stopping.is_set():
             if startup.error is not None:
                 raise startup.error
-            print(f"specdec: {cfg.served_model_name or Path(cfg.bundle).resolve().name} on Ray Serve at http://{cfg.host}:{cfg.port}/v1 "
+            print(f"specdec: {local.served_model_name or Path(cfg.bundle).resolve().name} on Ray Serve at http://{cfg.host}:{cfg.port}/v1 "
                   f"({f'{autoscale[0]}..{autoscale[1]} replicas' if autoscale else f'{replicas} replicas'})", file=sys.stderr, flush=True)  # fmt: skip
             if address:
                 return 0

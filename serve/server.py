@@ -9,6 +9,7 @@ engine is closed and the process exits 0.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import ipaddress
 import logging
 import signal
@@ -26,6 +27,7 @@ from specdec.runtime.drafters import bundle_default
 from specdec.runtime.params import SamplingParams
 from specdec.runtime.request import Limits, Request
 from specdec.runtime.text import TextCodec
+from specdec.store import fetch, is_uri
 from specdec.serve.app import ServerState, build_app
 from specdec.serve.chat import bundle_template
 from specdec.serve.metrics import Metrics
@@ -35,7 +37,7 @@ log = logging.getLogger("specdec.serve")
 
 @dataclass(frozen=True)
 class ServeConfig:
-    bundle: Path
+    bundle: Path  # or a stored bundle's URI (s3://, https://, ...): local_bundle fetches it
     host: str = "127.0.0.1"
     port: int = 8000
     max_batch: int | None = None  # None: the bundle's --max-batch
@@ -74,6 +76,16 @@ def security_warning(host: str, api_key: str | None) -> str | None:
         return None
     return (f"WARNING: specdec serve is listening on {host} without authentication: anyone who can reach it can use it; "
             "set --api-key or SPECDEC_API_KEY")  # fmt: skip
+
+
+def local_bundle(cfg: ServeConfig) -> ServeConfig:
+    """``cfg`` with its bundle on this machine: a stored bundle's URI (s3://, https://, ...) is
+    fetched into this node's verified cache once (specdec/store.py), and the model keeps the
+    URI's last part as its name."""
+    if not is_uri(cfg.bundle):
+        return cfg
+    uri = str(cfg.bundle).rstrip("/")
+    return dataclasses.replace(cfg, bundle=fetch(uri), served_model_name=cfg.served_model_name or uri.rsplit("/", 1)[-1])
 
 
 def prepare(cfg: ServeConfig, bind: bool = True) -> ServerState:
@@ -124,6 +136,7 @@ def serve(cfg: ServeConfig) -> int:
     """Run the server until SIGTERM/SIGINT; returns the exit status (0 after a clean drain)."""
     import uvicorn
 
+    cfg = local_bundle(cfg)
     state = prepare(cfg)
     if warning := security_warning(cfg.host, cfg.api_key):
         print(warning, file=sys.stderr, flush=True)  # whatever the log level

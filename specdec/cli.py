@@ -673,7 +673,7 @@ def _numbers(option: str, text: str, kind: type) -> list:
 
 
 @cli.command("serve")
-@click.argument("bundle", type=click.Path(path_type=Path))
+@click.argument("bundle")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind; anything but loopback should have --api-key.")
 @click.option("--port", default=8000, show_default=True, type=int)
 @click.option("--max-batch", default=None, type=int, help="Requests decoded together [default: the bundle's --max-batch].")
@@ -700,17 +700,23 @@ def _numbers(option: str, text: str, kind: type) -> list:
 @click.option("--autoscale", default=None, help="With --ray: MIN:MAX replicas, scaled on ongoing requests (instead of --replicas).")
 @click.option("--ray-address", default=None, help="With --ray: 'auto' or ADDR deploys onto a running cluster [default: start a local Ray instance].")
 @click.option("--replica-cpus", default=1.0, show_default=True, type=float, help="With --ray: CPUs Ray reserves per replica.")
-def serve_cmd(bundle: Path, gamma: str | None, run_check: bool, use_ray: bool, replicas: int, autoscale: str | None, ray_address: str | None,
+def serve_cmd(bundle: str, gamma: str | None, run_check: bool, use_ray: bool, replicas: int, autoscale: str | None, ray_address: str | None,
               replica_cpus: float, **kw) -> None:  # fmt: skip
-    """An OpenAI-compatible server (completions, chat, SSE streaming, /metrics) over the batched engine."""
+    """An OpenAI-compatible server (completions, chat, SSE streaming, /metrics) over the batched engine.
+
+    BUNDLE is the folder specdec-export wrote, or a stored bundle's URI (s3://, https://, ...;
+    see specdec push), fetched once per machine into a verified cache."""
+    from specdec.store import is_uri
+
+    bundle = bundle if is_uri(bundle) else Path(bundle)
     try:
-        from specdec.serve.server import ServeConfig, serve
+        from specdec.serve.server import ServeConfig, local_bundle, serve
     except ImportError as e:
         raise ConfigError(f"specdec serve needs the serve extra ({e.name} is missing): pip install 'specdec[serve]'") from None
     logging.basicConfig(level=kw["log_level"].upper(), format="%(levelname)s: %(message)s")
-    if run_check:
-        _check_before_serving(bundle, kw["threads"])
     cfg = ServeConfig(bundle, gamma=_gamma(gamma), **kw)
+    if run_check:
+        _check_before_serving(local_bundle(cfg).bundle, kw["threads"])
     if not use_ray:
         if (replicas, autoscale, ray_address) != (1, None, None):
             raise ConfigError("--replicas, --autoscale and --ray-address need --ray")
@@ -735,6 +741,21 @@ def _check_before_serving(bundle: Path, threads: int | None) -> None:
         raise BundleError(f"{bundle} failed specdec check --quick ({f.section}, {f.name}): {f.detail}; {f.fix}")
     advice = next((i.detail for i in items if i.name == "advice"), "")
     logging.getLogger("specdec.serve").info("specdec check --quick passed in %.0f s (%d checks); %s", seconds, sum(i.ok is True for i in items), advice)
+
+
+@cli.command("push")
+@click.argument("bundle", type=click.Path(path_type=Path))
+@click.argument("uri")
+def push_cmd(bundle: Path, uri: str) -> None:
+    """Upload BUNDLE to object storage at URI (s3://bucket/prefix, gs://..., file://...) after
+    checking every file's digest; its manifest goes last. Then serve it from there:
+    specdec serve URI (each machine fetches it once into a verified cache)."""
+    from specdec.store import is_uri, push
+
+    if not is_uri(uri):
+        raise ConfigError(f"URI {uri!r}: expected a stored location such as s3://bucket/prefix or file:///path (for a local copy, use cp -r)")
+    n = push(bundle, uri.rstrip("/"))
+    click.echo(f"pushed {bundle} to {uri} ({n / 1e6:.1f} MB); serve it with: specdec serve {uri}")
 
 
 @cli.command("demo")

@@ -118,3 +118,31 @@ def seq2seq_bundle(request, tmp_path_factory):
 
     folder = cached(tmp_path_factory, "seq2seq", request.param)
     return request.param, folder / f"{request.param}-target", folder / f"{request.param}-draft", folder / "bundle", returned(folder)
+
+
+@pytest.fixture(scope="module")
+def s3():
+    """An S3-compatible server; its address and test credentials in this process's environment
+    (children inherit it), restored at the end. Yields a boto3 client."""
+    pytest.importorskip("s3fs")
+    boto3 = pytest.importorskip("boto3")
+    moto_server = pytest.importorskip("moto.server")
+    from specdec.serve.server import free_port
+
+    port = free_port()
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port)
+    server.start()
+    env = dict(AWS_ACCESS_KEY_ID="test", AWS_SECRET_ACCESS_KEY="test", AWS_DEFAULT_REGION="us-east-1", AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}")
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        client = boto3.client("s3")
+        client.create_bucket(Bucket="models")
+        yield client
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        server.stop()

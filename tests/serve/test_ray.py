@@ -92,22 +92,45 @@ def test_sigterm_at_any_moment_shuts_down_gracefully(chat_bundle, tmp_path, mome
 
 
 @pytest.fixture(scope="module")
-def cluster(chat_bundle):
+def store_cache(tmp_path_factory):
+    """The bundle cache every process of this module's Ray instance uses (its workers inherit it)."""
+    folder = tmp_path_factory.mktemp("store-cache")
+    saved = os.environ.get("SPECDEC_CACHE")
+    os.environ["SPECDEC_CACHE"] = str(folder)
+    yield folder
+    if saved is None:
+        os.environ.pop("SPECDEC_CACHE", None)
+    else:
+        os.environ["SPECDEC_CACHE"] = saved
+
+
+@pytest.fixture(scope="module")
+def cluster(chat_bundle, s3, store_cache):
     """A local Ray instance with 2 CPUs, Serve's proxy on a free 127.0.0.1 port, 2 replicas
-    (half a CPU and one ORT thread each). Torn down at the end (see the last test)."""
+    (half a CPU and one ORT thread each) of the test bundle pulled from an S3-compatible store
+    (``specdec push``; each replica fetches it into its node's cache). Torn down at the end
+    (see the last test)."""
     from specdec.serve.ray_app import application
+    from specdec.store import push
 
     assert not ray_processes(), "Ray is already running here"
+    push(chat_bundle[1], "s3://models/tiny-chat", progress=False)
     port = free_port()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
-        cfg = ServeConfig(chat_bundle[1], host="127.0.0.1", port=port, threads=1, served_model_name="tiny", max_batch=4)
+        cfg = ServeConfig("s3://models/tiny-chat", host="127.0.0.1", port=port, threads=1, served_model_name="tiny", max_batch=4)
         serve.run(application(cfg, replicas=2, num_cpus=0.5), name="specdec", route_prefix="/")
         yield f"http://127.0.0.1:{port}"
     finally:
         serve.shutdown()
         ray.shutdown()
+
+
+def test_replicas_pulled_the_bundle_from_the_store_once(cluster, store_cache):
+    """One node: the driver and both replicas share one verified copy, fetched once."""
+    kept = [p.name for p in (store_cache / "bundles").iterdir() if not p.name.endswith(".lock")]
+    assert len(kept) == 1 and not kept[0].endswith(".partial"), kept
 
 
 @pytest.fixture(scope="module")
