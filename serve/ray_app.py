@@ -119,7 +119,7 @@ def app_builder(args: dict[str, Any]):
 
 
 def run(cfg: ServeConfig, replicas: int = 1, autoscale: tuple[int, int] | None = None, address: str | None = None,
-        num_cpus: float = 1.0) -> int:  # fmt: skip
+        num_cpus: float = 1.0, proxy_location: str = "EveryNode") -> int:  # fmt: skip
     """``specdec serve --ray``. Without ``address``: start a local Ray instance, serve until
     SIGTERM/SIGINT, then shut Serve and Ray down and return 0. With one: deploy onto that
     cluster and return (the application keeps running there; ``serve shutdown`` removes it).
@@ -149,7 +149,7 @@ def run(cfg: ServeConfig, replicas: int = 1, autoscale: tuple[int, int] | None =
     app = application(cfg, replicas, autoscale, num_cpus)
     print(f"specdec: {f'connecting to Ray at {address}' if address else 'starting a local Ray instance'} "
           "(SIGTERM or Ctrl-C from here on shuts down gracefully)", file=sys.stderr, flush=True)  # fmt: skip
-    startup = Startup(cfg, app, address, stopping, wake)
+    startup = Startup(cfg, app, address, stopping, wake, proxy_location)
     try:
         while not (startup.ray_up.wait(0.2) or stopping.is_set()):
             pass
@@ -169,7 +169,9 @@ def run(cfg: ServeConfig, replicas: int = 1, autoscale: tuple[int, int] | None =
     finally:
         if not address:
             ours = session_processes()
-            bounded(ray.shutdown, 30)
+            # Long enough for Ray's own teardown (15-30 s here when stopped during start-up): what
+            # is reaped while it still runs (the GCS) makes its core worker abort the exit 60 s later.
+            bounded(ray.shutdown, 90)
             reap(ours)
         startup.close()
     return 0
@@ -181,8 +183,10 @@ class Startup:
     ``ray.init`` has returned (or failed); ``wake`` once the whole start-up has ended, with
     ``error`` what it raised. Steps not yet begun are skipped once ``stopping`` is set."""
 
-    def __init__(self, cfg: ServeConfig, app, address: str | None, stopping: threading.Event, wake: threading.Event):
+    def __init__(self, cfg: ServeConfig, app, address: str | None, stopping: threading.Event, wake: threading.Event,
+                 proxy_location: str = "EveryNode"):  # fmt: skip
         self.cfg, self.app, self.address, self.stopping, self.wake = cfg, app, address, stopping, wake
+        self.proxy_location = proxy_location
         self.ray_up = threading.Event()
         self.serve_started = False  # serve.shutdown with no Serve instance waits on Ray for long
         self.error: BaseException | None = None
@@ -202,7 +206,7 @@ class Startup:
             self.ray_up.set()
             if not self.stopping.is_set():
                 self.serve_started = True
-                serve.start(http_options={"host": cfg.host, "port": cfg.port})
+                serve.start(proxy_location=self.proxy_location, http_options={"host": cfg.host, "port": cfg.port})
             if not self.stopping.is_set():
                 serve.run(self.app, name="specdec", route_prefix="/")
         except BaseException as e:  # noqa: BLE001 -- raised again on the main thread

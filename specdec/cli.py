@@ -700,8 +700,10 @@ def _numbers(option: str, text: str, kind: type) -> list:
 @click.option("--autoscale", default=None, help="With --ray: MIN:MAX replicas, scaled on ongoing requests (instead of --replicas).")
 @click.option("--ray-address", default=None, help="With --ray: 'auto' or ADDR deploys onto a running cluster [default: start a local Ray instance].")
 @click.option("--replica-cpus", default=1.0, show_default=True, type=float, help="With --ray: CPUs Ray reserves per replica.")
+@click.option("--proxy-location", default="EveryNode", show_default=True, type=click.Choice(["EveryNode", "HeadOnly"]),
+              help="With --ray: Ray Serve's HTTP proxy on every node (behind your load balancer), or on the head node only.")
 def serve_cmd(bundle: str, gamma: str | None, run_check: bool, use_ray: bool, replicas: int, autoscale: str | None, ray_address: str | None,
-              replica_cpus: float, **kw) -> None:  # fmt: skip
+              replica_cpus: float, proxy_location: str, **kw) -> None:  # fmt: skip
     """An OpenAI-compatible server (completions, chat, SSE streaming, /metrics) over the batched engine.
 
     BUNDLE is the folder specdec-export wrote, or a stored bundle's URI (s3://, https://, ...;
@@ -726,7 +728,7 @@ def serve_cmd(bundle: str, gamma: str | None, run_check: bool, use_ray: bool, re
     except ImportError as e:
         raise ConfigError(f"specdec serve --ray needs the ray extra ({e.name} is missing): pip install 'specdec[ray]'") from None
     scale = ray_app.parse_autoscale(autoscale) if autoscale else None
-    sys.exit(ray_app.run(cfg, replicas, scale, ray_address, replica_cpus))
+    sys.exit(ray_app.run(cfg, replicas, scale, ray_address, replica_cpus, proxy_location))
 
 
 def _check_before_serving(bundle: Path, threads: int | None) -> None:

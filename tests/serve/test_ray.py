@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import os
 import subprocess
 import sys
@@ -269,3 +271,149 @@ def test_teardown_leaves_no_ray_processes(cluster):
     while ray_processes() and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not ray_processes(), ray_processes()
+
+
+# -- two nodes on this box: after the single-node tests above have torn their Ray down --------------
+
+
+def ray_cli(*args: str, env: dict, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ray.scripts.scripts", *args], capture_output=True, text=True, env=env, timeout=timeout)
+
+
+def start_node(address: str | None, name: str, env: dict, cache: Path) -> None:
+    """A Ray node (``ray start``: its own raylet) with 1 CPU, a custom resource ``name`` and its
+    own bundle cache, so each node fetches the bundle from the store itself."""
+    env = {**env, "SPECDEC_CACHE": str(cache)}
+    where = ["--address", address] if address else ["--head", "--port", address_port(env), "--include-dashboard", "false"]
+    r = ray_cli("start", *where, "--node-ip-address", "127.0.0.1", "--num-cpus", "1", "--resources", f'{{"{name}": 1}}', "--disable-usage-stats", env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def address_port(env: dict) -> str:
+    return env["SPECDEC_TEST_RAY_PORT"]
+
+
+def node_raylet(name: str):
+    import psutil
+
+    for p in psutil.process_iter(["name", "cmdline"]):
+        if p.info["name"] == "raylet" and f"{name},1" in " ".join(p.info["cmdline"] or ()):
+            return p
+    return None
+
+
+@pytest.fixture(scope="module")
+def two_nodes(chat_bundle, s3, tmp_path_factory):
+    """A head node and a second node, each its own raylet (1 CPU, resource node_a / node_b, a
+    bundle cache of its own), token-authenticated on 127.0.0.1; ``specdec serve s3://… --ray
+    --ray-address`` deploys 2 replicas of the pushed bundle onto it (one fits a node). Yields
+    (url, env, caches, root). Torn down with ``ray stop`` (no other Ray runs during this module)."""
+    import secrets
+
+    from specdec.store import push
+
+    assert not no_ray_left(30), "Ray is still running here"
+    root = tmp_path_factory.mktemp("two-nodes")
+    push(chat_bundle[1], "s3://models/tiny-chat-2n", progress=False)
+    env = {k: v for k, v in os.environ.items() if k not in ("SPECDEC_CACHE", "PYTEST_CURRENT_TEST")}
+    env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32), SPECDEC_TEST_RAY_PORT=str(free_port()))
+    caches = {"node_a": root / "cache-a", "node_b": root / "cache-b"}
+    address = f"127.0.0.1:{env['SPECDEC_TEST_RAY_PORT']}"
+    try:
+        start_node(None, "node_a", env, caches["node_a"])
+        start_node(address, "node_b", env, caches["node_b"])
+        port = free_port()
+        r = subprocess.run([sys.executable, "-m", "specdec", "serve", "s3://models/tiny-chat-2n", "--ray", "--ray-address", address,
+                            "--replicas", "2", "--replica-cpus", "1", "--proxy-location", "HeadOnly", "--host", "127.0.0.1",
+                            "--port", str(port), "--threads", "1", "--served-model-name", "tiny", "--max-batch", "4"],
+                           capture_output=True, text=True, env={**env, "SPECDEC_CACHE": str(root / "cache-driver")}, timeout=300)  # fmt: skip
+        assert r.returncode == 0, r.stderr[-3000:]
+        yield f"http://127.0.0.1:{port}", env, caches, address
+    finally:
+        ray_cli("stop", "--force", env=env, timeout=60)
+
+
+def ask(url: str, prompt: str, timeout: float = 30):
+    """(status, body) of one greedy completion; status 0 when no HTTP answer came."""
+    import httpx
+
+    try:
+        r = httpx.post(url + "/v1/completions", json={"model": "tiny", "prompt": prompt, "max_tokens": 16, "temperature": 0,
+                                                      "ignore_eos": True, "return_token_ids": True}, timeout=timeout)  # fmt: skip
+        return r.status_code, r.text
+    except httpx.HTTPError as e:
+        return 0, repr(e)
+
+
+def test_two_nodes_serve_exact_tokens_from_replicas_that_each_pulled_the_bundle(two_nodes, reference):
+    url, _, caches, _ = two_nodes
+    for name, cache in caches.items():  # each node fetched it into its own cache: a replica ran there
+        kept = [p for p in (cache / "bundles").iterdir() if p.is_dir() and not p.name.endswith(".partial")]
+        assert len(kept) == 1, (name, list((cache / "bundles").iterdir()))
+    for i in range(8):
+        status, body = ask(url, PROMPTS[i % 3])
+        assert status == 200, body
+        assert json.loads(body)["choices"][0]["token_ids"] == reference(PROMPTS[i % 3], 16)
+
+
+def test_a_lost_node_leaves_the_service_answering_and_its_replica_returns(two_nodes, reference, record_property):
+    """Node B's raylet and workers are killed under load: requests keep being answered (a bounded
+    number fail while Ray notices), then node B rejoins and its replica comes back. What failed,
+    and how, is recorded (docs/scaling-out.md)."""
+    import concurrent.futures as cf
+
+    import psutil
+
+    url, env, caches, address = two_nodes
+    raylet = node_raylet("node_b")
+    assert raylet is not None
+    results: list[tuple[float, int, str, str]] = []  # (seconds since start, status, body, prompt)
+    t0 = time.monotonic()
+
+    def load(k: int):
+        for i in range(10_000):  # bounded in count and in time
+            if time.monotonic() - t0 > 20:
+                return
+            prompt = PROMPTS[(k + i) % 3]
+            status, body = ask(url, prompt)
+            results.append((time.monotonic() - t0, status, body, prompt))
+
+    with cf.ThreadPoolExecutor(4) as pool:
+        futures = [pool.submit(load, k) for k in range(4)]
+        time.sleep(3)
+        killed_at = time.monotonic() - t0
+        victims = [raylet, *raylet.children(recursive=True)]
+        for p in victims:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+        for f in futures:
+            f.result(timeout=120)
+    after = [r for r in results if r[0] >= killed_at]
+    failed = [r for r in after if r[1] != 200]
+    plain = [b[:80] for _, s, b, _ in failed if s and not b.startswith('{"error"')]
+    last_failure = max((t for t, *_ in failed), default=killed_at)
+    ok_after = [(b, p) for t, s, b, p in after if s == 200 and t > last_failure]
+    record_property("node_loss", {"requests_after_kill": len(after), "failed": len(failed), "recovered_after_s": round(last_failure - killed_at, 1),
+                                  "non_openai_bodies": len(plain), "statuses": sorted({s for _, s, _ in failed})})  # fmt: skip
+    print(f"node loss: {len(after)} requests after the kill, {len(failed)} failed ({len(plain)} not OpenAI-shaped: {plain[:2]}), "
+          f"answering again {last_failure - killed_at:.1f} s after it")  # fmt: skip
+    assert ok_after and last_failure - killed_at < 30, failed[-3:]
+    assert all(json.loads(b)["choices"][0]["token_ids"] == reference(p, 16) for b, p in ok_after)
+    assert len(failed) <= 16, failed[:3]
+
+    assert running_replicas(env, address) <= 1  # the loss was real: Serve counts one replica now
+    start_node(address, "node_b", env, caches["node_b"])  # it rejoins: Serve places the second replica there again
+    deadline = time.monotonic() + 90
+    while (n := running_replicas(env, address)) < 2 and time.monotonic() < deadline:
+        time.sleep(2)
+    assert n == 2
+    assert ask(url, PROMPTS[1])[0] == 200
+
+
+def running_replicas(env: dict, address: str) -> int:
+    """RUNNING replicas of the specdec deployment, as Serve's controller reports them (a driver of its own)."""
+    code = ("import ray; from ray import serve; ray.init(address=%r, log_to_driver=False); "
+            "print(serve.status().applications['specdec'].deployments['specdec'].replica_states.get('RUNNING', 0))") % address
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return int(r.stdout.split()[-1])
