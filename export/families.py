@@ -80,9 +80,14 @@ FAMILIES = (
     Family("gpt2", ("gpt2",), _no_unsupported(scale_attn_by_inverse_layer_idx=False, reorder_and_upcast_attn=False)),
     Family("opt", ("opt",), _no_unsupported(enable_bias=True)),
     Family("gpt_neox", ("gpt_neox",), adapt=rope.for_export),
-    # T5: relative position bias instead of positions, so the decoder has no position limit of its own
-    _seq2seq("t5", ("t5",), _t5_unsupported, lambda c: c.num_decoder_layers, lambda c: c.num_heads, lambda c: c.d_kv, lambda c: None),
+    # T5 (and Flan-T5: T5 v1.1's gated-GELU), mT5 (the same blocks), UMT5 (a relative bias table
+    # per layer): relative position bias instead of positions, so the decoder has no position limit of its own
+    _seq2seq("t5", ("t5", "mt5", "umt5"), _t5_unsupported, lambda c: c.num_decoder_layers, lambda c: c.num_heads, lambda c: c.d_kv, lambda c: None),
+    # BART and Marian: LayerNorm after each sublayer
     _seq2seq("bart", ("bart", "marian"), _bart_vocab, lambda c: c.decoder_layers, lambda c: c.decoder_attention_heads,
+             lambda c: c.d_model // c.decoder_attention_heads, lambda c: c.max_position_embeddings),
+    # mBART and Pegasus: the same blocks with LayerNorm before each sublayer and after the stack
+    _seq2seq("mbart", ("mbart", "pegasus"), _bart_vocab, lambda c: c.decoder_layers, lambda c: c.decoder_attention_heads,
              lambda c: c.d_model // c.decoder_attention_heads, lambda c: c.max_position_embeddings),
 )
 _BY_TYPE = {t: f for f in FAMILIES for t in f.model_types}
@@ -90,6 +95,14 @@ _BY_TYPE = {t: f for f in FAMILIES for t in f.model_types}
 REFUSED = {
     "qwen3_moe": "its mixture-of-experts MLP (a router choosing experts per token) is not exported yet; the dense Qwen3 models are",
     "qwen2_moe": "its mixture-of-experts MLP (a router choosing experts per token) is not exported yet; the dense Qwen2 models are",
+    "longt5": "its encoder's local and transient-global attention is not exported; T5, Flan-T5, mT5 and UMT5 are",
+    "pegasus_x": "its encoder's block-local attention with global tokens is not exported; Pegasus is",
+    "led": "its encoder's sliding-window (Longformer) attention is not exported; BART is",
+    "bigbird_pegasus": "its encoder's block-sparse attention is not exported; Pegasus is",
+    "switch_transformers": "its mixture-of-experts MLP is not exported; T5 is",
+    "m2m_100": "M2M100/NLLB is not exported yet (sinusoidal positions computed per call); mBART and Marian are",
+    "nllb_moe": "its mixture-of-experts MLP is not exported; mBART and Marian are",
+    "prophetnet": "its n-stream self-attention is not exported; BART and T5 are",
     "gemma3": "this is the multimodal Gemma 3 checkpoint (4B and up, with a vision tower); the text-only ones (gemma3_text: "
               "270M, 1B) are supported",
 }

@@ -1,4 +1,4 @@
-"""Encoder-decoder graphs (T5, BART, Marian): an encoder graph run once per request, and decoder
+"""Encoder-decoder graphs (T5, Flan-T5, mT5, UMT5, BART, Marian, mBART, Pegasus): an encoder graph run once per request, and decoder
 graphs over the same preallocated, in-place self-attention KV as the decoder-only ones.
 
     encoder   input_ids int64 [1, N]  (N: source tokens, dynamic)
@@ -23,6 +23,8 @@ sinusoidal positions, embedding scale, final_logits_bias) live in those modules,
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -96,36 +98,51 @@ def t5_scales_head(cfg) -> bool:
     """Whether T5's head input is scaled by d_model^-0.5: original T5 (tied head) yes, v1.1 and
     flan-t5 (own head) no. transformers 5.x says so in ``scale_decoder_outputs`` (it sets
     ``tie_word_embeddings`` True for every T5 and unties on load when the checkpoint holds its
-    own head); 4.57 in ``tie_word_embeddings``."""
-    return bool(getattr(cfg, "scale_decoder_outputs", cfg.tie_word_embeddings))
+    own head); 4.57 in ``tie_word_embeddings``. mT5 on 5.x never scales (its config reads tied
+    whatever the checkpoint; real mT5 checkpoints have their own head, unscaled on 4.57 too)."""
+    if hasattr(cfg, "scale_decoder_outputs"):
+        return bool(cfg.scale_decoder_outputs)
+    if getattr(cfg, "model_type", None) == "mt5" and _transformers_major() >= 5:
+        return False
+    return bool(cfg.tie_word_embeddings)
+
+
+def _transformers_major() -> int:
+    import transformers
+
+    return int(transformers.__version__.split(".")[0])
 
 
 class T5Decoder(torch.nn.Module):
-    """T5's decoder stack and head: pre-RMSNorm blocks, unscaled attention, the relative position
-    bias of block 0 shared by every block, and a tied head scaled by d_model^-0.5."""
+    """T5's (Flan-T5's, mT5's) decoder stack and head: pre-RMSNorm blocks, unscaled attention,
+    the relative position bias of block 0 shared by every block (UMT5: each block's own), and a
+    tied head scaled by d_model^-0.5."""
 
     def __init__(self, model, max_seq: int):
         super().__init__()
-        from transformers.models.t5.modeling_t5 import T5Attention
-
         cfg = model.config
         self.dec, self.lm_head, self.heads, self.max_seq = model.get_decoder(), model.lm_head, cfg.num_heads, max_seq
         self.out_scale = cfg.d_model**-0.5 if t5_scales_head(cfg) else 1.0
-        rel = self.dec.block[0].layer[0].SelfAttention
-        self.bias_table, self.bucket = rel.relative_attention_bias, T5Attention._relative_position_bucket
-        self.buckets, self.distance = rel.relative_attention_num_buckets, rel.relative_attention_max_distance
+        attn = [b.layer[0].SelfAttention for b in self.dec.block]
+        self.own_bias = [getattr(a, "has_relative_attention_bias", False) for a in attn]  # T5: block 0 only; UMT5: every block
+        self.attn = attn
 
-    def position_bias(self, position_ids: torch.Tensor) -> torch.Tensor:
-        """[1, H, S, MAX]: bias of query position i for key row j (rows past i are masked anyway)."""
+    def position_bias(self, attn, position_ids: torch.Tensor) -> torch.Tensor:
+        """[1, H, S, MAX]: ``attn``'s bias of query position i for key row j (rows past i are masked anyway)."""
         rel = torch.arange(self.max_seq, device=position_ids.device)[None, :] - position_ids[0][:, None]  # [S, MAX]
-        buckets = self.bucket(rel, bidirectional=False, num_buckets=self.buckets, max_distance=self.distance)
-        return self.bias_table(buckets).permute(2, 0, 1).unsqueeze(0)
+        bucket = attn._relative_position_bucket
+        if "bidirectional" in inspect.signature(bucket).parameters:  # T5's and mT5's: a static method given the table's shape
+            buckets = bucket(rel, bidirectional=False, num_buckets=attn.relative_attention_num_buckets, max_distance=attn.relative_attention_max_distance)
+        else:  # UMT5's reads them off the layer (a decoder's: one direction)
+            buckets = bucket(rel)
+        return attn.relative_attention_bias(buckets).permute(2, 0, 1).unsqueeze(0)
 
     def forward(self, input_ids, position_ids, seqlens, total, past, cross):
         h = self.dec.embed_tokens(input_ids)
-        bias = self.position_bias(position_ids)
         presents = []
         for i, block in enumerate(self.dec.block):
+            if self.own_bias[i]:
+                bias = self.position_bias(self.attn[i], position_ids)
             sa_layer, ca_layer, ff = block.layer
             sa, x = sa_layer.SelfAttention, sa_layer.layer_norm(h)
             out, pk, pv = self_attention(sa.q(x), sa.k(x), sa.v(x), past[2 * i], past[2 * i + 1], seqlens, total, self.heads, 1.0, bias)
@@ -140,11 +157,13 @@ class T5Decoder(torch.nn.Module):
 
 class BartDecoder(torch.nn.Module):
     """BART's and Marian's decoder stack and head: post-LayerNorm blocks, learned (BART, offset 2)
-    or sinusoidal (Marian) positions, the embedding scale, final_logits_bias."""
+    or sinusoidal (Marian) positions, the embedding scale, final_logits_bias. With ``pre_norm``,
+    mBART's and Pegasus's: LayerNorm before each sublayer, and the stack's own after the last."""
 
-    def __init__(self, model, max_seq: int):
+    def __init__(self, model, max_seq: int, pre_norm: bool = False):
         super().__init__()
         cfg = model.config
+        self.pre_norm = pre_norm
         self.dec, self.lm_head, self.heads = model.get_decoder(), model.lm_head, cfg.decoder_attention_heads
         self.scale = (cfg.d_model // self.heads) ** -0.5
         self.offset = getattr(self.dec.embed_positions, "offset", 0)
@@ -159,15 +178,27 @@ class BartDecoder(torch.nn.Module):
             h = dec.layernorm_embedding(h)
         presents = []
         for i, layer in enumerate(dec.layers):
-            sa = layer.self_attn
-            out, pk, pv = self_attention(sa.q_proj(h), sa.k_proj(h), sa.v_proj(h), past[2 * i], past[2 * i + 1], seqlens, total, self.heads, self.scale)
-            h = layer.self_attn_layer_norm(h + sa.out_proj(out))
-            ca = layer.encoder_attn
-            h = layer.encoder_attn_layer_norm(h + ca.out_proj(cross_attention(ca.q_proj(h), cross[2 * i], cross[2 * i + 1], self.heads, self.scale)))
-            h = layer.final_layer_norm(h + layer.fc2(layer.activation_fn(layer.fc1(h))))
+            sa, ca = layer.self_attn, layer.encoder_attn
+            h, (pk, pv) = self.sublayer(h, layer.self_attn_layer_norm, lambda x: self.attend(sa, x, past[2 * i], past[2 * i + 1], seqlens, total))
+            h, _ = self.sublayer(h, layer.encoder_attn_layer_norm,
+                                 lambda x: (ca.out_proj(cross_attention(ca.q_proj(x), cross[2 * i], cross[2 * i + 1], self.heads, self.scale)), None))  # fmt: skip
+            h, _ = self.sublayer(h, layer.final_layer_norm, lambda x: (layer.fc2(layer.activation_fn(layer.fc1(x))), None))
             presents += [pk, pv]
+        if self.pre_norm:
+            h = dec.layer_norm(h)
         logits = self.lm_head(h)
         return (logits + self.logits_bias if self.logits_bias is not None else logits), presents
+
+
+    def sublayer(self, h, norm, f):
+        """A residual sublayer: ``norm`` before ``f`` (pre-norm) or after the sum (post-norm);
+        ``f`` returns (output, extra)."""
+        out, extra = f(norm(h) if self.pre_norm else h)
+        return (h + out if self.pre_norm else norm(h + out)), extra
+
+    def attend(self, sa, x, past_k, past_v, seqlens, total):
+        out, pk, pv = self_attention(sa.q_proj(x), sa.k_proj(x), sa.v_proj(x), past_k, past_v, seqlens, total, self.heads, self.scale)
+        return sa.out_proj(out), (pk, pv)
 
 
 @dataclass(frozen=True)
@@ -179,6 +210,8 @@ class Seq2SeqFamily:
 SEQ2SEQ = {
     "t5": Seq2SeqFamily(T5Decoder, lambda m: [(b.layer[1].EncDecAttention.k, b.layer[1].EncDecAttention.v) for b in m.get_decoder().block]),
     "bart": Seq2SeqFamily(BartDecoder, lambda m: [(layer.encoder_attn.k_proj, layer.encoder_attn.v_proj) for layer in m.get_decoder().layers]),
+    "mbart": Seq2SeqFamily(functools.partial(BartDecoder, pre_norm=True),
+                           lambda m: [(layer.encoder_attn.k_proj, layer.encoder_attn.v_proj) for layer in m.get_decoder().layers]),
 }
 
 

@@ -171,9 +171,10 @@ SEQ2SEQ_FAMILIES = ["t5", "bart", "marian"]
 # chi-square. T5's attention is unscaled (no 1/sqrt(d)): its own init is peaked enough, and its
 # matrices x4 make PyTorch's own float32 forward drift 2e-3 from float64 (nothing can be checked
 # to 1e-4 then) and its argmax chaotic under the draft's noise.
-SEQ2SEQ_SCALES = {"t5": (1.0, 1.0), "bart": (4.0, 8.0), "marian": (4.0, 8.0)}
+SEQ2SEQ_SCALES = {"t5": (1.0, 1.0), "mt5": (1.0, 1.0), "umt5": (1.0, 1.0), "bart": (4.0, 8.0), "marian": (4.0, 8.0), "mbart": (4.0, 8.0),
+                  "pegasus": (4.0, 8.0)}  # fmt: skip
 # The near draft's noise per family: argmax agreement ~0.65-0.95 along the target's greedy path.
-SEQ2SEQ_NEAR = {"t5": 0.05, "bart": 0.1, "marian": 0.1}
+SEQ2SEQ_NEAR = {"t5": 0.05, "mt5": 0.05, "umt5": 0.05, "bart": 0.1, "marian": 0.1, "mbart": 0.1, "pegasus": 0.1}
 
 
 def seq2seq_config(family: str, size: str = "target", **extra):
@@ -189,11 +190,16 @@ def seq2seq_config(family: str, size: str = "target", **extra):
     common = dict(vocab_size=VOCAB, bos_token_id=0, eos_token_id=1, pad_token_id=2, decoder_start_token_id=2, tie_word_embeddings=False)
     bart = dict(d_model=d, encoder_layers=layers, decoder_layers=layers, encoder_attention_heads=heads, decoder_attention_heads=heads,
                 encoder_ffn_dim=2 * d, decoder_ffn_dim=2 * d, max_position_embeddings=256, dropout=0.0, forced_eos_token_id=None)
+    t5 = dict(d_model=d, d_kv=16, num_heads=heads, d_ff=2 * d, num_layers=layers, num_decoder_layers=layers,
+              feed_forward_proj="relu", dropout_rate=0.0, relative_attention_max_distance=64)
     kw = {
-        "t5": dict(d_model=d, d_kv=16, num_heads=heads, d_ff=2 * d, num_layers=layers, num_decoder_layers=layers,
-                   feed_forward_proj="relu", dropout_rate=0.0, relative_attention_max_distance=64),
+        "t5": t5,
+        "mt5": {**t5, "feed_forward_proj": "gated-gelu"},  # mT5 and Flan-T5: T5 v1.1's gated-GELU blocks
+        "umt5": {**t5, "feed_forward_proj": "gated-gelu"},  # and a relative bias table per layer
         "bart": bart,
         "marian": {**bart, "scale_embedding": True},
+        "mbart": {**bart, "scale_embedding": True},  # pre-LayerNorm blocks, a LayerNorm after each stack
+        "pegasus": {**bart, "scale_embedding": True},  # the same, with sinusoidal positions
     }[family]
     return AutoConfig.for_model(family, **{**common, **kw, **extra})
 
@@ -210,13 +216,15 @@ def peaked_seq2seq(cfg, seed: int):
     torch.manual_seed(seed)
     model = AutoModelForSeq2SeqLM.from_config(cfg, dtype=torch.float32).eval()
     inner, head = SEQ2SEQ_SCALES[cfg.model_type]
-    if cfg.model_type == "t5" and t5_scales_head(cfg):
+    t5 = cfg.model_type in ("t5", "mt5", "umt5")
+    if t5 and t5_scales_head(cfg):
         head *= cfg.d_model**0.5  # a tied T5 head scales its input by d_model^-0.5: undo it
-    elif cfg.model_type == "t5" and model.lm_head.weight is model.shared.weight:
+    elif t5 and model.lm_head.weight is model.shared.weight:
         # transformers 5.x ties every T5 at init; v1.1's head is its own (drawn as 4.57 draws it)
         model.lm_head.weight = torch.nn.Parameter(torch.randn_like(model.shared.weight) * cfg.initializer_factor)
     dec = model.get_decoder()
-    last = dec.final_layer_norm if hasattr(dec, "final_layer_norm") else dec.layers[-1].final_layer_norm
+    # the decoder's last norm: T5's final one, mBART's and Pegasus's after the stack, BART's and Marian's last layer's
+    last = dec.final_layer_norm if hasattr(dec, "final_layer_norm") else getattr(dec, "layer_norm", None) or dec.layers[-1].final_layer_norm
     return sharpen(model, inner, [last], head)
 
 
