@@ -26,12 +26,13 @@ BEGIN, END = "<!-- families table: tools/families_table.py -->", "<!-- end of fa
 # test family name -> what users know it by (transformers model_type)
 FAMILIES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3", "gemma3": "gemma3_text", "gemma2": "gemma2",
             "mistral": "mistral", "gpt2": "gpt2", "opt": "opt", "gpt_neox": "gpt_neox", "t5": "t5", "bart": "bart",
-            "marian": "marian"}  # fmt: skip
+            "marian": "marian", "mt5": "mt5", "umt5": "umt5", "mbart": "mbart", "pegasus": "pegasus"}  # fmt: skip
 
 # column -> (test file::function, the family when the test is not parametrized by one)
 COLUMNS = {
     "greedy = PyTorch": [("runtime/test_decoder_exact.py::test_greedy_matches_target_for_every_family", None),
-                         ("runtime/test_seq2seq.py::test_greedy_matches_pytorch", None)],
+                         ("runtime/test_seq2seq.py::test_greedy_matches_pytorch", None),
+                         ("export/test_seq2seq_families.py::test_family_decodes_as_transformers", None)],
     "sampled in law (χ²)": [("runtime/test_decoder_exact.py::test_first_two_tokens_follow_the_target_in_new_families", None),
                             ("runtime/test_decoder_exact.py::test_first_two_tokens_follow_the_target", None),
                             ("runtime/test_seq2seq.py::test_first_two_tokens_follow_the_target", None)],
