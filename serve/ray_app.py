@@ -77,10 +77,14 @@ def parse_autoscale(text: str) -> tuple[int, int]:
     return lo, hi
 
 
+AUTOSCALE_DELAYS = ("upscale_delay_s", "downscale_delay_s")  # Ray Serve's autoscaling_config fields a config may set
+
+
 def application(cfg: ServeConfig, replicas: int = 1, autoscale: tuple[int, int] | None = None, num_cpus: float = 1.0,
-                max_ongoing: int | None = None, max_queued: int = MAX_QUEUED):  # fmt: skip
-    """The Ray Serve application: ``replicas`` copies (or autoscaling between ``autoscale``).
-    ``max_ongoing`` (requests per replica) defaults to what its engine holds + SLACK."""
+                max_ongoing: int | None = None, max_queued: int = MAX_QUEUED, delays: dict[str, float] | None = None):  # fmt: skip
+    """The Ray Serve application: ``replicas`` copies (or autoscaling between ``autoscale``,
+    with Ray Serve's ``delays``: ``upscale_delay_s``, ``downscale_delay_s``). ``max_ongoing``
+    (requests per replica) defaults to what its engine holds + SLACK."""
     if replicas < 1:
         raise ConfigError(f"--replicas {replicas}: expected >= 1")
     rows = cfg.max_batch or load_manifest(local_bundle(cfg).bundle, verify_hashes=False).max_batch
@@ -88,7 +92,8 @@ def application(cfg: ServeConfig, replicas: int = 1, autoscale: tuple[int, int] 
         max_ongoing = rows + cfg.max_queue + SLACK
     scale: dict[str, Any] = {"num_replicas": replicas}
     if autoscale:
-        scale = {"autoscaling_config": {"min_replicas": autoscale[0], "max_replicas": autoscale[1], "target_ongoing_requests": rows}}  # scale up once requests queue for rows
+        # scale up once requests queue for rows
+        scale = {"autoscaling_config": {"min_replicas": autoscale[0], "max_replicas": autoscale[1], "target_ongoing_requests": rows, **(delays or {})}}
     config = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
     # replicas do not share the driver's working directory; a URI is fetched by each replica's node
     config["bundle"] = str(cfg.bundle) if is_uri(cfg.bundle) else Path(cfg.bundle).resolve()
@@ -99,8 +104,9 @@ def application(cfg: ServeConfig, replicas: int = 1, autoscale: tuple[int, int] 
 
 def app_builder(args: dict[str, Any]):
     """For ``serve run`` / ``serve deploy`` configs: ``args`` holds ``bundle`` and any other
-    ``ServeConfig`` field, plus ``replicas``, ``autoscale`` ("MIN:MAX"), ``num_cpus``,
-    ``max_ongoing_requests`` and ``max_queued_requests``."""
+    ``ServeConfig`` field, plus ``replicas``, ``autoscale`` ("MIN:MAX") with Ray Serve's
+    ``upscale_delay_s`` / ``downscale_delay_s``, ``num_cpus``, ``max_ongoing_requests`` and
+    ``max_queued_requests``."""
     args = dict(args)
     if "bundle" not in args:
         raise ConfigError("the application's args need a bundle: args: {bundle: /path/to/bundle}")
@@ -110,6 +116,9 @@ def app_builder(args: dict[str, Any]):
         kw["max_ongoing"] = int(args.pop("max_ongoing_requests"))
     if "autoscale" in args:
         kw["autoscale"] = parse_autoscale(str(args.pop("autoscale")))
+        kw["delays"] = {k: float(args.pop(k)) for k in AUTOSCALE_DELAYS if k in args}
+    elif any(k in args for k in AUTOSCALE_DELAYS):
+        raise ConfigError(f"application args {[k for k in AUTOSCALE_DELAYS if k in args]}: need autoscale: \"MIN:MAX\"")
     known = {f.name for f in dataclasses.fields(ServeConfig)}
     unknown = sorted(set(args) - known)
     if unknown:

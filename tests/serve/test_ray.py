@@ -417,3 +417,49 @@ def running_replicas(env: dict, address: str) -> int:
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
     assert r.returncode == 0, r.stderr[-2000:]
     return int(r.stdout.split()[-1])
+
+
+def test_autoscaling_adds_a_replica_on_the_other_node_under_load_and_removes_it_idle(two_nodes, reference, record_property):
+    """The same cluster redeployed with ``autoscale: "1:2"`` (short delays): idle it keeps one
+    replica; 12 clients in a loop queue past one replica's rows, and Serve adds the second, which
+    fits only on the other node (1 CPU each); idle again, it is removed."""
+    import concurrent.futures as cf
+
+    url, env, caches, address = two_nodes
+    code = ("import sys, ray; from ray import serve; from specdec.serve.ray_app import app_builder; ray.init(address=%r, log_to_driver=False); "
+            "serve.run(app_builder(dict(bundle='s3://models/tiny-chat-2n', served_model_name='tiny', max_batch=4, threads=1, num_cpus=1, "
+            "autoscale='1:2', upscale_delay_s=1, downscale_delay_s=3)), name='specdec', route_prefix='/')") % address
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**env, "SPECDEC_CACHE": str(caches["node_a"].parent / "cache-driver")}, timeout=180)
+    assert r.returncode == 0, r.stderr[-3000:]
+
+    def wait_for(n: int, seconds: float) -> float:
+        t0 = time.monotonic()
+        while running_replicas(env, address) != n:
+            assert time.monotonic() - t0 < seconds, f"not {n} replicas after {seconds} s"
+            time.sleep(1)
+        return time.monotonic() - t0
+
+    down_idle = wait_for(1, 90)
+    stop = time.monotonic() + 90
+    answers: list[tuple[int, str, str]] = []
+
+    def load(k: int):
+        for i in range(10_000):  # bounded in count and in time
+            if time.monotonic() > stop:
+                return
+            prompt = PROMPTS[(k + i) % 3]
+            answers.append((*ask(url, prompt), prompt))
+
+    with cf.ThreadPoolExecutor(12) as pool:
+        futures = [pool.submit(load, k) for k in range(12)]
+        try:
+            up = wait_for(2, 60)
+        finally:
+            stop = time.monotonic()  # the clients stop: idle from here
+            for f in futures:
+                f.result(timeout=120)
+    down = wait_for(1, 90)
+    record_property("autoscaling", {"to_1_idle_s": round(down_idle, 1), "to_2_under_load_s": round(up, 1), "back_to_1_s": round(down, 1)})
+    print(f"autoscaling: 1 replica after {down_idle:.0f} s idle, 2 after {up:.0f} s of load, 1 again {down:.0f} s after it")
+    assert answers and all(s == 200 for s, _, _ in answers), [a for a in answers if a[0] != 200][:3]
+    assert all(json.loads(b)["choices"][0]["token_ids"] == reference(p, 16) for _, b, p in answers)
