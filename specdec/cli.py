@@ -21,6 +21,21 @@ from specdec.errors import ConfigError, SpecDecError
 from specdec.runtime.drafters import DRAFTERS
 
 
+class BundleArg(click.ParamType):
+    """A bundle folder, or a stored bundle's URI (s3://, https://, ...; ``specdec push``), fetched
+    once into this machine's verified cache (specdec/store.py)."""
+
+    name = "bundle"
+
+    def convert(self, value, param, ctx) -> Path:
+        from specdec.store import fetch, is_uri
+
+        return fetch(str(value).rstrip("/")) if is_uri(value) else Path(value)
+
+
+BUNDLE = BundleArg()
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="specdec")
 def cli() -> None:
@@ -267,7 +282,7 @@ def distill_cmd(bundle: Path, out: Path, tokens: int | None, minutes: float | No
 
 
 @cli.command("check")
-@click.argument("bundle", type=click.Path(path_type=Path))
+@click.argument("bundle", type=BUNDLE)
 @click.option("--prompts", "prompts_file", default=None, type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Prompts, one per line (each a user turn through the bundle's chat template when it has one) [default: built-in held-out requests].")
 @click.option("--reference", default=None, help="The checkpoint folder, hub id or GGUF file the bundle was exported from: also compare with it (needs PyTorch).")
@@ -294,7 +309,7 @@ def check_cmd(bundle: Path, prompts_file: Path | None, reference: str | None, th
 
 
 @cli.command("inspect")
-@click.argument("bundle", type=click.Path(path_type=Path))
+@click.argument("bundle", type=BUNDLE)
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest.")
 def inspect_cmd(bundle: Path, as_json: bool) -> None:
     """Check a bundle (paths, every file's size and digest, re-hashed) and print its summary."""
@@ -319,7 +334,7 @@ def inspect_cmd(bundle: Path, as_json: bool) -> None:
 
 
 @cli.command("generate")
-@click.argument("bundle", type=click.Path(path_type=Path))
+@click.argument("bundle", type=BUNDLE)
 @click.option("--prompt", default=None, help="Prompt text (needs the bundle's tokenizer).")
 @click.option("--prompt-ids", default=None, help="Prompt token ids, comma-separated: 1,2,3.")
 @click.option("--source", default=None, help="Encoder-decoder bundles: the source text (--prompt is then a decoder prefix).")
@@ -469,7 +484,7 @@ SYNTHETIC_OPTION = click.option(
 
 
 @cli.command("bench")
-@click.argument("bundle", type=click.Path(path_type=Path))
+@click.argument("bundle", type=BUNDLE)
 @click.option("--gammas", default=None, help="Comma-separated γ to run [default: 0..the bundle's γ]; 0 is always added.")
 @click.option("--drafters", "--drafter", "drafters", default=None, help=f"Comma-separated drafters to compare: {', '.join(DRAFTERS)} [default: the bundle's].")
 @click.option("--adaptive", is_flag=True, help="Also run each drafter with adaptive γ (gamma=auto).")
@@ -576,7 +591,7 @@ def bench_cmd(bundle: Path, gammas: str | None, drafters: str, adaptive: bool, t
 
 
 @cli.command("bench-batch")
-@click.argument("bundle", type=click.Path(path_type=Path))
+@click.argument("bundle", type=BUNDLE)
 @click.option("--concurrency", default="1,2,4,8,16", show_default=True, help="Comma-separated numbers of concurrent clients.")
 @click.option("--temperatures", default="0,1", show_default=True, help="Comma-separated sampling temperatures.")
 @click.option("--requests", default=2, show_default=True, type=int, help="Requests per client per configuration.")

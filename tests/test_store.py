@@ -127,6 +127,17 @@ def test_cli_push_and_a_bad_uri(s3, llama_bundle, cache):
     r = subprocess.run([sys.executable, "-m", "specdec", "push", str(bundle), "models/cli"], capture_output=True, text=True, env=env, timeout=60)
     assert r.returncode == 2 and "expected a stored location such as s3://" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     assert store.is_uri("s3://a/b") and store.is_uri("file:///tmp/x") and not store.is_uri("bundles/x") and not store.is_uri("C:/x")
+    r = subprocess.run([sys.executable, "-m", "specdec", "inspect", "s3://models/cli"], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0 and "target_verify" in r.stdout, r.stderr  # read-only commands take a URI too
+    r = subprocess.run([sys.executable, "-m", "specdec", "inspect", "s3://models/none"], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 2 and "s3://models/none/manifest.json does not exist" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    from specdec.runtime import BatchEngine
+
+    engine = BatchEngine("s3://models/cli", max_batch=1)
+    try:
+        assert len(engine.generate_many([[5, 6, 7]], max_new_tokens=4, ignore_eos=True)[0].tokens) == 4
+    finally:
+        engine.close()
     if importlib.util.find_spec("gcsfs") is None:  # a scheme whose driver is not installed: one line naming it
         with pytest.raises(ConfigError, match="gs://bucket/b: no driver for this scheme"):
             store.fetch("gs://bucket/b", progress=False)
