@@ -241,7 +241,10 @@ def check_seq2seq(cfg: ExportConfig, sources: dict[str, Source]) -> int | None:
         if cfg.max_source_len is not None:
             raise ConfigError(f"--max-source-len {cfg.max_source_len}: {cfg.target} is decoder-only; the option is for encoder-decoder models (T5, BART, Marian)")
         return None
-    flags = {"--max-batch": cfg.max_batch > 1, "--fused-draft": cfg.fused_draft, "--portable": cfg.portable, "--tree-nodes": bool(cfg.tree_nodes),
+    if cfg.max_batch > 1:  # the bundle is whole without them: say what it does instead of refusing
+        warnings.warn(f"--max-batch {cfg.max_batch}: encoder-decoder bundles have no batched graphs yet, so this one decodes one "
+                      "request at a time (the others wait in BatchEngine's and specdec serve's queue); exported without them", stacklevel=2)
+    flags = {"--fused-draft": cfg.fused_draft, "--portable": cfg.portable, "--tree-nodes": bool(cfg.tree_nodes),
              "--feature-drafter": cfg.head() is not None}
     bad = [f for f, on in flags.items() if on]
     if bad:
@@ -333,6 +336,8 @@ def _export(cfg: ExportConfig, progress: Progress, log: ExportLog) -> Manifest:
     with one_parse():  # a GGUF source is parsed once for its header, config, tokenizer and weights
         progress("read configs")
         sources, max_source, max_seq = _read_sources(cfg)
+        if max_source is not None:
+            cfg = dataclasses.replace(cfg, max_batch=1)  # no batched encoder-decoder graphs yet (check_seq2seq warned)
         progress("load weights")
         models = {"target": load_model(sources["target"])}
         models["draft"] = load_model(sources["draft"], target=models["target"])
