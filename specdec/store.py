@@ -186,6 +186,8 @@ def push(bundle: Path, uri: str, progress: bool = True) -> int:
     fs, path = _fs(uri)
     total = sum(e["size"] for e in table["files"].values())
     with tqdm(total=total, unit="B", unit_scale=True, desc=f"pushing {bundle.name}", disable=not progress) as bar:
+        for parent in sorted({_join(path, rel).rpartition("/")[0] for rel in table["files"]} - {""}):
+            fs.makedirs(parent, exist_ok=True)  # a local or mounted store needs its folders; object stores have none to make
         for rel, e in table["files"].items():
             with open(bundle / rel, "rb") as src, fs.open(_join(path, rel), "wb") as out:
                 shutil.copyfileobj(src, out, CHUNK)

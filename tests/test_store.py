@@ -163,3 +163,13 @@ def test_serve_from_the_store(s3, chat_bundle, cache):
         assert r.choices[0].model_extra["token_ids"] == want
         assert s.stop(60) == 0
     assert len([p for p in (cache / "bundles").iterdir() if p.is_dir() and not p.name.endswith(".partial")]) == 1
+
+
+def test_a_local_store_by_file_uri(llama_bundle, cache, tmp_path):
+    """file:// goes through the same code as s3:// (fsspec's local driver): push, fetch once, serve."""
+    _, _, bundle = llama_bundle
+    uri = f"file://{tmp_path / 'store' / 'llama'}"
+    store.push(bundle, uri, progress=False)
+    local, n = store.fetch_counted(uri, progress=False)
+    assert files(local) == files(bundle) and n > 0 and store.fetch_counted(uri, progress=False) == (local, 0)
+
