@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import tempfile
 from pathlib import Path
 
 import click
@@ -113,7 +114,7 @@ def _plan_trees(rank_acceptance: str, cost: float, tree_cost: Path | None, max_d
 @click.command("export")
 @click.option("--target", required=True, help="Target model: a Hugging Face checkpoint folder or hub id.")
 @click.option("--draft", required=True, help="Draft model: a checkpoint folder or hub id sharing the target's tokenizer.")
-@click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path), help="Bundle folder to write.")
+@click.option("--out", required=True, help="Bundle folder to write, or a store URI (s3://bucket/prefix, ...): exported here, validated, then pushed.")
 @click.option("--gamma", default=4, show_default=True, type=int, help="Draft tokens per target call; K = gamma + 1.")
 @click.option("--max-seq-len", default=None, type=int, help="KV cache rows: prompt + output tokens of the longest request [default: 2048, or the models' positions if fewer].")
 @click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "float16"]))
@@ -148,10 +149,20 @@ def export_cmd(**options) -> None:
     """Export a target and draft to a validated ONNX bundle for the specdec runtime."""
     from specdec.export.pipeline import ExportConfig, Progress, bundle_size, export_bundle, planned_graphs
 
-    cfg = ExportConfig(**options)
-    steps = 5 + 4 * len(planned_graphs(cfg)) + (cfg.ngram_corpus is not None)  # configs, weights, share weights, write + export/optimize/quantize/validate per graph (+ n-grams)
-    manifest = _with_progress("specdec-export", lambda report: export_bundle(cfg, Progress(report)), steps, phases=sys.stdout)
-    click.echo(summary(cfg.out, manifest, bundle_size(cfg.out)))
+    from specdec.store import is_uri, push, stored
+
+    uri = options["out"] if is_uri(options["out"]) else None
+    if uri and stored(uri) and not options["overwrite"]:
+        raise ConfigError(f"--out {uri}: a bundle is already stored there; pass --overwrite to replace it or choose another prefix")
+    with tempfile.TemporaryDirectory(prefix="specdec-export-") as tmp:  # a URI's bundle is written here first
+        options["out"] = Path(tmp) / uri.rstrip("/").rsplit("/", 1)[-1] if uri else Path(options["out"])
+        cfg = ExportConfig(**options)
+        steps = 5 + 4 * len(planned_graphs(cfg)) + (cfg.ngram_corpus is not None)  # configs, weights, share weights, write + export/optimize/quantize/validate per graph (+ n-grams)
+        manifest = _with_progress("specdec-export", lambda report: export_bundle(cfg, Progress(report)), steps, phases=sys.stdout)
+        click.echo(summary(cfg.out, manifest, bundle_size(cfg.out)))
+        if uri:  # validated above; push checks every digest again and writes the manifest last
+            push(cfg.out, uri.rstrip("/"))
+            click.echo(f"pushed to {uri}; serve it with: specdec serve {uri}")
 
 
 def summary(out: Path, m, size: int) -> str:

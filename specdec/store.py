@@ -90,6 +90,12 @@ def _table(raw: bytes, uri: str) -> dict[str, Any]:
     return table
 
 
+def stored(uri: str) -> bool:
+    """Whether a bundle's manifest is at ``uri`` (a whole push: the manifest goes last)."""
+    fs, path = _fs(uri)
+    return fs.exists(_join(path, MANIFEST))
+
+
 def cache_dir(manifest: bytes) -> Path:
     """Where the bundle whose manifest is ``manifest`` is kept locally."""
     return integrity.cache_root() / "bundles" / hashlib.sha256(manifest).hexdigest()[:32]

@@ -173,3 +173,20 @@ def test_a_local_store_by_file_uri(llama_bundle, cache, tmp_path):
     local, n = store.fetch_counted(uri, progress=False)
     assert files(local) == files(bundle) and n > 0 and store.fetch_counted(uri, progress=False) == (local, 0)
 
+
+def test_export_straight_to_the_store(s3, llama_bundle, cache):
+    """``specdec-export --out s3://…``: exported and validated locally, then pushed; an occupied
+    prefix is refused before any work unless --overwrite."""
+    target, draft, bundle = llama_bundle
+    env = dict(os.environ)
+    cmd = [sys.executable, "-c", "from specdec.cli import export_main; export_main()", "--target", str(target), "--draft", str(draft),
+           "--out", "s3://models/exported", "--max-seq-len", "64"]  # fmt: skip
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0 and "pushed to s3://models/exported" in r.stdout, r.stderr[-2000:]
+    from specdec.runtime import SpeculativeDecoder
+
+    dec = SpeculativeDecoder.load("s3://models/exported")
+    assert dec.manifest.max_seq_len == 64 and len(dec.generate([5, 6, 7], max_new_tokens=4, ignore_eos=True).tokens) == 4
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 2 and "a bundle is already stored there; pass --overwrite" in r.stderr, r.stderr[-2000:]
+
