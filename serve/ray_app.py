@@ -156,6 +156,8 @@ def run(cfg: ServeConfig, replicas: int = 1, autoscale: tuple[int, int] | None =
     local = local_bundle(cfg)  # a stored bundle: fetched (and verified) on this node too
     prepare(local)  # refuse a bad bundle or option before starting anything (one line, exit 2)
     app = application(cfg, replicas, autoscale, num_cpus)
+    if stopping.is_set():  # a signal while the bundle was fetched or checked: nothing started yet
+        return 0
     print(f"specdec: {f'connecting to Ray at {address}' if address else 'starting a local Ray instance'} "
           "(SIGTERM or Ctrl-C from here on shuts down gracefully)", file=sys.stderr, flush=True)  # fmt: skip
     startup = Startup(cfg, app, address, stopping, wake, proxy_location)
@@ -288,9 +290,6 @@ def reap(procs: list, seconds: float = 5.0) -> None:
 
 def bounded(fn, seconds: float) -> None:
     """Run ``fn`` in a daemon thread for at most ``seconds`` (a shutdown must not hang the exit)."""
-    import threading
-    import time
-
     t = threading.Thread(target=fn, daemon=True)
     t.start()
     t.join(seconds)
