@@ -33,7 +33,7 @@ import onnxscript
 import torch
 from onnxscript import opset18 as op
 
-from specdec.export import attention
+from specdec.export import attention, versions
 from specdec.export.graphs import TORCH_DTYPES, signature
 from specdec.manifest import GraphIO, TensorSpec
 
@@ -102,15 +102,9 @@ def t5_scales_head(cfg) -> bool:
     whatever the checkpoint; real mT5 checkpoints have their own head, unscaled on 4.57 too)."""
     if hasattr(cfg, "scale_decoder_outputs"):
         return bool(cfg.scale_decoder_outputs)
-    if getattr(cfg, "model_type", None) == "mt5" and _transformers_major() >= 5:
+    if getattr(cfg, "model_type", None) == "mt5" and versions.installed() >= (5, 0):
         return False
     return bool(cfg.tie_word_embeddings)
-
-
-def _transformers_major() -> int:
-    import transformers
-
-    return int(transformers.__version__.split(".")[0])
 
 
 class T5Decoder(torch.nn.Module):

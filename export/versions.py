@@ -23,6 +23,11 @@ def _minor(version: str) -> tuple[int, int]:
     return tuple(int("".join(ch for ch in p if ch.isdigit()) or 0) for p in parts)  # type: ignore[return-value]
 
 
+def installed() -> tuple[int, int]:
+    """The installed transformers' (major, minor)."""
+    return _minor(md.version("transformers"))
+
+
 def tested_range() -> str:
     return f"transformers {OLDEST[0]}.{OLDEST[1]} to {NEWEST[0]}.{NEWEST[1]}"
 

@@ -26,7 +26,7 @@ from specdec.engines.executor import FUSED_PROVIDERS, graph_names, open_sessions
 from specdec.engines.threads import ThreadPolicy
 from specdec.errors import ConfigError, QueueFullError, SpecDecError
 from specdec.manifest import Manifest, load_manifest
-from specdec.store import fetch, is_uri
+from specdec.store import local
 from specdec.runtime.drafters import bundle_default, check_drafter, models_for, needs_tree
 from specdec.runtime.engine import Engine
 from specdec.runtime.handles import Handle
@@ -64,7 +64,7 @@ class BatchEngine:
         recently used first). ``cache_slots``: KV slots allocated at load, >= ``max_batch`` (the
         rows decoded together); more slots keep more conversations' prefixes [default: max_batch].
         ``drafter``: as ``SpeculativeDecoder.load``'s (None: the bundle's default)."""
-        bundle = fetch(str(bundle)) if is_uri(bundle) else Path(bundle)  # a stored bundle: this machine's verified copy
+        bundle = local(bundle)  # a stored bundle's URI: this machine's verified copy
         m = self.manifest = manifest or load_manifest(bundle, verify)
         drafter = bundle_default(m) if drafter is None else drafter
         self.max_batch = self.check_options(m, max_batch, drafter, max_queue, cache_slots)

@@ -20,7 +20,7 @@ from specdec.engines.executor import FUSED_PROVIDERS, graph_names, open_sessions
 from specdec.engines.threads import ThreadPolicy
 from specdec.errors import BusyError, InputError
 from specdec.manifest import Manifest, load_manifest
-from specdec.store import fetch, is_uri
+from specdec.store import local
 from specdec.runtime.adaptive import AdaptiveGamma
 from specdec.runtime.drafters import Drafter, bundle_default, check_drafter, models_for, needs_tree
 from specdec.runtime.engine import Engine, clip
@@ -82,7 +82,7 @@ class SpeculativeDecoder:
                 before and has not changed since); "size" checks sizes only, for a bundle you
                 trust: changed bytes then load and run as another model (``load_manifest``).
         """
-        bundle = fetch(str(bundle)) if is_uri(bundle) else Path(bundle)  # a stored bundle: this machine's verified copy
+        bundle = local(bundle)  # a stored bundle's URI: this machine's verified copy
         manifest = load_manifest(bundle, verify)
         drafter = bundle_default(manifest) if drafter is None else drafter
         check_drafter(drafter)

@@ -27,7 +27,7 @@ from specdec.runtime.drafters import bundle_default
 from specdec.runtime.params import SamplingParams
 from specdec.runtime.request import Limits, Request
 from specdec.runtime.text import TextCodec
-from specdec.store import fetch, is_uri
+from specdec.store import fetch, is_uri, name_of
 from specdec.serve.app import ServerState, build_app
 from specdec.serve.chat import bundle_template
 from specdec.serve.metrics import Metrics
@@ -84,8 +84,8 @@ def local_bundle(cfg: ServeConfig) -> ServeConfig:
     URI's last part as its name."""
     if not is_uri(cfg.bundle):
         return cfg
-    uri = str(cfg.bundle).rstrip("/")
-    return dataclasses.replace(cfg, bundle=fetch(uri), served_model_name=cfg.served_model_name or uri.rsplit("/", 1)[-1])
+    uri = str(cfg.bundle)
+    return dataclasses.replace(cfg, bundle=fetch(uri), served_model_name=cfg.served_model_name or name_of(uri))
 
 
 def prepare(cfg: ServeConfig, bind: bool = True) -> ServerState:

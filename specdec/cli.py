@@ -29,9 +29,9 @@ class BundleArg(click.ParamType):
     name = "bundle"
 
     def convert(self, value, param, ctx) -> Path:
-        from specdec.store import fetch, is_uri
+        from specdec.store import local
 
-        return fetch(str(value).rstrip("/")) if is_uri(value) else Path(value)
+        return local(value)
 
 
 BUNDLE = BundleArg()
@@ -149,19 +149,19 @@ def export_cmd(**options) -> None:
     """Export a target and draft to a validated ONNX bundle for the specdec runtime."""
     from specdec.export.pipeline import ExportConfig, Progress, bundle_size, export_bundle, planned_graphs
 
-    from specdec.store import is_uri, push, stored
+    from specdec.store import is_uri, name_of, push, stored
 
     uri = options["out"] if is_uri(options["out"]) else None
     if uri and stored(uri) and not options["overwrite"]:
         raise ConfigError(f"--out {uri}: a bundle is already stored there; pass --overwrite to replace it or choose another prefix")
     with tempfile.TemporaryDirectory(prefix="specdec-export-") as tmp:  # a URI's bundle is written here first
-        options["out"] = Path(tmp) / uri.rstrip("/").rsplit("/", 1)[-1] if uri else Path(options["out"])
+        options["out"] = Path(tmp) / name_of(uri) if uri else Path(options["out"])
         cfg = ExportConfig(**options)
         steps = 5 + 4 * len(planned_graphs(cfg)) + (cfg.ngram_corpus is not None)  # configs, weights, share weights, write + export/optimize/quantize/validate per graph (+ n-grams)
         manifest = _with_progress("specdec-export", lambda report: export_bundle(cfg, Progress(report)), steps, phases=sys.stdout)
         click.echo(summary(cfg.out, manifest, bundle_size(cfg.out)))
         if uri:  # validated above; push checks every digest again and writes the manifest last
-            push(cfg.out, uri.rstrip("/"))
+            push(cfg.out, uri)
             click.echo(f"pushed to {uri}; serve it with: specdec serve {uri}")
 
 
@@ -782,7 +782,7 @@ def push_cmd(bundle: Path, uri: str) -> None:
 
     if not is_uri(uri):
         raise ConfigError(f"URI {uri!r}: expected a stored location such as s3://bucket/prefix or file:///path (for a local copy, use cp -r)")
-    n = push(bundle, uri.rstrip("/"))
+    n = push(bundle, uri)
     click.echo(f"pushed {bundle} to {uri} ({n / 1e6:.1f} MB); serve it with: specdec serve {uri}")
 
 

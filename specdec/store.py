@@ -48,6 +48,17 @@ def is_uri(text: str | os.PathLike) -> bool:
     return bool(sep) and scheme.lower() in SCHEMES
 
 
+def local(bundle: str | os.PathLike) -> Path:
+    """``bundle`` as a folder on this machine: a stored bundle's URI is fetched (``fetch``), a
+    path is taken as it is. What every loader of a bundle calls."""
+    return fetch(str(bundle)) if is_uri(bundle) else Path(bundle)
+
+
+def name_of(uri: str) -> str:
+    """The last part of a stored bundle's URI (its default model name, its folder name)."""
+    return uri.rstrip("/").rsplit("/", 1)[-1]
+
+
 def _fs(uri: str) -> tuple[Any, str]:
     """(fsspec filesystem, path within it) for ``uri``; a one-line error when its driver is missing."""
     try:
@@ -109,6 +120,7 @@ def fetch(uri: str, progress: bool = True) -> Path:
 
 def fetch_counted(uri: str, progress: bool = True) -> tuple[Path, int]:
     """``fetch``, and the bytes this call read from the store for the bundle's files (0: cached)."""
+    uri = uri.rstrip("/")
     fs, path = _fs(uri)
     from filelock import FileLock
 
@@ -185,7 +197,7 @@ def push(bundle: Path, uri: str, progress: bool = True) -> int:
 
     from specdec.manifest import load_manifest
 
-    bundle = Path(bundle)
+    bundle, uri = Path(bundle), uri.rstrip("/")
     load_manifest(bundle, "full", stamps=False)  # refuses a bundle that is incomplete or changed
     raw = (bundle / MANIFEST).read_bytes()
     table = _table(raw, str(bundle))
