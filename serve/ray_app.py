@@ -1,11 +1,14 @@
 """specdec on Ray Serve: the same OpenAI routes on many replicas, behind Ray Serve's HTTP proxy.
 
 Each replica is one ``SpecdecReplica`` actor: it checks the bundle (manifest, paths and every
-graph's sha256, as ``specdec serve`` does), loads and warms a ``BatchEngine``, and serves the
-app of ``specdec.serve.app`` over it (the same request handling, not a second implementation).
-Ray Serve routes requests to replicas, bounds their queues (``max_ongoing_requests``,
-``max_queued_requests``; see SLACK below), calls ``check_health`` (a replica
-whose engine thread died reports unhealthy and is replaced) and restarts dead replicas.
+graph's sha256, as ``specdec serve`` does), loads and warms a ``BatchEngine``, and runs the
+app of ``specdec.serve.app`` over it (the same request handling, not a second implementation)
+on each request a ``SpecdecFront`` relays to it (``specdec.serve.relay``: the application's
+ingress, on the head node; a replica that dies before answering is retried on another, and
+every failure is an OpenAI error body, never Ray's plain text). Ray Serve routes requests to
+replicas, bounds their queues (``max_ongoing_requests``, ``max_queued_requests``; see SLACK
+below), calls ``check_health`` (a replica whose engine thread died reports unhealthy and is
+replaced) and restarts dead replicas.
 
     specdec serve BUNDLE --ray --replicas 2              # a local Ray instance on this machine
     specdec serve BUNDLE --ray --ray-address auto        # onto a running cluster
@@ -29,18 +32,20 @@ from ray import serve
 from specdec.errors import ConfigError
 from specdec.manifest import load_manifest
 from specdec.serve.app import build_app
+from specdec.serve.relay import Front, run_app
 from specdec.serve.server import ServeConfig, is_loopback, load_engine, local_bundle, prepare
 from specdec.store import is_uri
 
 # Back-pressure is the engine's, as in `specdec serve`: a replica takes every request its engine
 # can hold (rows + queue) plus SLACK that are being answered 503 at once, so a full engine answers
-# with the OpenAI error body and Retry-After. Ray's own proxy queue (MAX_QUEUED) is only a safety
-# net: past it Ray answers a plain-text 503.
+# with the OpenAI error body and Retry-After. The deployment's own queue (MAX_QUEUED) is only a
+# safety net: past it the front answers 503 (queue_full) itself.
 SLACK = 8
 MAX_QUEUED = 64
+FRONT_ONGOING = 4096  # requests the front relays at once: it only waits on replicas
+ON_HEAD = {"node:__internal_head__": 0.001}  # Ray's head-node resource: the front lives on the head node, with the controller: a lost worker node never takes it
 
 
-@serve.ingress()
 class SpecdecReplica:
     """One replica: the bundle loaded once, a batched engine, the OpenAI routes."""
 
@@ -51,9 +56,12 @@ class SpecdecReplica:
         replica = serve.get_replica_context().replica_id.unique_id
         self.state.fingerprint = f"specdec-replica-{replica}"
         self.state.metrics.replica(replica)
+        self.app = build_app(self.state)
 
-    def __serve_build_asgi_app__(self):
-        return build_app(self.state)
+    async def http(self, request: dict):
+        """One HTTP request relayed by the front: the app's ASGI messages, as it sends them."""
+        async for message in run_app(self.app, request):
+            yield message
 
     def check_health(self) -> None:
         """Ray Serve calls this periodically; raising marks the replica unhealthy (it is replaced)."""
@@ -64,6 +72,17 @@ class SpecdecReplica:
         engine = getattr(getattr(self, "state", None), "engine", None)
         if engine is not None:
             engine.close()
+
+
+@serve.ingress()
+class SpecdecFront:
+    """The application's ingress: relays each HTTP request to a replica (``specdec.serve.relay``)."""
+
+    def __init__(self, model):
+        self.front = Front(model)
+
+    def __serve_build_asgi_app__(self):
+        return self.front
 
 
 def parse_autoscale(text: str) -> tuple[int, int]:
@@ -99,7 +118,9 @@ def application(cfg: ServeConfig, replicas: int = 1, autoscale: tuple[int, int] 
     config["bundle"] = str(cfg.bundle) if is_uri(cfg.bundle) else Path(cfg.bundle).resolve()
     deployment = serve.deployment(SpecdecReplica, name="specdec", max_ongoing_requests=max_ongoing, max_queued_requests=max_queued,
                                   ray_actor_options={"num_cpus": num_cpus}, health_check_period_s=5, **scale)  # fmt: skip
-    return deployment.bind(config)
+    front = serve.deployment(SpecdecFront, name="specdec-front", num_replicas=1, max_ongoing_requests=FRONT_ONGOING,
+                             ray_actor_options={"num_cpus": 0, "resources": ON_HEAD})  # fmt: skip
+    return front.bind(deployment.bind(config))
 
 
 def app_builder(args: dict[str, Any]):
