@@ -213,13 +213,21 @@ class Startup:
     """``ray.init``, ``serve.start`` and ``serve.run`` on a daemon thread of their own, so that
     the main thread keeps its signal handler and can stop at any step. ``ray_up`` is set once
     ``ray.init`` has returned (or failed); ``wake`` once the whole start-up has ended, with
-    ``error`` what it raised. Steps not yet begun are skipped once ``stopping`` is set."""
+    ``error`` what it raised. Steps not yet begun are skipped once ``stopping`` is set.
+
+    The thread then waits for ``close``: a local instance's GCS and raylet are its children,
+    started with ``PR_SET_PDEATHSIG`` (Ray's ``set_kill_on_parent_death_linux``), and Linux
+    sends that signal when the *thread* that started them ends, not the process. A thread that
+    returned after ``serve.run`` killed them a few seconds after start-up, and the server a
+    minute later."""
 
     def __init__(self, cfg: ServeConfig, app, address: str | None, stopping: threading.Event, wake: threading.Event,
                  proxy_location: str = "EveryNode"):  # fmt: skip
         self.cfg, self.app, self.address, self.stopping, self.wake = cfg, app, address, stopping, wake
         self.proxy_location = proxy_location
         self.ray_up = threading.Event()
+        self.finished = threading.Event()  # the start-up steps have ended (the thread lives on until close)
+        self.release = threading.Event()
         self.serve_started = False  # serve.shutdown with no Serve instance waits on Ray for long
         self.error: BaseException | None = None
         # Ray says it sets no SIGTERM handler off the main thread: here that is the point.
@@ -245,7 +253,9 @@ class Startup:
             self.error = e
         finally:
             self.ray_up.set()
+            self.finished.set()
             self.wake.set()
+        self.release.wait()  # Ray's processes die with this thread (see the class docstring)
 
     def stop_serve(self, seconds: float) -> None:
         """Serve's graceful shutdown (replicas finish what it allows, also mid-roll-out), then the
@@ -256,11 +266,13 @@ class Startup:
         for _ in range(3):  # the thread may have passed its stopping check just as we shut down
             if self.serve_started and ray.is_initialized():
                 bounded(serve.shutdown, seconds)
-            self.thread.join(15)
-            if not self.thread.is_alive():
+            if self.finished.wait(15):
                 return
 
     def close(self) -> None:
+        """After ``ray.shutdown``: the thread may end (and with it, what is left of Ray's processes)."""
+        self.release.set()
+        self.thread.join(5)
         logging.getLogger("ray._private.worker").removeFilter(self.quiet)
 
 

@@ -68,6 +68,14 @@ def test_sigterm_at_any_moment_shuts_down_gracefully(chat_bundle, tmp_path, mome
             time.sleep(1.0)  # within ray.init
         else:
             s.wait_ready(180)
+            if moment == "idle":  # Ray's GCS and raylet outlive the start-up thread (PR_SET_PDEATHSIG: they died with it)
+                assert log_has(s, "on Ray Serve at", 60), s.log.read_text()
+                time.sleep(3.0)
+                import psutil
+
+                alive = {p.name() for p in psutil.Process(s.proc.pid).children(recursive=True) if p.is_running() and p.status() != psutil.STATUS_ZOMBIE}
+                assert {"gcs_server", "raylet"} <= alive, alive
+                assert openai.OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0, timeout=60).models.list().data
             if moment != "idle":
                 client = openai.OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0, timeout=60)
 
