@@ -43,7 +43,8 @@ from specdec.store import is_uri
 SLACK = 8
 MAX_QUEUED = 64
 FRONT_ONGOING = 4096  # requests the front relays at once: it only waits on replicas
-ON_HEAD = {"node:__internal_head__": 0.001}  # Ray's head-node resource: the front lives on the head node, with the controller: a lost worker node never takes it
+# Ray's head-node resource: the front lives on the head node, beside the controller, so a lost worker node never takes it
+ON_HEAD = {"node:__internal_head__": 0.001}
 
 
 class SpecdecReplica:
