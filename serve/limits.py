@@ -25,9 +25,16 @@ MAX_DEPTH = 64  # nesting of arrays and objects; a valid request needs 5 (messag
 _SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")  # an escaped UTF-16 surrogate: paired, or not
 
 
-def error_body(message: str, code: str | None = None) -> bytes:
+def error_body(message: str, code: str | None = None, type_: str = "invalid_request_error") -> bytes:
     """An OpenAI-style error body."""
-    return json.dumps({"error": {"message": message, "type": "invalid_request_error", "param": None, "code": code}}).encode()
+    return json.dumps({"error": {"message": message, "type": type_, "param": None, "code": code}}).encode()
+
+
+def error_messages(status: int, message: str, code: str | None, headers: list[tuple[bytes, bytes]] = ()) -> list[dict]:
+    """The ASGI messages of an OpenAI-style error response (a server error from 500 up)."""
+    body = error_body(message, code, "server_error" if status >= 500 else "invalid_request_error")
+    head = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *headers]
+    return [{"type": "http.response.start", "status": status, "headers": head}, {"type": "http.response.body", "body": body}]
 
 
 def depth(value: Any) -> int:
@@ -110,7 +117,6 @@ class BodyLimit:
 
     async def _refuse(self, send, declared: int | None) -> None:
         size = f"is {declared} bytes" if declared is not None else f"passed {self.max_body} bytes"
-        body = error_body(f"request body {size}; the limit is {self.max_body} bytes: send a shorter prompt", "request_too_large")
-        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), (b"connection", b"close")]
-        await send({"type": "http.response.start", "status": 413, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+        message = f"request body {size}; the limit is {self.max_body} bytes: send a shorter prompt"
+        for m in error_messages(413, message, "request_too_large", [(b"connection", b"close")]):
+            await send(m)

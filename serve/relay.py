@@ -23,31 +23,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
+from specdec.serve.limits import error_body, error_messages
+
 log = logging.getLogger("specdec.serve")
 
 RETRIES = 2  # further replicas a request is tried on when the one serving it dies before answering
-RETRY_AFTER_S = 1
+RETRY_AFTER = [(b"retry-after", b"1")]  # seconds: a replacement replica, or a queue place, is that near
 CLOSE_GRACE_S = 5.0  # how long a relayed app may take to finish after its client left
 
 
-def error_messages(status: int, message: str, code: str, retry_after: int | None = None) -> list[dict]:
-    """ASGI messages of an OpenAI-style error response."""
-    body = json.dumps({"error": {"message": message, "type": "server_error" if status >= 500 else "invalid_request_error",
-                                 "param": None, "code": code}}).encode()  # fmt: skip
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    if retry_after is not None:
-        headers.append((b"retry-after", str(retry_after).encode()))
-    return [{"type": "http.response.start", "status": status, "headers": headers}, {"type": "http.response.body", "body": body}]
-
-
 def stream_error(message: str, code: str = "replica_unavailable") -> bytes:
-    """The closing event of a stream cut short, as the server's own stream errors are written."""
-    return f"data: {json.dumps({'error': {'message': message, 'type': 'server_error', 'param': None, 'code': code}})}\n\n".encode()
+    """The closing events of a stream cut short, as the server's own stream errors end (app.py)."""
+    return b"data: " + error_body(message, code, "server_error") + b"\n\ndata: [DONE]\n\n"
 
 
 def request_of(scope: dict, body: bytes) -> dict:
@@ -151,9 +142,9 @@ class Front:
                     stream.cancel()
                 raise
             except BackPressureError:
-                return error_messages(503, "every replica's queue is full; retry after a moment", "queue_full", RETRY_AFTER_S)
+                return error_messages(503, "every replica's queue is full; retry after a moment", "queue_full", RETRY_AFTER)
             except DeploymentUnavailableError as e:
-                return error_messages(503, f"no replica is available ({e}); retry after a moment", "replica_unavailable", RETRY_AFTER_S)
+                return error_messages(503, f"no replica is available ({e}); retry after a moment", "replica_unavailable", RETRY_AFTER)
             except Exception as e:
                 if died(e, RayActorError):  # the replica died (or its node did) while serving this request
                     reason = f"the replica serving this request stopped ({type(e).__name__})"
@@ -166,4 +157,4 @@ class Front:
                 if started:
                     return [{"type": "http.response.body", "body": stream_error(f"the request failed: {type(e).__name__}", "server_error"), "more_body": False}]
                 return error_messages(500, f"the request failed: {type(e).__name__}: {e}", "server_error")
-        return error_messages(503, f"{reason}, {RETRIES} retries included; retry after a moment", "replica_unavailable", RETRY_AFTER_S)
+        return error_messages(503, f"{reason}, {RETRIES} retries included; retry after a moment", "replica_unavailable", RETRY_AFTER)
