@@ -445,8 +445,9 @@ def test_a_lost_node_leaves_the_service_answering_and_its_replica_returns(two_no
     last_failure = max((t for t, *_ in failed), default=killed_at)
     ok_after = [(b, p) for t, s, b, p in after if s == 200 and t > last_failure]
     record_property("node_loss", {"requests_after_kill": len(after), "failed": len(failed), "recovered_after_s": round(last_failure - killed_at, 1),
-                                  "non_openai_bodies": len(plain), "statuses": sorted({s for _, s, _ in failed})})  # fmt: skip
-    print(f"node loss: {len(after)} requests after the kill, {len(failed)} failed ({len(plain)} not OpenAI-shaped: {plain[:2]}), "
+                                  "non_openai_bodies": len(plain), "statuses": sorted({s for _, s, _, _ in failed})})  # fmt: skip
+    print(f"node loss: {len(after)} requests after the kill, {len(failed)} failed (statuses {sorted({s for _, s, _, _ in failed})}, "
+          f"{len(plain)} not OpenAI-shaped: {plain[:2]}), "
           f"answering again {last_failure - killed_at:.1f} s after it")  # fmt: skip
     assert ok_after and last_failure - killed_at < 30, failed[-3:]
     assert all(json.loads(b)["choices"][0]["token_ids"] == reference(p, 16) for b, p in ok_after)
