@@ -76,6 +76,7 @@ class BatchEngine:
         self.drafter_name = self.engine.proposer.name
         self.waiting: queue.Queue = queue.Queue(maxsize=max_queue)
         self.max_queue = max_queue
+        self._group = threading.Lock()  # held while a group is queued (submit_together): admission waits for all of it
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="specdec-batch", daemon=True)
         self._thread.start()
@@ -115,20 +116,44 @@ class BatchEngine:
 
         ``params``: a ``SamplingParams``, or its fields by keyword; ``prompt``/``source`` as
         ``SpeculativeDecoder.request`` (an encoder-decoder bundle's first argument is the source)."""
+        handle = self._handle(prompt, params if params is not None else SamplingParams.of(**fields), source)
+        try:
+            self.waiting.put(handle, block=block)
+        except queue.Full:
+            raise self._full() from None
+        return handle
+
+    def submit_together(self, requests: Sequence[tuple[str | Sequence[int], SamplingParams]], *, source: str | Sequence[int] | None = None) -> list[Handle]:
+        """Queue ``(prompt, params)`` pairs as one group (a request's choices): every one is checked
+        first, so a typed error queues none, and none is admitted before all are queued, so the
+        choices of one prompt start in the same step and feed it once (the others copy its rows).
+        ``QueueFullError`` when the queue lacks room for all of them (none stays queued)."""
+        handles = [self._handle(prompt, params, source) for prompt, params in requests]
+        with self._group:
+            if self.max_queue - self.waiting.qsize() < len(handles):
+                raise self._full()
+            for i, handle in enumerate(handles):
+                try:
+                    self.waiting.put_nowait(handle)
+                except queue.Full:
+                    for queued in handles[:i]:
+                        queued.cancel()  # dropped at admission
+                    raise self._full() from None
+        return handles
+
+    def _handle(self, prompt, params: SamplingParams, source) -> Handle:
+        """A checked request's handle (its typed error otherwise), not yet queued."""
         if self._stop.is_set():
             raise QueueFullError("the batch engine is closed; create a new one")
-        params = params if params is not None else SamplingParams.of(**fields)
         m = self.manifest
         req = make_request(prompt, params, self.limits, self.codec, source, m.decoder_start_token_id if m.seq2seq else None)
         self.engine.check(req)
         stats = Stats(gamma=req.gamma, prompt_tokens=len(req.prompt), drafter=self.drafter_name, adaptive=req.adaptive,
                       lenience=req.lenience, threads=self.threads.label)  # fmt: skip
-        handle = Handle(req, self.codec, stats)
-        try:
-            self.waiting.put(handle, block=block)
-        except queue.Full:
-            raise QueueFullError(f"{self.max_queue} requests are already waiting for {self.max_batch} slots; retry later") from None
-        return handle
+        return Handle(req, self.codec, stats)
+
+    def _full(self) -> QueueFullError:
+        return QueueFullError(f"{self.max_queue} requests are already waiting for {self.max_batch} slots; retry later")
 
     def beam_search(self, prompt: str | Sequence[int] | None = None, params: BeamParams | None = None, *,
                     source: str | Sequence[int] | None = None, **fields) -> BeamResult:  # fmt: skip
@@ -190,6 +215,8 @@ class BatchEngine:
                 handle = self.waiting.get(timeout=0.05) if not engine.rows else self.waiting.get_nowait()
             except queue.Empty:
                 return
+            with self._group:  # a group being queued is queued whole before any of it starts
+                pass
             if handle.cancelled.is_set():
                 handle._finish("cancelled")
                 continue

@@ -570,10 +570,10 @@ def build_app(state: ServerState, lifespan=None) -> FastAPI:
 
     def admit(body, kind) -> list[Handle]:
         """Submit a parsed request (``read``), one handle per choice (prompt i's choice j at
-        i * n + j, its seed + j when seeded); a ``Refused`` says why not, and cancels what was
-        submitted."""
+        i * n + j, its seed + j when seeded), queued as one group; a ``Refused`` says why not,
+        and then none is queued."""
         engine = state.ready()
-        handles: list[Handle] = []
+        group: list[tuple[list[int], SamplingParams]] = []
         try:
             for prompt in kind.prompts(state, body):
                 max_tokens = kind.max_tokens(body)
@@ -586,16 +586,14 @@ def build_app(state: ServerState, lifespan=None) -> FastAPI:
                 sampling = {**body.sampling(), "logprobs": logprobs, "prompt_logprobs": prompt_logprobs, "logprobs_mode": state.logprobs_mode}
                 for j in range(body.rows):
                     seed = None if sampling["seed"] is None else sampling["seed"] + j
-                    handles.append(engine.submit(prompt, SamplingParams(max_new_tokens=max_tokens, gamma=state.gamma, **{**sampling, "seed": seed})))
+                    group.append((prompt, SamplingParams(max_new_tokens=max_tokens, gamma=state.gamma, **{**sampling, "seed": seed})))
+            return engine.submit_together(group)  # checked whole, queued whole: the choices of a prompt feed it once
         except Exception as e:
-            for h in handles:
-                h.cancel()
             if isinstance(e, QueueFullError):
                 raise Refused(503, str(e), "server_error", code="queue_full", outcome="rejected", headers={"Retry-After": RETRY_AFTER}) from None
             if isinstance(e, (FieldError, ValueError)):  # every specdec input error is a ValueError
                 raise Refused(400, str(e), param=getattr(e, "param", None)) from None
             raise
-        return handles
 
     return app
 

@@ -17,6 +17,7 @@ import pytest
 
 from specdec.errors import ConfigError, InputError, QueueFullError, SamplingError
 from specdec.runtime import SamplingConfig, SpeculativeDecoder
+from specdec.runtime.params import SamplingParams
 from specdec.runtime.batch import PREFILL_CHUNK, BatchEngine
 
 torch = pytest.importorskip("torch")
@@ -150,7 +151,12 @@ def test_queue_overflow_raises_the_typed_error(family_bundle):
         deadline = time.monotonic() + 30
         while engine.active == 0 and time.monotonic() < deadline:
             time.sleep(0.01)
-        queued = [engine.submit(PROMPTS[1], max_new_tokens=5) for _ in range(2)]
+        five = SamplingParams(max_new_tokens=5)
+        with pytest.raises(QueueFullError, match="retry later"):
+            engine.submit_together([(PROMPTS[1], five)] * 3)  # a group larger than the queue's room
+        with pytest.raises(InputError):
+            engine.submit_together([(PROMPTS[1], five), ([], five)])  # one bad request in the group
+        queued = [engine.submit(PROMPTS[1], max_new_tokens=5) for _ in range(2)]  # room for two: neither group left any
         with pytest.raises(QueueFullError, match="retry later"):
             engine.submit(PROMPTS[1], max_new_tokens=5)
         running.cancel()
@@ -258,7 +264,7 @@ def test_choices_of_one_prompt_share_its_prefill(family_bundle, drafter):
         for sampled in (False, True):
             settings = [dict(temperature=1.0, seed=40 + j) if sampled else dict(temperature=0) for j in range(4)]
             before = engine.engine.shared_tokens
-            together = [h.result(timeout=300) for h in [engine.submit(prompt, **kw, **s) for s in settings]]
+            together = [h.result(timeout=300) for h in engine.submit_together([(prompt, SamplingParams(**kw, **s)) for s in settings])]
             assert engine.engine.shared_tokens - before == 3 * (len(prompt) - 1)  # fed once, copied three times
             alone = [engine.submit(prompt, **kw, **s).result(timeout=300) for s in settings]
             for a, b in zip(together, alone):
