@@ -368,6 +368,24 @@ def speed(bundle: Path, provider: str, tokens: int, drafters: list[str], batch_r
     return out
 
 
+def cuda_graph(bundle: Path, provider: str, tokens: int) -> dict:
+    """The CUDA-graph experiment (tools/gpu/cuda_graph.py): each variant's tokens against the
+    runtime's autoregressive decoding on the provider, and its time per token."""
+    if provider != "cuda":
+        return {"skipped": "CUDA graphs need the CUDA provider"}
+    from cuda_graph import cuda_graph_ar  # beside this file
+
+    from specdec.runtime import SpeculativeDecoder
+
+    prompts = prompts_for(bundle, 2)
+    ref = greedy(SpeculativeDecoder.load(bundle, provider=provider, drafter="lookup"), prompts, tokens, gamma=0)
+    out = cuda_graph_ar(bundle, prompts, tokens)
+    for row in out["variants"].values():
+        if "tokens" in row:
+            row["vs_runtime_ar"] = compare(row.pop("tokens"), ref)
+    return out
+
+
 def transformers_speed(bundle: Path, gguf: Path, draft: Path, dtype: str, tokens: int) -> dict:
     """transformers' generate, plain and assisted by the same draft, greedy, on the GPU."""
     import torch
@@ -444,8 +462,9 @@ def main() -> None:
     plan = {
         "smollm2-fp16": [("exact", exactness, (p, tokens), 40), ("cli", cli, (p, 32), 20), ("traffic", traffic, (p,), 20),
                          ("speed", speed, (p, speed_tokens, chains, rows), 90),
+                         ("cuda-graph", cuda_graph, (p, speed_tokens), 15),
                          ("transformers", transformers_speed, (args.gguf, draft, "float16", speed_tokens), 60)],
-        "demo-fp16": [("exact", exactness, (p, tokens), 30)],
+        "demo-fp16": [("exact", exactness, (p, tokens), 30), ("cuda-graph", cuda_graph, (p, speed_tokens), 15)],
         "demo-fp32": [("exact", exactness, (p, tokens), 30)],
         "smollm2-fp32": [("exact", exactness, (p, tokens), 40), ("traffic", traffic, (p,), 20),
                          ("speed", speed, (p, speed_tokens, ["model", "feature-lookup", "lookup"], []), 60),
