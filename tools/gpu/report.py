@@ -93,6 +93,27 @@ def peer_rows(stages: dict, single: list[dict]) -> list[dict]:
     return rows
 
 
+def cuda_graph_rows(stages: dict) -> list[dict]:
+    """The CUDA-graph experiment (tools/gpu/cuda_graph.py): per bundle and variant, time per token
+    and whether its tokens are the runtime's autoregressive ones."""
+    what = {"plain": "one-token calls, not captured", "graph/cpu": "captured; attention total rewritten on the host",
+            "graph/max": "captured; attention total fixed at the cache length"}  # fmt: skip
+    rows = []
+    for name, stage in stages.items():
+        if not name.startswith("cuda-graph ") or "result" not in stage or "variants" not in stage["result"]:
+            continue
+        r = stage["result"]
+        plain = r["variants"].get("plain", {}).get("ms_per_token")
+        for variant, d in r["variants"].items():
+            row = {"bundle": name.removeprefix("cuda-graph "), "variant": variant, "what": what.get(variant, variant)}
+            if "error" in d:
+                rows.append({**row, "ms_per_token": "–", "tok_s": "–", "vs_plain": "–", "same_as_runtime": d["error"][:160]})
+                continue
+            rows.append({**row, "ms_per_token": d["ms_per_token"], "tok_s": d["tok_s"], "vs_plain": round(plain / d["ms_per_token"], 2) if plain else "–",
+                         "same_as_runtime": _count(d["vs_runtime_ar"])})  # fmt: skip
+    return rows
+
+
 def _same(run) -> str:
     same = run["same"]
     return f"{sum(same)} / {len(same)} prompts as the CPU" + ("" if all(same) else f" (decoded: {run['got'][0][:4]}…)")
@@ -156,6 +177,7 @@ def main() -> None:
         "speed_rows": single,
         "batch_rows": batch,
         "peer_rows": peer_rows(stages, single),
+        "cuda_graph_rows": cuda_graph_rows(stages),
         "stage_rows": [{"stage": k, "seconds": v.get("seconds", "–"), "outcome": "ok" if "result" in v else (v.get("error") or v.get("skipped", "?"))[:160]}
                        for k, v in stages.items()],  # fmt: skip
         "wall_seconds": data.get("wall_seconds"),
