@@ -38,6 +38,7 @@ class Binding:
     def __init__(self, session: ort.InferenceSession, stale: frozenset[str] = frozenset()):
         self.session, self.io, self.stale = session, session.io_binding(), stale
         self.inputs: dict[str, tuple] = {}  # name -> bind_input's arguments, where stale
+        self.options = plain_run(session)
 
     def bind_input(self, name: str, memory: str, device_id: int, dtype, shape: list[int], ptr: int) -> None:
         if memory in self.stale:
@@ -52,4 +53,19 @@ class Binding:
     def run(self) -> None:
         for name, args in self.inputs.items():
             self.io.bind_input(name, *args)
-        self.session.run_with_iobinding(self.io)
+        self.session.run_with_iobinding(self.io, self.options)
+
+
+def captures(session: ort.InferenceSession) -> bool:
+    """Whether ``session``'s CUDA provider captures CUDA graphs (provider "cuda-graph")."""
+    return session.get_provider_options().get("CUDAExecutionProvider", {}).get("enable_cuda_graph") == "1"
+
+
+def plain_run(session: ort.InferenceSession) -> ort.RunOptions | None:
+    """Run options for a run that is not captured: on a capturing session, graph id -1 (ORT
+    would otherwise capture the run under id 0 and replay it, whatever the next run's shapes)."""
+    if not captures(session):
+        return None
+    options = ort.RunOptions()
+    options.add_run_config_entry("gpu_graph_id", "-1")
+    return options

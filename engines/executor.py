@@ -33,7 +33,8 @@ import onnxruntime as ort
 from specdec.engines.batch import BatchRunner, SlotCache
 from specdec.engines.fused import FusedRunner
 from specdec.engines.kv import CrossKV, KVCache
-from specdec.engines.ort import DEVICE, EncoderRunner, GraphRunner, TreeRunner, fixed_tokens, fused_graph, open_session, runner_for
+from specdec.engines.captured import CapturedRunner
+from specdec.engines.ort import CAPTURE, DEVICE, EncoderRunner, GraphRunner, TreeRunner, fixed_tokens, fused_graph, open_session, runner_for
 from specdec.engines.threads import ThreadPolicy
 from specdec.errors import ConfigError, EngineError
 from specdec.manifest import FUSED_ROLES, Manifest
@@ -103,16 +104,21 @@ class Executor:
         self.model, self.device, self.slots = model, DEVICE[provider], slots
         self.cache = SlotCache(spec.num_layers, spec.num_kv_heads, m.max_seq_len, spec.head_dim, m.dtype, slots, self.device)
         view = self.cache.slot(0)
-        merged = m.rows_graph(model) if slots > 1 and model != "head" else None  # the head runs one row per call: no batched head graph yet
+        merged = m.rows_graph(model) if rows > 1 and model != "head" else None  # rows, not slots (max_batch=1 with more cache slots: batch-1 graphs); the head runs one row per call
         self.batched: dict[int, BatchRunner] = {}  # B -> the runner whose graph runs calls of B rows
-        self.dynamic = self.static = None
+        self.dynamic = self.static = self.one = None  # batch-1 runners: any length, the fixed length, one token (captured only)
         if merged:
             runner = BatchRunner(sessions[merged[0]], *merged, self.cache, m.k, single or m.max_seq_len)
             self.batched = {b: runner for b in runner.sizes if b <= self.rows_cap(runner.sizes, rows)}
         else:
             name, g = m.graph(model, "dynamic")
             self.dynamic: GraphRunner = runner_for(bundle, name, g, view, session=sessions[name])  # any length
-            self.static: GraphRunner = runner_for(bundle, name, g, view, session=sessions[name], tokens=fixed_tokens(m, model))
+            fixed = fixed_tokens(m, model)
+            if provider in CAPTURE:  # fixed-length calls replayed as CUDA graphs: the verify or draft step, and one token
+                self.static = CapturedRunner(sessions[name], name, g, view, fixed)
+                self.one = CapturedRunner(sessions[name], name, g, view, 1) if fixed != 1 else None
+            else:
+                self.static = runner_for(bundle, name, g, view, session=sessions[name], tokens=fixed)
             for b in batched_sizes(m, rows) if model != "head" else ():
                 name, g = m.graph(model, "dynamic", batch=b)
                 self.batched[b] = BatchRunner(sessions[name], name, g, self.cache, m.k)
@@ -181,7 +187,7 @@ class Executor:
         return 1 if n == 1 and self.dynamic is not None else min(b for b in self.batched if b >= n)
 
     def _one(self, slot: int, feed: np.ndarray, context: np.ndarray | None = None) -> np.ndarray:
-        runner = self.static if len(feed) == self.static.capacity else self.dynamic
+        runner = self.static if len(feed) == self.static.capacity else self.one if len(feed) == 1 and self.one is not None else self.dynamic
         view = self.cache.slot(slot)
         if runner.cache is not view:
             runner.bind_cache(view)

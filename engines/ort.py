@@ -30,11 +30,15 @@ from specdec.manifest import GraphSpec
 ORT_TYPES = {"float32": "tensor(float)", "float16": "tensor(float16)", "int64": "tensor(int64)", "int32": "tensor(int32)", "bool": "tensor(bool)"}
 # A provider name -> ONNX Runtime's providers, with their options. CUDA: no TF32 (ORT's default
 # is on), so that a float32 bundle computes in float32, as on the CPU.
+# "cuda-graph": CUDA with graph capture (engines/captured.py): fixed-length calls replay a
+# captured CUDA graph, every other call runs as on "cuda".
 PROVIDERS = {
     "cpu": ["CPUExecutionProvider"],
     "cuda": [("CUDAExecutionProvider", {"use_tf32": "0"}), "CPUExecutionProvider"],
+    "cuda-graph": [("CUDAExecutionProvider", {"use_tf32": "0", "enable_cuda_graph": "1"}), "CPUExecutionProvider"],
 }
-DEVICE = {"cpu": "cpu", "cuda": "cuda"}  # where a provider's KV buffers live
+DEVICE = {"cpu": "cpu", "cuda": "cuda", "cuda-graph": "cuda"}  # where a provider's KV buffers live
+CAPTURE = {"cuda-graph"}  # providers whose fixed-length calls are captured
 
 
 def _shape_matches(want: tuple, got: list) -> bool:
@@ -180,11 +184,15 @@ class GraphRunner:
             self.context[0, :n] = context
         np.add(self._arange[:s], start, out=self.pos[0, :s])
         self._set_scalars(start, s)
+        self._execute(start, s)
+        return self.logits[0, :n]
+
+    def _execute(self, start: int, s: int) -> None:
+        """Run the graph on the filled host buffers (ids, positions, lengths) for S = s."""
         if s != self.bound_tokens:
             self._bind_tokens(s)
         self.binding.run()
         self._store_new_rows(start, s)
-        return self.logits[0, :n]
 
 
 HIDDEN = -1e30  # tree_bias of a node that is not an ancestor
@@ -324,10 +332,15 @@ def open_session(
         # one message per dtype, not per graph: Python shows it once for the whole bundle
         warnings.warn(f"a {kv} bundle on CUDA: GroupQueryAttention has no {kv} CUDA kernel, so attention runs on the CPU and the KV "
                       "crosses to the host every call; export with --dtype float16 for the GPU", RuntimeWarning, stacklevel=2)  # fmt: skip
-    if provider == "cuda":
+    if provider in CAPTURE and DEVICE[provider] == "cuda" and kv is not None and kv not in CUDA_ATTENTION_DTYPES:
+        raise EngineError(f"provider {provider!r} captures CUDA graphs, which need attention on the GPU: a {kv} bundle's runs on the CPU; "
+                          "export with --dtype float16, or use provider='cuda'")  # fmt: skip
+    if DEVICE[provider] == "cuda":
         _preload_cuda()
     options = ThreadPolicy.of(threads).session_options()
-    session = ort.InferenceSession(str(bundle / spec.file), options, providers=PROVIDERS[provider])
+    # a rows graph's bodies sit in If nodes, which ORT does not capture: that session runs as on "cuda"
+    providers = PROVIDERS["cuda" if provider in CAPTURE and spec.rows else provider]
+    session = ort.InferenceSession(str(bundle / spec.file), options, providers=providers)
     if first not in session.get_providers():  # ORT logs the failed load and goes on with the CPU alone
         raise EngineError(
             f"provider {provider!r}: ONNX Runtime could not start {first} for graph {name} (its log above names the missing library, "

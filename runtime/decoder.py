@@ -71,7 +71,7 @@ class SpeculativeDecoder:
         Args:
             bundle: the folder specdec-export wrote, or a stored bundle's URI (s3://, https://,
                 ...; ``specdec push``): fetched once into this machine's verified cache.
-            provider: "cpu" or "cuda".
+            provider: "cpu", "cuda", or "cuda-graph" (CUDA, its fixed-length calls replayed as captured CUDA graphs).
             threads: a ``ThreadPolicy`` (``engines.threads``), or an int: the default policy
                 (a pool per session) with that many threads; None: one per core.
             drafter: a registered name (``runtime.drafters.DRAFTERS``: "model", "feature",

@@ -47,7 +47,7 @@ class ServeConfig:
     served_model_name: str | None = None  # None: the bundle folder's name
     chat_template: Path | None = None  # None: the bundle's
     threads: int | None = None
-    provider: str = "cpu"  # ONNX Runtime provider: "cpu" or "cuda"
+    provider: str = "cpu"  # ONNX Runtime provider: "cpu", "cuda" or "cuda-graph"
     verify: str = "full"  # the bundle's files: "full" digests, or "size" only (a trusted bundle, fast start)
     api_key: str | None = None
     grace_period: float = 30.0  # seconds SIGTERM waits for requests in flight

@@ -366,7 +366,7 @@ def inspect_cmd(bundle: Path, as_json: bool) -> None:
 @click.option("--lookup-max-tokens", default=None, type=int, help="Prompt lookup: most tokens copied per call [default: gamma].")
 @click.option("--lenience", default=1.0, show_default=True, type=float, help="1 = exact. Below 1 accepts more drafts and CHANGES the output distribution (no token above p/lenience; paper App. A.5).")
 @click.option("--ignore-eos", is_flag=True, help="Keep going past end-of-sequence tokens.")
-@click.option("--provider", default="cpu", show_default=True, type=click.Choice(["cpu", "cuda"]))
+@click.option("--provider", default="cpu", show_default=True, type=click.Choice(["cpu", "cuda", "cuda-graph"]))
 @click.option("--verify", default="full", show_default=True, type=click.Choice(["full", "size"]),
               help="Check the bundle's files: full digests (once per unchanged file), or sizes only for a bundle you trust (changed bytes would run as another model).")
 @click.option("--threads", default=None, type=int, help="ONNX Runtime intra-op threads per model session [default: one per core].")
@@ -706,7 +706,7 @@ def _numbers(option: str, text: str, kind: type) -> list:
 @click.option("--max-queue", default=64, show_default=True, type=int, help="Requests waiting for a row; past it new requests get 503 + Retry-After.")
 @click.option("--drafter", default=None, type=click.Choice(list(DRAFTERS)), help="What proposes tokens [default: the bundle's, see specdec inspect].")
 @click.option("--gamma", default=None, help="Draft tokens per target call: 0..bundle gamma, or auto [default: the bundle's].")
-@click.option("--provider", default="cpu", show_default=True, type=click.Choice(["cpu", "cuda"]), help="ONNX Runtime provider.")
+@click.option("--provider", default="cpu", show_default=True, type=click.Choice(["cpu", "cuda", "cuda-graph"]), help="ONNX Runtime provider.")
 @click.option("--verify", default="full", show_default=True, type=click.Choice(["full", "size"]),
               help="Check the bundle's files: full digests (once per unchanged file), or sizes only for a bundle you trust (changed bytes would run as another model).")
 @click.option("--served-model-name", default=None, help="The model name clients send [default: the bundle folder's name].")

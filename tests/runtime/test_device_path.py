@@ -181,3 +181,31 @@ def test_the_cuda_graph_experiment_decodes_as_the_runtime_where_nothing_is_captu
     for name, row in out["variants"].items():
         assert row.get("tokens") == want, (name, row.get("error"))
         assert row["ms_per_token"] > 0
+
+
+@LLAMA
+def test_captured_runners_decode_as_host_arrays(family_bundle, monkeypatch):
+    """Provider "cuda-graph"'s runners (engines/captured.py: every input in a buffer of its own
+    at a fixed address, the attention total bound once at the cache length, one graph per cache)
+    run here on the CPU provider, where nothing is captured: every chain drafter, greedy and
+    sampled, batch 1, a fork and BatchEngine's batch-1 calls over several slots give the host
+    path's tokens, so on a GPU a difference is the capture's."""
+    from specdec.engines.captured import CapturedRunner
+
+    bundle = family_bundle[3]
+    host = {(d, t): _decode(bundle, d, t) for d in CHAIN_DRAFTERS for t in (0.0, 1.0)}
+    host_ar = _decode(bundle, "lookup", 0.0)
+    with BatchEngine(bundle, max_batch=1, cache_slots=3) as engine:
+        host_batch = [r.tokens for r in engine.generate_many(PROMPTS, max_new_tokens=24, ignore_eos=True)]
+    monkeypatch.setitem(ort_engine.DEVICE, "cpu", "ortvalue")
+    monkeypatch.setattr("specdec.engines.executor.CAPTURE", {"cpu"})  # the runners of "cuda-graph", on the CPU provider
+    dec = SpeculativeDecoder.load(bundle)
+    target = dec.engine.target
+    assert isinstance(target.static, CapturedRunner) and isinstance(target.one, CapturedRunner)  # the path under test runs
+    for (drafter, t), want in host.items():
+        assert _decode(bundle, drafter, t) == want, (drafter, t)
+    ar = [dec.generate(p, max_new_tokens=24, ignore_eos=True, gamma=0).tokens for p in PROMPTS]
+    assert ar == host_ar and len(target.one.graphs) == 1  # one-token calls: the captured S = 1 runner, one cache
+    with BatchEngine(bundle, max_batch=1, cache_slots=3) as engine:
+        assert [r.tokens for r in engine.generate_many(PROMPTS, max_new_tokens=24, ignore_eos=True)] == host_batch
+        assert len(engine.engine.target.static.graphs) > 1  # slots of their own: a graph each

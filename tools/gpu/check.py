@@ -100,7 +100,7 @@ def environment(provider: str) -> dict:
         env.update(torch=torch.__version__, transformers=transformers.__version__, torch_cuda=torch.cuda.is_available())
     except ImportError as e:
         env["torch"] = f"missing ({e})"
-    if provider == "cuda" and "CUDAExecutionProvider" not in env["providers"]:
+    if provider.startswith("cuda") and "CUDAExecutionProvider" not in env["providers"]:
         raise RuntimeError(f"onnxruntime {ort.__version__} has no CUDAExecutionProvider: {env['providers']}")
     return env
 
@@ -430,7 +430,7 @@ def transformers_speed(bundle: Path, gguf: Path, draft: Path, dtype: str, tokens
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--provider", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--provider", default="cuda", choices=["cuda", "cuda-graph", "cpu"])
     ap.add_argument("--budget", type=float, default=420.0, help="seconds; stages that would pass it are skipped")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--models", type=Path, required=True, help="the checkout's models/ folder")
@@ -438,6 +438,7 @@ def main() -> None:
     ap.add_argument("--work", type=Path, required=True, help="where bundles are exported")
     ap.add_argument("--quick", action="store_true", help="the dry run: two bundles, fewer tokens")
     ap.add_argument("--bundles", default=None, help="comma-separated names among the export jobs to run (default: all)")
+    ap.add_argument("--stages", default=None, help="comma-separated stage kinds to run (exact, cli, traffic, speed, cuda-graph, transformers; default: all)")
     ap.add_argument("--exports-only", action="store_true", help="run the exports and exit (started detached by ensure_exports)")
     args = ap.parse_args()
     if args.exports_only:
@@ -447,7 +448,8 @@ def main() -> None:
     p = args.provider
     from specdec.bench.report import provenance
 
-    run.results["provenance"] = {**provenance(), "command": f"python tools/gpu/check.py --provider {p} --budget {args.budget:.0f}"}
+    stages = f" --stages {args.stages}" if args.stages else ""
+    run.results["provenance"] = {**provenance(), "command": f"python tools/gpu/check.py --provider {p} --budget {args.budget:.0f}{stages}"}
     run.results["environment"] = run.stage("environment", environment, p)
     if run.results["environment"] is None:
         return
@@ -484,6 +486,8 @@ def main() -> None:
         if run.stage(f"export {name}", wait_export, name, args.work, 0) is None:
             continue
         for stage, fn, rest, need in plan[name]:
+            if args.stages and stage not in args.stages.split(","):
+                continue
             run.stage(f"{stage} {name}", fn, args.work / name, *rest, need=need)
     print(json.dumps({k: ("ok" if "result" in v else v.get("error") or v.get("skipped")) for k, v in run.results["stages"].items()}, indent=1))
 

@@ -4,7 +4,7 @@
 #   tools/gpu/check.sh --stash           # a piece call: keep .gpu/part-* outside the repo
 #   tools/gpu/check.sh --export-early    # the same, then, once the pieces so far hold the GGUF,
 #                                        # start the exports detached while the rest travels
-#   tools/gpu/check.sh [--provider cuda|cpu] [--budget SECONDS] [--quick] [--bundles a,b]
+#   tools/gpu/check.sh [--provider cuda|cuda-graph|cpu] [--budget SECONDS] [--quick] [--bundles a,b] [--stages exact,speed]
 #
 # The last form joins every piece stashed (tools/gpu/pack.py made them), checks the payload's
 # sha256, unpacks it, installs this tree into the stage (no network, no dependencies: the image
@@ -14,7 +14,7 @@ set -euo pipefail
 STAGE=${SPECDEC_GPU_STAGE:-/tmp/specdec-gpu}
 OUT=${OUT:-$STAGE/out}
 REPO=$PWD
-mode=check provider=cuda budget=420 quick=() bundles=()
+mode=check provider=cuda budget=420 quick=() bundles=() stages=()
 while [ $# -gt 0 ]; do
   case $1 in
     --stash) mode=stash ;;
@@ -23,6 +23,7 @@ while [ $# -gt 0 ]; do
     --budget) budget=$2; shift ;;
     --quick) quick=(--quick) ;;
     --bundles) bundles=(--bundles "$2"); shift ;;
+    --stages) stages=(--stages "$2"); shift ;;
     *) echo "check.sh: unknown option $1; see the header of tools/gpu/check.sh" >&2; exit 2 ;;
   esac
   shift
@@ -32,7 +33,7 @@ if compgen -G ".gpu/part-*" >/dev/null; then cp .gpu/part-* "$STAGE/parts/"; fi
 for f in payload.sha256 gguf.size prebuilt.txt; do if [ -f ".gpu/$f" ]; then cp ".gpu/$f" "$STAGE/"; fi; done
 ls -l "$STAGE/parts"
 GGUF="$STAGE/gguf/SmolLM2-135M-Instruct.Q4_1.gguf"
-args=(--provider "$provider" --out "$OUT" --models "$STAGE/models" --gguf "$GGUF" --work "$STAGE/work" "${quick[@]}" "${bundles[@]}")
+args=(--provider "$provider" --out "$OUT" --models "$STAGE/models" --gguf "$GGUF" --work "$STAGE/work" "${quick[@]}" "${bundles[@]}" "${stages[@]}")
 
 install() {  # this tree into the stage (once); the models are read from the payload's copy, in the
   # stage: the device tool mirrors the tree on every call, so files put into the slim tree's
