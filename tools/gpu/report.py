@@ -76,6 +76,15 @@ def speed_rows(stages: dict) -> tuple[list[dict], list[dict]]:
     return single, batch
 
 
+def with_baseline(rows: list[dict], base: list[dict], keys: tuple[str, ...], command: str) -> None:
+    """Each row gains its baseline's tok/s (the row with the same ``keys``) and its ratio to it."""
+    found = {tuple(b[k] for k in keys): b["tok_s"] for b in base}
+    for row in rows:
+        b = found.get(tuple(row[k] for k in keys))
+        row["baseline_tok_s"] = b if b is not None else "–"
+        row["vs_baseline"] = round(row["tok_s"] / b, 2) if isinstance(b, (int, float)) and isinstance(row["tok_s"], (int, float)) else "–"
+
+
 def peer_rows(stages: dict, single: list[dict]) -> list[dict]:
     rows = []
     for name, stage in stages.items():
@@ -150,6 +159,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("results", type=Path, nargs="?", help="results.json from the device call")
     ap.add_argument("--out", type=Path, default=ROOT / "docs/bench/gpu")
+    ap.add_argument("--baseline", type=Path, help="another results.json of the same session and machine (say --provider cuda): its tok/s beside each speed row, and the ratio")
     ap.add_argument("--diag", type=Path, help="a folder of tools/gpu/diag_*.py JSON: write its diag.json table instead")
     args = ap.parse_args()
     if args.diag:
@@ -167,6 +177,12 @@ def main() -> None:
     if not prov.get("commit"):  # installed on the device, not a checkout: the commit that was sent
         prov["commit"] = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True).stdout.strip()
     single, batch = speed_rows(stages)
+    if args.baseline:
+        base = json.loads(args.baseline.read_text())
+        base_single, base_batch = (base["speed_rows"], base["batch_rows"]) if "speed_rows" in base else speed_rows(base["stages"])  # reported or raw
+        with_baseline(single, base_single, ("bundle", "mode"), base["provenance"]["command"])
+        with_baseline(batch, base_batch, ("bundle", "rows", "mode"), base["provenance"]["command"])
+        prov["baseline"] = {"command": base["provenance"]["command"], "date": base["provenance"].get("date")}
     env = stages.get("environment", {}).get("result", {})
     body = {
         "provenance": prov,
