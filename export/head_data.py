@@ -89,13 +89,17 @@ def held_out_topic(topic: str) -> bool:
     return int(hashlib.sha256(f"eval/{topic}".encode()).hexdigest(), 16) % 32 == 0
 
 
-def distilled(folder: str, max_len: int, limit: int | None = None) -> tuple[Sequences, Sequences]:
-    """(training, held-out) conversations of a ``specdec distill`` folder, each cut to ``max_len`` tokens."""
+def distilled(folder: str, max_len: int, limit: int | None = None, features: dict[int, np.ndarray] | None = None) -> tuple[Sequences, Sequences]:
+    """(training, held-out) conversations of a ``specdec distill`` folder, each cut to ``max_len``
+    tokens; ``features``: job -> its features [T, d], where they were computed with the answers
+    (specdec/distill/hf.py), attached as ``with_features`` would."""
     from specdec.distill.shards import answers
 
     plan = json.loads((Path(folder) / "plan.json").read_text())
     reqs, temps = plan["requests"], plan["settings"]["temperatures"]
     train, held = Sequences([], [], top=[]), Sequences([], [], top=[])
+    if features is not None:
+        train.feats, held.feats = [], []
     for a in answers(Path(folder)):
         ids = np.asarray(a.prompt + a.answer, np.int64)[:max_len]
         mask = np.zeros(len(ids), bool)
@@ -105,6 +109,8 @@ def distilled(folder: str, max_len: int, limit: int | None = None) -> tuple[Sequ
         side.mask.append(mask[: len(ids)])
         n = int(side.mask[-1].sum())
         side.top.append((a.top_id[:n], a.top_lp[:n]))
+        if features is not None:
+            side.feats.append(features[a.job][: len(ids)])
         if limit is not None and len(train) >= limit:
             break
     if not len(train) or not len(held):

@@ -67,9 +67,9 @@ def losses(head, ids: torch.Tensor, mask: torch.Tensor, f: torch.Tensor, recipe:
     softmax(f H) over the draft vocabulary, or, given ``top`` (top_id [B, T, K], top_p [B, T, K]:
     the target's top-K, as `specdec distill` kept them), to those K (a V-wide softmax per
     position less); ``index`` [V] maps a token id to its draft-vocabulary column (-1: none)."""
-    pos = torch.arange(ids.shape[1])[None].expand_as(ids)
+    pos = torch.arange(ids.shape[1], device=ids.device)[None].expand_as(ids)
     m = mask.float()
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=recipe.bf16):
+    with torch.autocast(ids.device.type, dtype=torch.bfloat16, enabled=recipe.bf16):
         if top is None:
             with torch.no_grad():
                 p = torch.softmax((f @ head.full_head_t).float(), dim=-1)[..., head.vocab_ids]  # [B, T, N]: the target's mass on the draft vocabulary
@@ -94,15 +94,15 @@ def losses(head, ids: torch.Tensor, mask: torch.Tensor, f: torch.Tensor, recipe:
     return total, parts
 
 
-def evaluate(head, held) -> dict[str, float]:
+def evaluate(head, held, device: str = "cpu") -> dict[str, float]:
     """Teacher-forced one-step figures on held-out sequences (their trained positions): α at T=1 and argmax agreement at T=0."""
     from specdec.export.head_data import collate
 
     alpha = agree = n = 0.0
     with torch.no_grad():
         for start in range(0, len(held), 4):
-            ids, mask, f = (torch.from_numpy(x) for x in collate(held, np.arange(start, min(start + 4, len(held))))[:3])
-            logits, _ = head(ids, torch.arange(ids.shape[1])[None].expand_as(ids), contexts(f))
+            ids, mask, f = (torch.from_numpy(x).to(device) for x in collate(held, np.arange(start, min(start + 4, len(held))))[:3])
+            logits, _ = head(ids, torch.arange(ids.shape[1], device=device)[None].expand_as(ids), contexts(f))
             p = torch.softmax(f @ head.full_head_t, -1)
             q = torch.softmax(logits, -1)
             alpha += float((torch.minimum(p, q).sum(-1) * mask).sum())
@@ -138,7 +138,7 @@ def train(bundle: Path, corpus: str, recipe: Recipe, save: Path | None = None, r
     from specdec.export.bundle import commit
     from specdec.export.feature import add_head, expose_features, restaged, tables
     from specdec.export.head import FeatureHead, HeadConfig, save_head
-    from specdec.export.head_data import batches, collate, with_features
+    from specdec.export.head_data import with_features
     from specdec.manifest import load_manifest
     from specdec.runtime.text import TextCodec
 
@@ -150,8 +150,7 @@ def train(bundle: Path, corpus: str, recipe: Recipe, save: Path | None = None, r
         raise ConfigError(f"{bundle} is a {manifest.target.quantization or manifest.dtype} bundle; the feature head reads the target's float32 "
                           "embedding and LM head: train it on a float32 export without --quantize")  # fmt: skip
     codec = TextCodec.from_bundle(bundle, manifest)
-    torch.manual_seed(recipe.seed)
-    rng = np.random.default_rng(recipe.seed)
+    torch.manual_seed(recipe.seed)  # the head's initial weights, then the training noise (fit)
     t_start = time.perf_counter()
     with restaged(bundle) as stage:
         staged = expose_features(stage, manifest)
@@ -171,38 +170,47 @@ def train(bundle: Path, corpus: str, recipe: Recipe, save: Path | None = None, r
             vocab_ids = torch.from_numpy(np.sort(np.argsort(-counts, kind="stable")[: recipe.draft_vocab]))
         cfg = HeadConfig(d, inter, t.num_heads, t.num_kv_heads, t.head_dim, staged.vocab_size, staged.max_seq_len, draft_vocab=recipe.draft_vocab)
         head = FeatureHead(cfg, torch.from_numpy(embed), torch.from_numpy(head_t), vocab_ids, tied)
-        params = [p for p in head.parameters() if p.requires_grad]
-        opt = torch.optim.AdamW(params, lr=recipe.lr, weight_decay=0.0, betas=(0.9, 0.95))
-        before = evaluate(head.eval(), held)
-        log, order = [], []
-        index = torch.full((staged.vocab_size,), -1, dtype=torch.long)
-        index[head.vocab_ids] = torch.arange(len(head.vocab_ids))
-        t0 = time.perf_counter()
-        head.train()
-        for step in range(recipe.steps):
-            lr = recipe.lr * min(1.0, (step + 1) / 50) * 0.5 * (1 + math.cos(math.pi * step / recipe.steps))
-            for group in opt.param_groups:
-                group["lr"] = lr
-            if not order:
-                order = batches(train_seqs, recipe.batch * recipe.window, rng)  # a new epoch
-            ids, mask, f, *top = (torch.from_numpy(x) for x in collate(train_seqs, order.pop()))
-            loss, parts = losses(head, ids, mask, f, recipe, noise=True, top=tuple(top) or None, index=index)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            opt.step()
-            if (step + 1) % 50 == 0 or step + 1 == recipe.steps:
-                log.append([step + 1, round(loss.item(), 4)])
-                report(f"step {step + 1}/{recipe.steps} loss {loss.item():.4f} {parts} ({time.perf_counter() - t0:.0f} s)")
-        head.eval()
-        record = {
-            "recipe": asdict(recipe), "corpus": corpus, **described,
-            "data_seconds": round(t_data, 1), "train_seconds": round(time.perf_counter() - t0, 1), "log": log,
-            "held_out": {"before": before, "after": evaluate(head, held)},
-        }  # fmt: skip
+        fitted = fit(head, train_seqs, held, recipe, report=report)
+        record = {"recipe": asdict(recipe), "corpus": corpus, **described, "data_seconds": round(t_data, 1), **fitted}
         report(f"held-out α(T=1) / argmax agreement: {record['held_out']['after']}")
         final = add_head(stage, staged, head, record)
         if save is not None:
             save_head(head, Path(save), record)
         commit(stage, bundle, final)
     return record
+
+
+def fit(head, train_seqs, held, recipe: Recipe, device: str = "cpu", report: Callable[[str], None] = print) -> dict:
+    """Train ``head`` on ``train_seqs`` (Sequences with features; top-K labels where a distill
+    folder gave them) by ``recipe`` on ``device``; returns the log, the training time and the
+    held-out figures before and after. The head is left on ``device`` in eval mode."""
+    from specdec.export.head_data import batches, collate
+
+    rng = np.random.default_rng(recipe.seed)  # the batches' order
+    head.to(device)
+    params = [p for p in head.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=recipe.lr, weight_decay=0.0, betas=(0.9, 0.95))
+    before = evaluate(head.eval(), held, device)
+    log, order = [], []
+    vocab = head.full_head_t.shape[-1]
+    index = torch.full((vocab,), -1, dtype=torch.long, device=device)  # token id -> draft-vocabulary column
+    index[head.vocab_ids] = torch.arange(len(head.vocab_ids), device=device)
+    t0 = time.perf_counter()
+    head.train()
+    for step in range(recipe.steps):
+        lr = recipe.lr * min(1.0, (step + 1) / 50) * 0.5 * (1 + math.cos(math.pi * step / recipe.steps))
+        for group in opt.param_groups:
+            group["lr"] = lr
+        if not order:
+            order = batches(train_seqs, recipe.batch * recipe.window, rng)  # a new epoch
+        ids, mask, f, *top = (torch.from_numpy(x).to(device) for x in collate(train_seqs, order.pop()))
+        loss, parts = losses(head, ids, mask, f, recipe, noise=True, top=tuple(top) or None, index=index)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        if (step + 1) % 50 == 0 or step + 1 == recipe.steps:
+            log.append([step + 1, round(loss.item(), 4)])
+            report(f"step {step + 1}/{recipe.steps} loss {loss.item():.4f} {parts} ({time.perf_counter() - t0:.0f} s)")
+    head.eval()
+    return {"train_seconds": round(time.perf_counter() - t0, 1), "log": log, "held_out": {"before": before, "after": evaluate(head, held, device)}}

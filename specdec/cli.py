@@ -265,8 +265,9 @@ def train_drafter_cmd(bundle: Path, corpus: str, steps: int, batch: int, window:
 @click.option("--docs", default=1500, show_default=True, type=click.IntRange(0), help="Coding requests made from installed packages' docstrings.")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
+@click.option("--plan-only", is_flag=True, help="Make the plan and write the prompts' ids (prompts.npz), then stop: for answering elsewhere (tools/gpu/drafter.py).")
 def distill_cmd(bundle: Path, out: Path, tokens: int | None, minutes: float | None, max_batch: int | None, max_new_tokens: int,
-                temperatures: str, docs: int, seed: int, no_progress: bool) -> None:  # fmt: skip
+                temperatures: str, docs: int, seed: int, no_progress: bool, plan_only: bool) -> None:  # fmt: skip
     """Self-distillation: BUNDLE's target answers varied prompts (topics × forms, questions it
     writes itself, coding requests from installed docs) through its chat template; the answers
     and their top-20 log-probabilities go to --out for specdec train-drafter --corpus.
@@ -284,6 +285,11 @@ def distill_cmd(bundle: Path, out: Path, tokens: int | None, minutes: float | No
     if not temps or any(t < 0 for t in temps):
         raise ConfigError(f"--temperatures {temperatures!r}: expected numbers >= 0, e.g. 0,1")
     settings = Settings(max_new_tokens=max_new_tokens, temperatures=temps, seed=seed, docs=docs)
+    if plan_only:
+        from specdec.distill.run import plan_only as make
+
+        make(bundle, out, settings, max_batch or m.max_batch, report=lambda line: click.echo(line, err=True))
+        return
     record = distill(bundle, out, settings, max_batch or m.max_batch, tokens, minutes, progress=not no_progress,
                      report=lambda line: click.echo(line, err=True))  # fmt: skip
     r = record["this_run"]

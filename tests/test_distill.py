@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -29,6 +30,7 @@ from specdec.errors import ConfigError  # noqa: E402
 REQUESTS = [{"topic": f"topic {i}", "kind": "chat", "prompt": f"Tell me about thing number {i}."} for i in (3, 5, 89, 126, 7, 9)]
 REQUESTS.append({"topic": "topic 4", "kind": "chat", "instruct": "Write one question about topic 4."})
 SETTINGS = Settings(max_new_tokens=12, seed=3, shard_size=3, requests=REQUESTS)
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def by_job(folder):
@@ -163,3 +165,63 @@ def test_train_drafter_on_distilled_data(whole, chat_bundle, tmp_path):
     second = train(again, str(whole[0]), Recipe(steps=1, batch=2, window=64, seed=0), report=lines.append)
     assert sum("target features read from" in line for line in lines) == 2  # training and held-out conversations
     assert second["held_out"]["before"] == record["held_out"]["before"]
+
+
+def test_a_plan_answered_by_transformers_is_the_targets_data(whole, chat_bundle, tmp_path):
+    """The GPU path (tools/gpu/drafter.py): ``specdec distill --plan-only`` here, the jobs answered
+    by the same target in transformers, many rows per forward (specdec/distill/hf.py), in shards
+    the folder reads as its own. Greedy answers are the bundle's greedy decoding token for token,
+    their top-20 the bundle's log-probabilities (float32 in two runtimes, both stored in float16);
+    the features are what the LM head reads (their logits give the same top token); then the tool
+    trains a head on them that export can load."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from specdec.distill.hf import answer_all
+    from specdec.distill.run import plan_only, read_prompts
+    from specdec.distill.shards import write_shard
+    from specdec.export.head_data import distilled
+
+    out = tmp_path / "plan"
+    summary = plan_only(chat_bundle[1], out, SETTINGS, max_batch=4, report=lambda s: None)
+    assert (out / "plan.json").read_text() == (whole[0] / "plan.json").read_text()  # the same plan as a whole run's
+    prompts, eos, max_seq = read_prompts(out)
+    assert summary["jobs"] == 2 * len(prompts) and max_seq == 512
+    ref = by_job(whole[0])
+    model = AutoModelForCausalLM.from_pretrained(str(chat_bundle[0]), dtype=torch.float32).eval()
+    got = list(answer_all(model, prompts, [0.0, 1.0], eos, 12, rows=3, top_k=20, seed=3))
+    assert sorted(a.answer.job for a in got) == sorted(ref)
+    head_t = model.get_output_embeddings().weight.detach().float().numpy().T  # [d, V]
+    for a in got:
+        assert a.answer.prompt == ref[a.answer.job].prompt
+        n, p = len(a.answer.answer), len(a.answer.prompt)
+        assert a.feats.shape == (p + n, head_t.shape[0]) and a.answer.top_id.shape == (n, 20)
+        top1 = (a.feats[p - 1 : p + n - 1].astype(np.float32) @ head_t).argmax(-1)
+        assert top1.tolist() == a.answer.top_id[:, 0].tolist()  # the features are the LM head's input
+        if a.answer.job % 2 == 0:  # greedy: the target's own tokens and log-probabilities
+            want = ref[a.answer.job]
+            assert a.answer.answer == want.answer, f"job {a.answer.job}"
+            # both stored in float16 (2^-10 relative spacing): float32 values a hair apart may round one step apart
+            np.testing.assert_allclose(a.answer.top_lp[:, :5].astype(np.float32), want.top_lp[:, :5].astype(np.float32), rtol=2e-3, atol=1e-4)
+        else:
+            assert n <= 12 and (n == 12 or a.answer.answer[-1] in eos)
+    write_shard(out, 0, [a.answer for a in got])
+    train, held = distilled(str(out), max_seq, features={a.answer.job: a.feats for a in got})
+    assert len(train) and len(held) and all(len(f) == len(i) for f, i in zip(train.feats, train.ids))
+
+    # the tool end to end on a fresh copy of the plan, on the CPU: a head that export loads
+    data = tmp_path / "data"
+    data.mkdir()
+    for name in ("plan.json", "prompts.npz"):
+        shutil.copyfile(out / name, data / name)
+    tool = [sys.executable, str(ROOT / "tools" / "gpu" / "drafter.py"), "--data", str(data), "--model", str(chat_bundle[0]), "--out", str(tmp_path / "o"),
+            "--device", "cpu", "--rows", "4", "--steps", "3", "--batch", "2", "--window", "64", "--draft-vocab", "64"]  # fmt: skip
+    run = subprocess.run(tool, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    record = json.loads((tmp_path / "o" / "drafter.json").read_text())
+    assert record["answering"]["answers"] == summary["jobs"] and record["held_out"]["after"]["argmax_t0"] >= 0
+    from specdec.export.head import load_head
+
+    embed = model.get_input_embeddings().weight.detach().float()
+    head, _ = load_head(tmp_path / "o" / "head", embed, torch.from_numpy(head_t.copy()), bool(model.config.tie_word_embeddings))
+    assert head.cfg.draft_vocab == 64 and head.cfg.max_positions == 512

@@ -30,6 +30,7 @@ from specdec.distill.shards import Answer, done_jobs, shard_paths, write_shard
 from specdec.errors import ConfigError
 
 PLAN = "plan.json"
+PROMPTS = "prompts.npz"  # --plan-only: every request's prompt ids through the chat template, for a generator elsewhere
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,36 @@ def make_plan(folder: Path, bundle: Path, engine, s: Settings, report: Callable[
     write_atomic(path, lambda fh: fh.write(json.dumps(plan, indent=1).encode()))
     report(f"plan: {len(final)} requests ({len(written)} of {len(instruct)} self-instruct questions kept) -> {path}")
     return plan
+
+
+def plan_only(bundle: Path, out: Path, s: Settings, max_batch: int, report: Callable[[str], None] = print) -> dict:
+    """Make the plan (self-instruct questions included: the target writes them here) and write
+    every request's prompt ids through the bundle's chat template to ``out/prompts.npz``, with the
+    ids that end an answer: what a generator elsewhere (tools/gpu/drafter.py, transformers on a
+    GPU) needs to answer the jobs and write shards this folder reads as its own. Returns a summary."""
+    from specdec.runtime.batch import BatchEngine
+
+    bundle, out = Path(bundle), Path(out)
+    with BatchEngine(bundle, max_batch=max_batch, drafter="lookup", max_queue=4 * max_batch) as engine:
+        plan = make_plan(out, bundle, engine, s, report)
+        encode = _chat(bundle, engine)
+        ids = [np.asarray(encode(r["prompt"]), np.int32) for r in plan["requests"]]
+        eos = np.asarray(engine.manifest.eos_token_ids, np.int32)
+        max_seq = engine.manifest.max_seq_len
+    write_atomic(out / PROMPTS, lambda fh: np.savez_compressed(
+        fh, prompt=np.concatenate(ids), prompt_at=np.concatenate([[0], np.cumsum([len(x) for x in ids])]).astype(np.int64), eos=eos,
+        max_seq_len=np.int64(max_seq)))  # fmt: skip
+    jobs = len(ids) * len(s.temperatures)
+    report(f"{out / PROMPTS}: {len(ids)} prompts ({jobs} jobs at temperatures {list(s.temperatures)}), end ids {eos.tolist()}")
+    return {"requests": len(ids), "jobs": jobs, "eos": eos.tolist()}
+
+
+def read_prompts(folder: Path) -> tuple[list[np.ndarray], list[int], int]:
+    """``plan_only``'s prompt ids (one array per request of the plan), answer-ending ids and the
+    bundle's max-seq-len."""
+    z = np.load(Path(folder) / PROMPTS)
+    at = z["prompt_at"]
+    return [z["prompt"][at[i] : at[i + 1]] for i in range(len(at) - 1)], z["eos"].tolist(), int(z["max_seq_len"])
 
 
 def _settings_record(s: Settings) -> dict:

@@ -1,0 +1,118 @@
+"""Answering a distill plan with a transformers model, in batches: for a GPU, where our CPU engine
+would take hours (tools/gpu/drafter.py).
+
+``specdec distill --plan-only`` writes the plan and every request's prompt ids through the
+bundle's chat template (prompts.npz); this module answers its jobs with the same target loaded
+by transformers (float32), many rows per forward, and writes shards in the format
+``specdec distill`` writes (specdec/distill/shards.py), so ``train-drafter --corpus`` and
+``export/head_data.py`` read them as their own. One pass gives all a head's training needs:
+
+    prefill   the left-padded prompts [B, P]: each row's features (the last hidden state, which
+              the LM head reads) at every prompt position
+    decode    one token per row per forward, greedy or sampled at the job's temperature (a
+              torch generator seeded per batch), until each row's answer ends at an end id or
+              at ``max_new_tokens``; at each answer position the raw top-K log-probabilities
+              (before temperature) and the feature that predicts the next token
+
+What differs from ``specdec distill``: the sampled answers are draws from the same law, not the
+same draws (another sampler); float32 sums of a padded batch differ from one row's in the last
+bits. Greedy answers are the target's argmax loop (tests/test_distill.py checks them against
+the bundle's own decoding).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from specdec.distill.shards import Answer
+
+
+@dataclass
+class Answered:
+    answer: Answer
+    feats: np.ndarray  # [P + A, d] float16: the feature at every position of prompt + answer
+
+
+def jobs_by_batch(prompts: list[np.ndarray], temperatures: list[float], max_prompt: int, rows: int, skip: set[int] = frozenset()) -> list[list[int]]:
+    """Job ids (request j // T, temperature j % T) in batches of ``rows``: one temperature per
+    batch, prompts of similar length together (less padding); prompts over ``max_prompt`` left out."""
+    t = len(temperatures)
+    out = []
+    for k in range(t):
+        jobs = [j for j in range(len(prompts) * t) if j % t == k and j not in skip and len(prompts[j // t]) <= max_prompt]
+        jobs.sort(key=lambda j: len(prompts[j // t]))
+        out += [jobs[i : i + rows] for i in range(0, len(jobs), rows)]
+    return out
+
+
+@torch.no_grad()
+def answer_batch(model, jobs: list[int], prompts: list[np.ndarray], temperatures: list[float], eos: list[int], max_new_tokens: int,
+                 top_k: int, seed: int) -> list[Answered]:  # fmt: skip
+    """Answer ``jobs`` (one temperature) together; see the module docstring."""
+    device = next(model.parameters()).device
+    t = len(temperatures)
+    temp = temperatures[jobs[0] % t]
+    rows = [np.asarray(prompts[j // t], np.int64) for j in jobs]
+    B, P = len(rows), max(len(r) for r in rows)
+    ids = torch.zeros((B, P), dtype=torch.long)  # [B, P], left-padded
+    mask = torch.zeros((B, P), dtype=torch.long)  # [B, P]
+    for b, r in enumerate(rows):
+        ids[b, P - len(r) :], mask[b, P - len(r) :] = torch.from_numpy(r), 1
+    ids, mask = ids.to(device), mask.to(device)
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)  # [B, P]: each row's own positions
+    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, output_hidden_states=True)
+    past = out.past_key_values
+    feats = [out.hidden_states[-1].float().cpu().numpy()]  # [B, P, d]: what the LM head read
+    logits = out.logits[:, -1].float()  # [B, V]
+    gen = torch.Generator(device=device).manual_seed(seed)
+    ends = torch.tensor(eos, device=device)
+    done = torch.zeros(B, dtype=torch.bool, device=device)
+    tokens, tops, lps = [], [], []
+    nxt_pos = pos[:, -1]
+    for _ in range(max_new_tokens):
+        logp = torch.log_softmax(logits, -1)  # raw: the labels are before temperature
+        top = logp.topk(top_k, -1)
+        tops.append(top.indices.int().cpu())
+        lps.append(top.values.half().cpu())
+        if temp == 0:
+            tok = logits.argmax(-1)
+        else:
+            tok = torch.multinomial(torch.softmax(logits / temp, -1), 1, generator=gen)[:, 0]
+        tok = torch.where(done, ends[0], tok)  # a finished row feeds an end id, never read
+        tokens.append(tok.cpu())
+        done = done | torch.isin(tok, ends)
+        if bool(done.all()):
+            break
+        mask = torch.cat([mask, torch.ones((B, 1), dtype=mask.dtype, device=device)], -1)
+        nxt_pos = nxt_pos + 1
+        out = model(input_ids=tok[:, None], attention_mask=mask, position_ids=nxt_pos[:, None], past_key_values=past, use_cache=True,
+                    output_hidden_states=True)  # fmt: skip
+        past = out.past_key_values
+        feats.append(out.hidden_states[-1].float().cpu().numpy())  # [B, 1, d]
+        logits = out.logits[:, -1].float()
+    toks = torch.stack(tokens, 1).numpy()  # [B, A_max]
+    top_id, top_lp = torch.stack(tops, 1).numpy(), torch.stack(lps, 1).numpy()  # [B, A_max, K]
+    f = np.concatenate(feats, 1)  # [B, P + A_max - 1, d]
+    answered = []
+    for b, (j, r) in enumerate(zip(jobs, rows)):
+        hit = np.flatnonzero(np.isin(toks[b], eos))
+        n = int(hit[0]) + 1 if len(hit) else toks.shape[1]  # the end id kept, as specdec distill keeps it
+        answer = Answer(j, r.tolist(), toks[b, :n].tolist(), top_id[b, :n].astype(np.int32), top_lp[b, :n])
+        # features of the row's own positions, prompt + answer: its prompt's (after the padding),
+        # then its answer tokens' but the last, whose feature (it would predict past the answer)
+        # no training position reads: zeros there, as export/head_data.py's rows are [T, d]
+        own = np.zeros((len(r) + n, f.shape[-1]), np.float16)  # [T, d]
+        own[: len(r) + n - 1] = np.concatenate([f[b, P - len(r) : P], f[b, P : P + n - 1]])
+        answered.append(Answered(answer, own))
+    return answered
+
+
+def answer_all(model, prompts: list[np.ndarray], temperatures: list[float], eos: list[int], max_new_tokens: int, rows: int,
+               top_k: int = 20, seed: int = 0, max_prompt: int = 512, skip: set[int] = frozenset()) -> Iterator[Answered]:  # fmt: skip
+    """Every job's answer, batch by batch (see ``jobs_by_batch``)."""
+    for batch in jobs_by_batch(prompts, temperatures, max_prompt, rows, skip):
+        yield from answer_batch(model, batch, prompts, temperatures, eos, max_new_tokens, top_k, seed * 1_000_003 + batch[0])

@@ -1,0 +1,175 @@
+"""Distill data and a feature head for a target, on a GPU, in one run (issue 44's data at scale).
+
+Here, once: ``specdec distill BUNDLE --out DATA --plan-only`` (the plan, self-instruct questions
+written by the bundle's target, and every prompt's ids through its chat template). There (the
+device machine: torch with CUDA, transformers from the payload, no network):
+
+    python tools/gpu/drafter.py --data DATA --gguf SmolLM2.gguf --out OUT --device cuda \\
+        --rows 128 --tokens 2000000 --minutes 5 --steps 3000 --unroll 2 --draft-vocab 8192 --bf16
+
+1. answer: the plan's jobs in batches of ``--rows`` with the target loaded by transformers in
+   float32 (specdec/distill/hf.py), shards written into DATA as ``specdec distill`` writes them,
+   until ``--tokens`` answer tokens or ``--minutes``;
+2. train: the feature head on those conversations (export/train_head.py ``fit``, on the device),
+   with the features computed in the same passes; held-out figures by topic, as train-drafter's;
+3. write: OUT/head (head_config.json + head.safetensors, what ``train-drafter --save`` writes)
+   and OUT/drafter.json (the record).
+
+Back here: put OUT/head's two files beside the draft model (a copy of models/smollm2-draft),
+export with it as ``--draft``, and measure with ``specdec bench`` (docs/training-drafters.md).
+``--device cpu`` with small numbers is the dry run (tests/test_distill.py runs the answer step).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+
+
+def load_target(gguf: Path | None, model: Path | None, device: str):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    if device == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False  # float32 labels and features, as the float32 bundle computes them
+        torch.backends.cudnn.allow_tf32 = False
+    if gguf is not None:
+        m = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    else:
+        m = AutoModelForCausalLM.from_pretrained(str(model), dtype=torch.float32)
+    return m.to(device).eval()
+
+
+def answer(model, data: Path, rows: int, tokens: int | None, minutes: float | None, report) -> tuple[dict[int, np.ndarray], dict]:
+    """Answer the plan's jobs not answered yet into ``data``; returns job -> features and a record."""
+    from specdec.distill.hf import answer_all
+    from specdec.distill.run import read_prompts
+    from specdec.distill.shards import done_jobs, shard_paths, write_shard
+
+    plan = json.loads((data / "plan.json").read_text())
+    s = plan["settings"]
+    prompts, eos, _ = read_prompts(data)
+    done, have = done_jobs(data)
+    feats: dict[int, np.ndarray] = {}
+    shard, pending, new = len(shard_paths(data)), [], 0
+    t0 = time.perf_counter()
+    for a in answer_all(model, prompts, s["temperatures"], eos, s["max_new_tokens"], rows, s["top_k"], s["seed"], s["max_prompt_tokens"], skip=done):
+        pending.append(a.answer)
+        feats[a.answer.job] = a.feats
+        new += len(a.answer.answer)
+        if len(pending) >= s["shard_size"]:
+            write_shard(data, shard, pending)
+            shard, pending = shard + 1, []
+            el = time.perf_counter() - t0
+            report(f"{have + new:,} answer tokens ({len(feats)} answers, {new / el:,.0f} tok/s, {el:.0f} s)")
+        if (tokens is not None and have + new >= tokens) or (minutes is not None and time.perf_counter() - t0 > 60 * minutes):
+            break
+    if pending:
+        write_shard(data, shard, pending)
+    seconds = time.perf_counter() - t0
+    return feats, {"answers": len(feats), "answer_tokens": new, "seconds": round(seconds, 1), "tok_s": round(new / max(seconds, 1e-9), 1),
+                   "earlier_answer_tokens": have}  # fmt: skip
+
+
+def train(model, data: Path, feats: dict[int, np.ndarray], recipe, device: str, report) -> tuple[object, dict]:
+    """The feature head on the answers whose features this run computed (export/train_head.py ``fit``)."""
+    import torch
+
+    from specdec.distill.run import read_prompts
+    from specdec.export.head import FeatureHead, HeadConfig
+    from specdec.export.head_data import distilled
+    from specdec.export.train_head import fit
+
+    _, _, max_seq = read_prompts(data)
+    train_seqs, held = (_with_features(x) for x in distilled(str(data), max_seq, features=_Only(feats)))
+    report(f"{len(train_seqs)} conversations ({train_seqs.tokens:,} tokens, {train_seqs.trained:,} trained positions), {len(held)} held out by topic")
+    cfg_t = model.config
+    embed = model.get_input_embeddings().weight.detach().float().cpu()  # [V, d]
+    head_t = model.get_output_embeddings().weight.detach().float().cpu().T.contiguous()  # [d, V]
+    v, d = embed.shape
+    vocab_ids = None
+    if recipe.draft_vocab is not None:
+        counts = np.bincount(np.concatenate(train_seqs.ids), minlength=v)
+        vocab_ids = torch.from_numpy(np.sort(np.argsort(-counts, kind="stable")[: recipe.draft_vocab]))
+    inter = recipe.intermediate or int(round(8 * d / 3 / 64)) * 64
+    head_dim = getattr(cfg_t, "head_dim", None) or d // cfg_t.num_attention_heads
+    cfg = HeadConfig(d, inter, cfg_t.num_attention_heads, cfg_t.num_key_value_heads, head_dim, v, max_seq, draft_vocab=recipe.draft_vocab)
+    torch.manual_seed(recipe.seed)  # the head's initial weights, as train-drafter seeds them
+    head = FeatureHead(cfg, embed, head_t, vocab_ids, bool(getattr(cfg_t, "tie_word_embeddings", False)))
+    record = fit(head, train_seqs, held, recipe, device, report)
+    record.update(conversations=len(train_seqs), tokens=train_seqs.tokens, trained_positions=train_seqs.trained, held_out_conversations=len(held))
+    return head.cpu(), record
+
+
+def _with_features(seqs):
+    """The conversations whose features this run computed (answers of an earlier run have none here)."""
+    from specdec.export.head_data import Sequences
+
+    keep = [i for i, f in enumerate(seqs.feats) if len(f) == len(seqs.ids[i])]
+    return Sequences([seqs.ids[i] for i in keep], [seqs.mask[i] for i in keep], [seqs.feats[i] for i in keep], [seqs.top[i] for i in keep])
+
+
+class _Only(dict):
+    """job -> features, for the jobs this run answered; ``distilled`` asks for every job in the folder."""
+
+    def __getitem__(self, job):
+        return dict.get(self, job, _MISSING)
+
+
+_MISSING = np.zeros((0, 0), np.float16)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", type=Path, required=True, help="a folder of specdec distill --plan-only (plan.json, prompts.npz); shards are added to it")
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--gguf", type=Path, help="the target's GGUF (transformers loads it in float32)")
+    src.add_argument("--model", type=Path, help="the target's transformers folder")
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--rows", type=int, default=128, help="answers decoded together")
+    ap.add_argument("--tokens", type=int, default=None, help="stop answering at this many answer tokens in --data")
+    ap.add_argument("--minutes", type=float, default=None, help="stop answering after this many minutes")
+    ap.add_argument("--steps", type=int, default=3000)
+    ap.add_argument("--batch", type=int, default=8, help="conversations per training step (x --window tokens)")
+    ap.add_argument("--window", type=int, default=256)
+    ap.add_argument("--unroll", type=int, default=2)
+    ap.add_argument("--draft-vocab", type=int, default=8192)
+    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--bf16", action="store_true")
+    args = ap.parse_args()
+
+    from specdec.bench.report import provenance
+    from specdec.export.head import save_head
+    from specdec.export.train_head import Recipe
+
+    def report(line: str) -> None:
+        print(line, flush=True)
+
+    t0 = time.perf_counter()
+    model = load_target(args.gguf, args.model, args.device)
+    feats, answered = answer(model, args.data, args.rows, args.tokens, args.minutes, report)
+    if not feats:
+        sys.exit(f"no job answered in {args.data}: every job there is answered already, or none fits")
+    recipe = Recipe(steps=args.steps, batch=args.batch, window=args.window, windows=10**9, lr=args.lr, unroll=args.unroll,
+                    draft_vocab=args.draft_vocab, bf16=args.bf16)  # fmt: skip
+    head, fitted = train(model, args.data, feats, recipe, args.device, report)
+    record = {"provenance": {**provenance(), "command": " ".join(["python", "tools/gpu/drafter.py", *sys.argv[1:]])}, "device": args.device,
+              "answering": answered, "recipe": asdict(recipe), "corpus": str(args.data), **fitted, "seconds": round(time.perf_counter() - t0, 1)}  # fmt: skip
+    if args.device == "cuda":
+        import torch
+
+        record["gpu"] = torch.cuda.get_device_name()
+    save_head(head, args.out / "head", record)
+    (args.out / "drafter.json").write_text(json.dumps(record, indent=1))
+    report(f"held-out α(T=1) / argmax agreement: {record['held_out']} -> {args.out / 'head'}")
+
+
+if __name__ == "__main__":
+    main()
