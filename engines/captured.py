@@ -1,6 +1,6 @@
 """Fixed-length calls replayed as CUDA graphs (provider "cuda-graph").
 
-At 135M on an H100 or H200 a decoding call is bound by launching its ~400 kernels from the
+At 135M on an H100 or H200 a decoding call is bound by launching its hundreds of kernels from the
 host, not by the GPU: the target's one-token call took 2.97 ms run node by node and 1.58 ms
 replayed as one captured CUDA graph, with the same tokens (docs/gpu.md, the fourth run). ONNX
 Runtime's CUDA provider captures a run when the session has ``enable_cuda_graph`` and replays

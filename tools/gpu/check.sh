@@ -2,6 +2,8 @@
 # The GPU check, on the device machine (or here, as a dry run with --provider cpu).
 #
 #   tools/gpu/check.sh --stash           # a piece call: keep .gpu/part-* outside the repo
+#   tools/gpu/check.sh --unpack-only     # join, check and unpack the pieces, install this tree: for
+#                                        # tools/gpu/drafter.py (docs/training-drafters.md)
 #   tools/gpu/check.sh --export-early    # the same, then, once the pieces so far hold the GGUF,
 #                                        # start the exports detached while the rest travels
 #   tools/gpu/check.sh [--provider cuda|cuda-graph|cpu] [--budget SECONDS] [--quick] [--bundles a,b] [--stages exact,speed]
@@ -18,6 +20,7 @@ mode=check provider=cuda budget=420 quick=() bundles=() stages=()
 while [ $# -gt 0 ]; do
   case $1 in
     --stash) mode=stash ;;
+    --unpack-only) mode=unpack ;;
     --export-early) mode=early ;;
     --provider) provider=$2; shift ;;
     --budget) budget=$2; shift ;;
@@ -73,5 +76,6 @@ if [ ! -f "$STAGE/unpacked" ]; then
 fi
 install
 echo "unpacked and installed in $(( $(date +%s) - t0 )) s"
+[ "$mode" = unpack ] && exit 0
 cd "$STAGE/work"
 PYTHONPATH="$STAGE/ortgpu:$STAGE/site:$STAGE/pkg" python3 -u "$REPO/tools/gpu/check.py" --budget "$budget" "${args[@]}" 2>&1 | tee "$OUT/log.txt"

@@ -12,7 +12,8 @@ device machine: torch with CUDA, transformers from the payload, no network):
    until ``--tokens`` answer tokens or ``--minutes``;
 2. train: the feature head on those conversations (export/train_head.py ``fit``, on the device),
    with the features computed in the same passes; held-out figures by topic, as train-drafter's;
-3. write: OUT/head (head_config.json + head.safetensors, what ``train-drafter --save`` writes)
+3. write: OUT/head (head_config.json + head.safetensors, what ``train-drafter --save`` writes;
+   a file over ``--split-mib`` in pieces: ``cat head.safetensors.part-* > head.safetensors``)
    and OUT/drafter.json (the record).
 
 Back here: put OUT/head's two files beside the draft model (a copy of models/smollm2-draft),
@@ -115,6 +116,16 @@ def _with_features(seqs):
     return Sequences([seqs.ids[i] for i in keep], [seqs.mask[i] for i in keep], [seqs.feats[i] for i in keep], [seqs.top[i] for i in keep])
 
 
+def split(path: Path, size: int) -> None:
+    """``path`` as ``path.part-00``, ``-01``, ... of ``size`` bytes where it is larger (join: cat them in order)."""
+    if path.stat().st_size <= size:
+        return
+    with path.open("rb") as fh:
+        for i, chunk in enumerate(iter(lambda: fh.read(size), b"")):
+            path.with_name(f"{path.name}.part-{i:02d}").write_bytes(chunk)
+    path.unlink()
+
+
 class _Only(dict):
     """job -> features, for the jobs this run answered; ``distilled`` asks for every job in the folder."""
 
@@ -143,6 +154,7 @@ def main() -> None:
     ap.add_argument("--draft-vocab", type=int, default=8192)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--bf16", action="store_true")
+    ap.add_argument("--split-mib", type=int, default=15, help="split written files larger than this into .part-NN pieces (the device call returns files of 16 MiB at most)")
     args = ap.parse_args()
 
     from specdec.bench.report import provenance
@@ -168,6 +180,8 @@ def main() -> None:
         record["gpu"] = torch.cuda.get_device_name()
     save_head(head, args.out / "head", record)
     (args.out / "drafter.json").write_text(json.dumps(record, indent=1))
+    for path in sorted((args.out / "head").iterdir()):
+        split(path, args.split_mib << 20)
     report(f"held-out α(T=1) / argmax agreement: {record['held_out']} -> {args.out / 'head'}")
 
 

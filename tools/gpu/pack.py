@@ -48,11 +48,12 @@ DEMO = ["models/demo/target", "models/demo/draft", "models/demo/head"]  # sent o
 SMOLLM2 = ["models/smollm2-draft"]  # always: transformers' assisted generation drafts with it
 
 
-def download(dest: Path) -> list[Path]:
-    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", *PLATFORM, "-d", str(dest), *WHEELS], check=True)
+def download(dest: Path, ort: bool = True) -> list[Path]:
+    names = [w for w in WHEELS if ort or not w.startswith("onnxruntime")]
+    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", *PLATFORM, "-d", str(dest), *names], check=True)
     wheels = sorted(dest.glob("*.whl"))
-    if len(wheels) != len(WHEELS):
-        raise SystemExit(f"expected {len(WHEELS)} wheels in {dest}, found {[w.name for w in wheels]}")
+    if len(wheels) != len(names):
+        raise SystemExit(f"expected {len(names)} wheels in {dest}, found {[w.name for w in wheels]}")
     return wheels
 
 
@@ -112,7 +113,7 @@ def prebuild(names: list[str], build: Path) -> list[str]:
     return names
 
 
-def pack(out: Path, piece_mib: int, prebuilt: list[str], device_exports: list[str]) -> list[Path]:
+def pack(out: Path, piece_mib: int, prebuilt: list[str], device_exports: list[str], data: Path | None = None, ort: bool = True) -> list[Path]:
     out = out.resolve()  # the exports run in the build folder: relative paths would land inside it
     out.mkdir(parents=True, exist_ok=True)
     for old in out.glob("part-*"):
@@ -121,7 +122,7 @@ def pack(out: Path, piece_mib: int, prebuilt: list[str], device_exports: list[st
     prebuilt = prebuild(prebuilt, build)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        wheels = download(tmp / "wheels")
+        wheels = download(tmp / "wheels", ort)
         raw = tmp / "payload.tar"
         # Order matters: what the exports need comes first, so that the first pieces alone
         # unpack it and exports start on the machine while the rest travels (check.sh
@@ -134,6 +135,9 @@ def pack(out: Path, piece_mib: int, prebuilt: list[str], device_exports: list[st
             for folder in (DEMO if any(n.startswith("demo-") for n in device_exports) else []) + SMOLLM2:
                 tar.add(ROOT / folder, arcname=folder)
             tar.add(gguf, arcname=GGUF)
+            if data is not None:  # a distill plan for tools/gpu/drafter.py (specdec distill --plan-only)
+                for name in ("plan.json", "prompts.npz"):
+                    tar.add(data / name, arcname=f"data/{name}")
             for name in prebuilt:  # after the GGUF: --export-early starts the others without waiting for these
                 tar.add(build / name, arcname=f"work/{name}")
                 tar.add(build / f"{name}.done", arcname=f"work/{name}.done")
@@ -162,6 +166,8 @@ def main() -> None:
     ap.add_argument("--piece-mib", type=int, default=54, help="piece size: 64 MiB per call minus the slim tree (~7 MiB) and slack")
     ap.add_argument("--prebuilt", default="demo-fp16,smollm2-fp16",
                     help="check.py's bundles to export here and send whole ('' for none)")
+    ap.add_argument("--data", type=Path, default=None, help="a specdec distill --plan-only folder to send (tools/gpu/drafter.py answers it there)")
+    ap.add_argument("--no-ort", action="store_true", help="leave onnxruntime-gpu out (a drafter run needs torch and transformers only)")
     ap.add_argument("--device-exports", default="",
                     help="check.py's bundles the device exports (check.sh --export-early, --bundles naming them): their sources travel")
     args = ap.parse_args()
@@ -171,7 +177,7 @@ def main() -> None:
     names = set(_check().export_jobs(ROOT / "models", Path("x.gguf"), Path("work"), quick=False))
     if set(device) - names:
         raise SystemExit(f"--device-exports {sorted(set(device) - names)}: expected names among {sorted(names)}")
-    pieces = pack(args.out, args.piece_mib, prebuilt, device)
+    pieces = pack(args.out, args.piece_mib, prebuilt, device, args.data, not args.no_ort)
     total = sum(p.stat().st_size for p in pieces) / 2**20
     print(f"{len(pieces)} pieces, {total:.0f} MiB, in {args.out}: send one per device call (docs/gpu.md)")
 
