@@ -32,8 +32,9 @@ while [ $# -gt 0 ]; do
   shift
 done
 mkdir -p "$STAGE/parts" "$STAGE/work" "$OUT"
-if compgen -G ".gpu/part-*" >/dev/null; then cp .gpu/part-* "$STAGE/parts/"; fi
-for f in payload.sha256 gguf.size prebuilt.txt; do if [ -f ".gpu/$f" ]; then cp ".gpu/$f" "$STAGE/"; fi; done
+PIECES=${SPECDEC_GPU_PIECES:-.gpu}  # where pack.py --out put them (.gpu-drafter for a drafter run)
+if compgen -G "$PIECES/part-*" >/dev/null; then cp "$PIECES"/part-* "$STAGE/parts/"; fi
+for f in payload.sha256 gguf.size prebuilt.txt; do if [ -f "$PIECES/$f" ]; then cp "$PIECES/$f" "$STAGE/"; fi; done
 ls -l "$STAGE/parts"
 GGUF="$STAGE/gguf/SmolLM2-135M-Instruct.Q4_1.gguf"
 args=(--provider "$provider" --out "$OUT" --models "$STAGE/models" --gguf "$GGUF" --work "$STAGE/work" "${quick[@]}" "${bundles[@]}" "${stages[@]}")
