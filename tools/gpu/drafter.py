@@ -164,6 +164,10 @@ def main() -> None:
     def report(line: str) -> None:
         print(line, flush=True)
 
+    from specdec.distill.run import PLAN, PROMPTS
+
+    if not all((args.data / name).is_file() for name in (PLAN, PROMPTS)):
+        ap.error(f"--data {args.data}: expected {PLAN} and {PROMPTS}; make them with specdec distill BUNDLE --out {args.data} --plan-only")
     t0 = time.perf_counter()
     model = load_target(args.gguf, args.model, args.device)
     feats, answered = answer(model, args.data, args.rows, args.tokens, args.minutes, report)
