@@ -17,8 +17,9 @@ writing the very buffers it was captured with. So a ``CapturedRunner``:
 - keeps one captured graph per KV cache it runs over (a cache slot, a fork's cache): a graph
   id and a binding of its own each, since a replay reads the KV addresses it was captured with.
 
-Calls of any other length (a prompt chunk) run on the same session uncaptured (graph id -1,
-``engines/binding.py``). The runner works on the CPU provider too, where nothing is captured,
+The executor keeps one such runner per call length up to the verify's γ + 1 (a smaller γ, an
+adaptive one, a draft catching up), made at the first call of that length; longer calls (prompt
+chunks) run on the same session uncaptured (graph id -1, ``engines/binding.py``). The runner works on the CPU provider too, where nothing is captured,
 so the CPU tests run its buffers and lengths (tests/runtime/test_device_path.py).
 """
 
@@ -37,8 +38,8 @@ _GRAPH_IDS = itertools.count(1)  # ORT reserves 0 for its own single graph and -
 
 
 class CapturedRunner(GraphRunner):
-    """A batch-1 graph at a fixed S (the target's verify or one-token call, a draft step),
-    replayed as a CUDA graph per KV cache; ``run`` is ``GraphRunner.run``'s."""
+    """A batch-1 graph at a fixed S (a verify, a one-token call, a draft step), replayed as a
+    CUDA graph per KV cache; ``run`` is ``GraphRunner.run``'s."""
 
     def __init__(self, session: ort.InferenceSession, name: str, spec, cache: KVCache, tokens: int):
         if spec.io.features or spec.io.context:

@@ -106,7 +106,7 @@ class Executor:
         view = self.cache.slot(0)
         merged = m.rows_graph(model) if rows > 1 and model != "head" else None  # rows, not slots (max_batch=1 with more cache slots: batch-1 graphs); the head runs one row per call
         self.batched: dict[int, BatchRunner] = {}  # B -> the runner whose graph runs calls of B rows
-        self.dynamic = self.static = self.one = None  # batch-1 runners: any length, the fixed length, one token (captured only)
+        self.dynamic = self.static = self.captured = None  # batch-1 runners: any length; the fixed length; captured, per length
         if merged:
             runner = BatchRunner(sessions[merged[0]], *merged, self.cache, m.k, single or m.max_seq_len)
             self.batched = {b: runner for b in runner.sizes if b <= self.rows_cap(runner.sizes, rows)}
@@ -114,10 +114,13 @@ class Executor:
             name, g = m.graph(model, "dynamic")
             self.dynamic: GraphRunner = runner_for(bundle, name, g, view, session=sessions[name])  # any length
             fixed = fixed_tokens(m, model)
-            if provider in CAPTURE:  # fixed-length calls replayed as CUDA graphs: the verify or draft step, and one token
-                self.static = CapturedRunner(sessions[name], name, g, view, fixed)
-                self.one = CapturedRunner(sessions[name], name, g, view, 1) if fixed != 1 else None
-            else:
+            self.static = runner_for(bundle, name, g, view, session=sessions[name], tokens=fixed) if provider not in CAPTURE else None
+            # captured CUDA graphs: one runner per call length up to the verify's (made at its first call),
+            # so a smaller γ (adaptive, a request's own) replays too; longer calls (prompt chunks) run uncaptured
+            # (not a graph with feature tensors: those are host buffers; the feature drafter is float32 only anyway)
+            self.captured: dict[int, CapturedRunner] | None = {} if provider in CAPTURE and not (g.io.features or g.io.context) else None
+            self._capture = (sessions[name], name, g, m.k)  # the longest captured call: a verify of γ + 1 (a draft catching up feeds as many)
+            if provider in CAPTURE and self.captured is None:
                 self.static = runner_for(bundle, name, g, view, session=sessions[name], tokens=fixed)
             for b in batched_sizes(m, rows) if model != "head" else ():
                 name, g = m.graph(model, "dynamic", batch=b)
@@ -187,7 +190,7 @@ class Executor:
         return 1 if n == 1 and self.dynamic is not None else min(b for b in self.batched if b >= n)
 
     def _one(self, slot: int, feed: np.ndarray, context: np.ndarray | None = None) -> np.ndarray:
-        runner = self.static if len(feed) == self.static.capacity else self.one if len(feed) == 1 and self.one is not None else self.dynamic
+        runner = self._captured(len(feed)) if self.captured is not None else self.static if len(feed) == self.static.capacity else self.dynamic
         view = self.cache.slot(slot)
         if runner.cache is not view:
             runner.bind_cache(view)
@@ -201,6 +204,16 @@ class Executor:
             if self.store is not None:
                 self.store[slot, view.length + 1 : view.length + 1 + n] = self.features
         return logits
+
+    def _captured(self, n: int):
+        """The runner of a call of ``n`` tokens on a capturing provider: the captured one of that
+        length (made now if new) up to the verify's length, else the uncaptured dynamic one."""
+        session, name, g, longest = self._capture
+        if n > longest:
+            return self.dynamic
+        if n not in self.captured:
+            self.captured[n] = CapturedRunner(session, name, g, self.dynamic.cache, n)
+        return self.captured[n]
 
     def tree(self, slot: int, tokens: Sequence[int], parents: Sequence[int]) -> np.ndarray:
         """Logits [n, V] of a tree's n nodes over ``slot`` (engines/ort.py TreeRunner); node i's

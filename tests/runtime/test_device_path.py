@@ -201,11 +201,14 @@ def test_captured_runners_decode_as_host_arrays(family_bundle, monkeypatch):
     monkeypatch.setattr("specdec.engines.executor.CAPTURE", {"cpu"})  # the runners of "cuda-graph", on the CPU provider
     dec = SpeculativeDecoder.load(bundle)
     target = dec.engine.target
-    assert isinstance(target.static, CapturedRunner) and isinstance(target.one, CapturedRunner)  # the path under test runs
     for (drafter, t), want in host.items():
         assert _decode(bundle, drafter, t) == want, (drafter, t)
     ar = [dec.generate(p, max_new_tokens=24, ignore_eos=True, gamma=0).tokens for p in PROMPTS]
-    assert ar == host_ar and len(target.one.graphs) == 1  # one-token calls: the captured S = 1 runner, one cache
+    assert ar == host_ar and isinstance(target.captured[1], CapturedRunner) and len(target.captured[1].graphs) == 1  # one cache
+    fork = dec.fork("lookup")
+    small = [fork.generate(p, max_new_tokens=24, ignore_eos=True, gamma=g).tokens for p in PROMPTS for g in (2, "auto")]
+    assert small == [a for a in host_ar for _ in (2, "auto")]  # greedy: the target's tokens at any γ
+    assert 3 in fork.engine.target.captured  # γ = 2's verify of 3 tokens: a captured runner of its own
     with BatchEngine(bundle, max_batch=1, cache_slots=3) as engine:
         assert [r.tokens for r in engine.generate_many(PROMPTS, max_new_tokens=24, ignore_eos=True)] == host_batch
-        assert len(engine.engine.target.static.graphs) > 1  # slots of their own: a graph each
+        assert max(len(r.graphs) for r in engine.engine.target.captured.values()) > 1  # slots of their own: a graph each
