@@ -518,9 +518,10 @@ SYNTHETIC_OPTION = click.option(
 @click.option("--threads", default=None, type=int, help="ONNX Runtime intra-op threads per model session [default: one per core].")
 @click.option("--out", default=None, type=click.Path(file_okay=False, path_type=Path), help="Write results.md, results.json and bench.png here.")
 @click.option("--op-split", is_flag=True, help="First profile the target's calls (1 token, and a verify's k) and print where their time goes: MatMul, attention, other ops.")
+@click.option("--provider", default="cpu", show_default=True, type=click.Choice(["cpu", "cuda", "cuda-graph"]), help="ONNX Runtime provider (docs/gpu.md).")
 @SYNTHETIC_OPTION
 def bench_cmd(bundle: Path, gammas: str | None, drafters: str, adaptive: bool, temperatures: str, n_prompts: int, corpus: str,
-              prompt_tokens: int, tokens: int, rounds: int, threads: int | None, out: Path | None, op_split: bool,
+              prompt_tokens: int, tokens: int, rounds: int, threads: int | None, out: Path | None, op_split: bool, provider: str,
               synthetic_acceptance: float | None) -> None:  # fmt: skip
     """Drafters and γ against γ = 0, side by side and interleaved, with Theorem 3.8's prediction."""
     from specdec import bench
@@ -537,7 +538,9 @@ def bench_cmd(bundle: Path, gammas: str | None, drafters: str, adaptive: bool, t
     for d in names or ([drafters] if drafters is not None else []):
         if d not in DRAFTERS:
             raise ConfigError(f"--drafters {drafters!r}: {d!r} is not one of {', '.join(DRAFTERS)}")
-    dec = SpeculativeDecoder.load(bundle, threads=_threads(threads), drafter=names[0] if names else None)
+    if op_split and provider != "cpu":
+        raise InputError(f"--op-split profiles the CPU provider's calls; drop it with --provider {provider}")
+    dec = SpeculativeDecoder.load(bundle, provider=provider, threads=_threads(threads), drafter=names[0] if names else None)
     names = names or [dec.drafter_spec]
     if dec.codec is None:
         raise InputError(f"bundle {bundle} has no tokenizer; specdec bench draws its prompts from text")
@@ -576,7 +579,8 @@ def bench_cmd(bundle: Path, gammas: str | None, drafters: str, adaptive: bool, t
             splits.append(split.as_dict())
             click.echo("\n".join(split.lines()) + "\n")
     # An encoder-decoder's shared weights file holds its encoder too, so the floor of a decoder call is not known from it
-    floor = None if seq2seq else Floor.measure(bundle, dec.manifest, prompt_tokens + tokens // 2)
+    # the floor is this CPU's memory bandwidth; a GPU's calls are bound elsewhere (docs/gpu.md)
+    floor = None if seq2seq or provider != "cpu" else Floor.measure(bundle, dec.manifest, prompt_tokens + tokens // 2)
     results, text = {}, []
     for t in temps:
         rows = bench.summarize(bench.run(decoders, cfgs, prompts, tokens, rounds, t, ignore_eos=not (seq2seq or chat)), floor)
@@ -594,7 +598,8 @@ def bench_cmd(bundle: Path, gammas: str | None, drafters: str, adaptive: bool, t
            f"{len(prompts)} held-out prompts ({corpus}) of {prompt_tokens} tokens x {rounds} rounds x {tokens} new tokens per configuration, interleaved; ")
         + "α is the maximum-likelihood estimate from accepted and rejected drafts, c is per drafted token\n"
         + (f"{floor.line()}; × bandwidth floor = decode time / the floor of the calls it made (specdec/bench/floor.py)\n" if floor else
-           "sources encoded once per request by both encoders (prefill); requests end at EOS or --tokens\n")
+           "sources encoded once per request by both encoders (prefill); requests end at EOS or --tokens\n" if seq2seq else
+           f"provider {provider}: no bandwidth floor (it is this CPU's memory bandwidth)\n")
     )
     if synthetic_acceptance is not None:
         from specdec.bench.synthetic import banner
