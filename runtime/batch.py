@@ -24,7 +24,7 @@ from typing import Sequence
 
 from specdec.engines.executor import FUSED_PROVIDERS, graph_names, open_sessions
 from specdec.engines.threads import ThreadPolicy
-from specdec.errors import ConfigError, QueueFullError, SpecDecError
+from specdec.errors import ConfigError, InputError, QueueFullError, SpecDecError
 from specdec.manifest import Manifest, load_manifest
 from specdec.store import local
 from specdec.runtime.drafters import bundle_default, check_drafter, models_for, needs_tree
@@ -128,6 +128,9 @@ class BatchEngine:
         first, so a typed error queues none, and none is admitted before all are queued, so the
         choices of one prompt start in the same step and feed it once (the others copy its rows).
         ``QueueFullError`` when the queue lacks room for all of them (none stays queued)."""
+        if len(requests) > self.max_queue:  # could never be queued whole: the request's fault, not the load's
+            raise InputError(f"{len(requests)} requests in one group exceed the queue's {self.max_queue}; ask for fewer choices, "
+                             "or give the engine a larger max_queue (specdec serve --max-queue)")  # fmt: skip
         handles = [self._handle(prompt, params, source) for prompt, params in requests]
         with self._group:
             if self.max_queue - self.waiting.qsize() < len(handles):

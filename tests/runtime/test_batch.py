@@ -152,11 +152,13 @@ def test_queue_overflow_raises_the_typed_error(family_bundle):
         while engine.active == 0 and time.monotonic() < deadline:
             time.sleep(0.01)
         five = SamplingParams(max_new_tokens=5)
-        with pytest.raises(QueueFullError, match="retry later"):
-            engine.submit_together([(PROMPTS[1], five)] * 3)  # a group larger than the queue's room
+        with pytest.raises(InputError, match="3 requests in one group exceed the queue's 2"):
+            engine.submit_together([(PROMPTS[1], five)] * 3)  # never queueable whole: the request's fault (a 400), not a retry
         with pytest.raises(InputError):
             engine.submit_together([(PROMPTS[1], five), ([], five)])  # one bad request in the group
-        queued = [engine.submit(PROMPTS[1], max_new_tokens=5) for _ in range(2)]  # room for two: neither group left any
+        queued = engine.submit_together([(PROMPTS[1], five)] * 2)  # room for two: neither group above left any
+        with pytest.raises(QueueFullError, match="retry later"):
+            engine.submit_together([(PROMPTS[1], five)])  # a group that fits the queue, but not now
         with pytest.raises(QueueFullError, match="retry later"):
             engine.submit(PROMPTS[1], max_new_tokens=5)
         running.cancel()

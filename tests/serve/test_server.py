@@ -787,3 +787,13 @@ def test_the_hierarchical_drafter_is_served(chat_bundle, reference, tmp_path):
         got = in_flight(s.url, "tiny", PROMPTS, [30] * len(PROMPTS))
     for prompt, ids in zip(PROMPTS, got):
         assert ids == reference(prompt, 30, ignore_eos=True).tokens, prompt
+
+
+def test_more_choices_than_the_queue_holds_is_a_400_not_a_retry(client):
+    """A request's choices are queued as one group (BatchEngine.submit_together); more than the
+    queue ever holds (the server runs with --max-queue 16) can never be queued, so it is the
+    request's fault: a 400 naming the bound, and the server goes on serving."""
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="tiny", prompt="Hi", max_tokens=2, n=17)
+    assert "17 requests in one group exceed the queue's 16" in e.value.message
+    assert len(client.completions.create(model="tiny", prompt="Hi", max_tokens=2, n=16).choices) == 16
