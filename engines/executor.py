@@ -113,15 +113,13 @@ class Executor:
         else:
             name, g = m.graph(model, "dynamic")
             self.dynamic: GraphRunner = runner_for(bundle, name, g, view, session=sessions[name])  # any length
-            fixed = fixed_tokens(m, model)
-            self.static = runner_for(bundle, name, g, view, session=sessions[name], tokens=fixed) if provider not in CAPTURE else None
             # captured CUDA graphs: one runner per call length up to the verify's (made at its first call),
             # so a smaller γ (adaptive, a request's own) replays too; longer calls (prompt chunks) run uncaptured
             # (not a graph with feature tensors: those are host buffers; the feature drafter is float32 only anyway)
             self.captured: dict[int, CapturedRunner] | None = {} if provider in CAPTURE and not (g.io.features or g.io.context) else None
             self._capture = (sessions[name], name, g, m.k)  # the longest captured call: a verify of γ + 1 (a draft catching up feeds as many)
-            if provider in CAPTURE and self.captured is None:
-                self.static = runner_for(bundle, name, g, view, session=sessions[name], tokens=fixed)
+            if self.captured is None:
+                self.static = runner_for(bundle, name, g, view, session=sessions[name], tokens=fixed_tokens(m, model))
             for b in batched_sizes(m, rows) if model != "head" else ():
                 name, g = m.graph(model, "dynamic", batch=b)
                 self.batched[b] = BatchRunner(sessions[name], name, g, self.cache, m.k)

@@ -137,7 +137,7 @@ def train(bundle: Path, corpus: str, recipe: Recipe, save: Path | None = None, r
     """Train a head for ``bundle``'s target on ``corpus`` (text or a distill folder) and write it into the bundle; returns the training record."""
     from specdec.export.bundle import commit
     from specdec.export.feature import add_head, expose_features, restaged, tables
-    from specdec.export.head import FeatureHead, HeadConfig, save_head
+    from specdec.export.head import save_head
     from specdec.export.head_data import with_features
     from specdec.manifest import load_manifest
     from specdec.runtime.text import TextCodec
@@ -150,26 +150,17 @@ def train(bundle: Path, corpus: str, recipe: Recipe, save: Path | None = None, r
         raise ConfigError(f"{bundle} is a {manifest.target.quantization or manifest.dtype} bundle; the feature head reads the target's float32 "
                           "embedding and LM head: train it on a float32 export without --quantize")  # fmt: skip
     codec = TextCodec.from_bundle(bundle, manifest)
-    torch.manual_seed(recipe.seed)  # the head's initial weights, then the training noise (fit)
     t_start = time.perf_counter()
     with restaged(bundle) as stage:
         staged = expose_features(stage, manifest)
         embed, head_t, tied = tables(stage, staged)
-        d = embed.shape[1]
         train_seqs, held, described = data(corpus, codec, staged, recipe, report)
         cache = Path(corpus) / "features" if "conversations" in described else None  # a distill folder keeps them for the next recipe
         train_seqs, held = with_features(stage, staged, train_seqs, report, cache), with_features(stage, staged, held, report, cache)
         t_data = time.perf_counter() - t_start
         t = staged.target
-        inter = recipe.intermediate or int(round(8 * d / 3 / 64)) * 64
-        vocab_ids = None
-        if recipe.draft_vocab is not None:
-            if not 1 <= recipe.draft_vocab <= staged.vocab_size:
-                raise ConfigError(f"--draft-vocab {recipe.draft_vocab}: expected 1..{staged.vocab_size} (the target's vocabulary)")
-            counts = np.bincount(np.concatenate(train_seqs.ids), minlength=staged.vocab_size)
-            vocab_ids = torch.from_numpy(np.sort(np.argsort(-counts, kind="stable")[: recipe.draft_vocab]))
-        cfg = HeadConfig(d, inter, t.num_heads, t.num_kv_heads, t.head_dim, staged.vocab_size, staged.max_seq_len, draft_vocab=recipe.draft_vocab)
-        head = FeatureHead(cfg, torch.from_numpy(embed), torch.from_numpy(head_t), vocab_ids, tied)
+        head = new_head(recipe, train_seqs, torch.from_numpy(embed), torch.from_numpy(head_t), tied, (t.num_heads, t.num_kv_heads, t.head_dim),
+                        staged.vocab_size, staged.max_seq_len)  # fmt: skip
         fitted = fit(head, train_seqs, held, recipe, report=report)
         record = {"recipe": asdict(recipe), "corpus": corpus, **described, "data_seconds": round(t_data, 1), **fitted}
         report(f"held-out α(T=1) / argmax agreement: {record['held_out']['after']}")
@@ -178,6 +169,26 @@ def train(bundle: Path, corpus: str, recipe: Recipe, save: Path | None = None, r
             save_head(head, Path(save), record)
         commit(stage, bundle, final)
     return record
+
+
+def new_head(recipe: Recipe, train_seqs, embed: torch.Tensor, head_t: torch.Tensor, tied: bool, attention: tuple[int, int, int], vocab: int,
+             max_seq: int):  # fmt: skip
+    """A fresh head over the target's tables (embed [V, d], head_t [d, V]) with the target's
+    attention shape (heads, kv heads, head dim); with ``recipe.draft_vocab`` it drafts the most
+    frequent tokens of ``train_seqs``. Its initial weights follow ``recipe.seed``."""
+    from specdec.export.head import FeatureHead, HeadConfig
+
+    d = embed.shape[1]
+    inter = recipe.intermediate or int(round(8 * d / 3 / 64)) * 64
+    vocab_ids = None
+    if recipe.draft_vocab is not None:
+        if not 1 <= recipe.draft_vocab <= vocab:
+            raise ConfigError(f"--draft-vocab {recipe.draft_vocab}: expected 1..{vocab} (the target's vocabulary)")
+        counts = np.bincount(np.concatenate(train_seqs.ids), minlength=vocab)
+        vocab_ids = torch.from_numpy(np.sort(np.argsort(-counts, kind="stable")[: recipe.draft_vocab]))
+    cfg = HeadConfig(d, inter, *attention, vocab, max_seq, draft_vocab=recipe.draft_vocab)
+    torch.manual_seed(recipe.seed)  # the head's initial weights; then the training noise (fit)
+    return FeatureHead(cfg, embed, head_t, vocab_ids, tied)
 
 
 def fit(head, train_seqs, held, recipe: Recipe, device: str = "cpu", report: Callable[[str], None] = print) -> dict:

@@ -26,7 +26,7 @@ import numpy as np
 
 from specdec.atomic import write_atomic
 from specdec.distill import prompts as P
-from specdec.distill.shards import Answer, done_jobs, shard_paths, write_shard
+from specdec.distill.shards import Answer, done_jobs, offsets, shard_paths, write_shard
 from specdec.errors import ConfigError
 
 PLAN = "plan.json"
@@ -119,8 +119,7 @@ def plan_only(bundle: Path, out: Path, s: Settings, max_batch: int, report: Call
         eos = np.asarray(engine.manifest.eos_token_ids, np.int32)
         max_seq = engine.manifest.max_seq_len
     write_atomic(out / PROMPTS, lambda fh: np.savez_compressed(
-        fh, prompt=np.concatenate(ids), prompt_at=np.concatenate([[0], np.cumsum([len(x) for x in ids])]).astype(np.int64), eos=eos,
-        max_seq_len=np.int64(max_seq)))  # fmt: skip
+        fh, prompt=np.concatenate(ids), prompt_at=offsets([len(x) for x in ids]), eos=eos, max_seq_len=np.int64(max_seq)))  # fmt: skip
     jobs = len(ids) * len(s.temperatures)
     report(f"{out / PROMPTS}: {len(ids)} prompts ({jobs} jobs at temperatures {list(s.temperatures)}), end ids {eos.tolist()}")
     return {"requests": len(ids), "jobs": jobs, "eos": eos.tolist()}

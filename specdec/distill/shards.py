@@ -36,7 +36,8 @@ def shard_paths(folder: Path) -> list[Path]:
     return sorted(Path(folder).glob("shard-*.npz"))
 
 
-def _offsets(lengths: list[int]) -> np.ndarray:
+def offsets(lengths: list[int]) -> np.ndarray:
+    """[n + 1] int64: where each of n concatenated pieces starts (and the end)."""
     return np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)  # [n + 1]
 
 
@@ -47,9 +48,9 @@ def write_shard(folder: Path, index: int, answers: list[Answer]) -> Path:
         fh,
         job=np.array([a.job for a in answers], np.int32),
         prompt=np.concatenate([np.asarray(a.prompt, np.int32) for a in answers]),
-        prompt_at=_offsets([len(a.prompt) for a in answers]),
+        prompt_at=offsets([len(a.prompt) for a in answers]),
         answer=np.concatenate([np.asarray(a.answer, np.int32) for a in answers]),
-        answer_at=_offsets([len(a.answer) for a in answers]),
+        answer_at=offsets([len(a.answer) for a in answers]),
         top_id=np.concatenate([a.top_id for a in answers]).astype(np.int32),
         top_lp=np.concatenate([a.top_lp for a in answers]).astype(np.float16),
     ))  # fmt: skip

@@ -80,29 +80,18 @@ def answer(model, data: Path, rows: int, tokens: int | None, minutes: float | No
 
 def train(model, data: Path, feats: dict[int, np.ndarray], recipe, device: str, report) -> tuple[object, dict]:
     """The feature head on the answers whose features this run computed (export/train_head.py ``fit``)."""
-    import torch
-
     from specdec.distill.run import read_prompts
-    from specdec.export.head import FeatureHead, HeadConfig
     from specdec.export.head_data import distilled
-    from specdec.export.train_head import fit
+    from specdec.export.train_head import fit, new_head
 
     _, _, max_seq = read_prompts(data)
     train_seqs, held = (_with_features(x) for x in distilled(str(data), max_seq, features=_Only(feats)))
     report(f"{len(train_seqs)} conversations ({train_seqs.tokens:,} tokens, {train_seqs.trained:,} trained positions), {len(held)} held out by topic")
-    cfg_t = model.config
+    c = model.config
     embed = model.get_input_embeddings().weight.detach().float().cpu()  # [V, d]
     head_t = model.get_output_embeddings().weight.detach().float().cpu().T.contiguous()  # [d, V]
-    v, d = embed.shape
-    vocab_ids = None
-    if recipe.draft_vocab is not None:
-        counts = np.bincount(np.concatenate(train_seqs.ids), minlength=v)
-        vocab_ids = torch.from_numpy(np.sort(np.argsort(-counts, kind="stable")[: recipe.draft_vocab]))
-    inter = recipe.intermediate or int(round(8 * d / 3 / 64)) * 64
-    head_dim = getattr(cfg_t, "head_dim", None) or d // cfg_t.num_attention_heads
-    cfg = HeadConfig(d, inter, cfg_t.num_attention_heads, cfg_t.num_key_value_heads, head_dim, v, max_seq, draft_vocab=recipe.draft_vocab)
-    torch.manual_seed(recipe.seed)  # the head's initial weights, as train-drafter seeds them
-    head = FeatureHead(cfg, embed, head_t, vocab_ids, bool(getattr(cfg_t, "tie_word_embeddings", False)))
+    attention = (c.num_attention_heads, c.num_key_value_heads, getattr(c, "head_dim", None) or embed.shape[1] // c.num_attention_heads)
+    head = new_head(recipe, train_seqs, embed, head_t, bool(getattr(c, "tie_word_embeddings", False)), attention, embed.shape[0], max_seq)
     record = fit(head, train_seqs, held, recipe, device, report)
     record.update(conversations=len(train_seqs), tokens=train_seqs.tokens, trained_positions=train_seqs.trained, held_out_conversations=len(held))
     return head.cpu(), record
