@@ -11,6 +11,9 @@ bundle's graph of one fixed B. Row r of a call feeds its tokens at its slot's co
 and writes their KV rows there in place; rows a call does not use point at the scratch slot.
 A call of n rows runs the smallest body B >= n. Row buffers are rebound only when the slot a
 row serves changes, token-sized buffers only when S changes (each body has its own binding).
+An encoder-decoder's rows graph (export/seq2seq.py) also reads each row's source: the cross K/V
+its slot's encoder call wrote (``cross``, one ``CrossKV`` per slot), bound by pointer and
+rebound only when the row's slot or that slot's source length changes: never copied per call.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import numpy as np
 import onnxruntime as ort
 
 from specdec.engines.binding import Binding, stale_memories
-from specdec.engines.kv import NP_DTYPES, KVCache
+from specdec.engines.kv import NP_DTYPES, CrossKV, KVCache
 from specdec.errors import EngineError, InputError, SignatureError
 from specdec.manifest import GraphSpec, body_output
 
@@ -78,6 +81,14 @@ class SlotCache:
         view.keep([r - view.length for r in rows])
 
 
+def slot_sources(layers: int, heads: int, max_source: int, head_dim: int, dtype: str, slots: int) -> list[CrossKV]:
+    """An encoder-decoder's cross K/V per slot, the scratch slot's last: a source of one zero
+    row, so the rows a call does not use read a well-formed [1, H, 1, D] (never kept)."""
+    sources = [CrossKV(layers, heads, max_source, head_dim, dtype) for _ in range(slots + 1)]
+    sources[-1].length = 1
+    return sources
+
+
 class BatchRunner:
     """Run one batched graph of a bundle over a ``SlotCache``.
 
@@ -89,8 +100,14 @@ class BatchRunner:
     of one row (a prompt chunk), when the graph has a 1-row body.
     """
 
-    def __init__(self, session: ort.InferenceSession, name: str, spec: GraphSpec, cache: SlotCache, max_tokens: int, single: int = 0):
+    def __init__(self, session: ort.InferenceSession, name: str, spec: GraphSpec, cache: SlotCache, max_tokens: int, single: int = 0,
+                 cross: Sequence[CrossKV] | None = None):  # fmt: skip
+        """``cross``: an encoder-decoder graph's per-slot cross K/V, the scratch slot's last."""
         self.name, self.spec, self.cache, self.session, self.io = name, spec, cache, session, spec.io
+        if bool(spec.io.cross) != (cross is not None) or (cross is not None and len(cross) != len(cache.views)):
+            raise SignatureError(f"graph {name} reads {len(spec.io.cross)} cross K/V pairs; the runner was given "
+                                 f"{'none' if cross is None else len(cross)} sources for {len(cache.views)} slots")  # fmt: skip
+        self.cross = cross
         self.rows, self.max_tokens = spec.batch, max_tokens  # rows bound (the largest B), and the most tokens a row feeds per call
         self.sizes = spec.rows or (spec.batch,)  # the B a call may run, ascending
         # a rows graph's body of B rows returns its own outputs (export/rows.py); an older graph has one B
@@ -122,10 +139,12 @@ class BatchRunner:
         stale = stale_memories(cache.views[0].device, cache.views[0].dtype)
         self.bindings = {b: Binding(session, stale) for b in self.sizes}
         self.bound_slots = {b: [-1] * self.rows for b in self.sizes}  # body -> the slot each row is bound to
+        self.bound_sources = {b: [(-1, -1)] * self.rows for b in self.sizes}  # body -> per row (slot, source length) of its cross K/V
         self.bound_tokens = {b: 0 for b in self.sizes}  # body -> the S its token-sized buffers are bound at
         for b in self.sizes:
             for r in range(self.rows):
                 self._bind_row(b, r, cache.scratch)
+                self._bind_source(b, r, cache.scratch)
 
     def _bind_row(self, body: int, r: int, slot: int) -> None:
         """Row r of ``body``'s calls reads (and, if the body runs it, writes) ``slot``'s KV."""
@@ -137,6 +156,16 @@ class BatchRunner:
                 if r < body:
                     binding.bind_output(self.out(tout, body), view.memory, 0, view.dtype, list(view.shape), ptr)
         self.bound_slots[body][r] = slot
+
+    def _bind_source(self, body: int, r: int, slot: int) -> None:
+        """Row r of ``body``'s calls reads ``slot``'s cross K/V (an encoder-decoder graph)."""
+        if self.cross is None:
+            return
+        cross, binding = self.cross[slot], self.bindings[body]
+        for i, ptrs in enumerate(cross.pointers()):
+            for tensor, ptr in zip(self.io.cross[r * self.layers + i], ptrs):
+                binding.bind_input(tensor, "cpu", 0, cross.dtype, list(cross.shape), ptr)
+        self.bound_sources[body][r] = (slot, cross.length)
 
     def _bind_tokens(self, body: int, s: int) -> None:
         b = self.bindings[body]
@@ -178,6 +207,8 @@ class BatchRunner:
                 self.totals[r] = start + s
             if self.bound_slots[rows][r] != slot:
                 self._bind_row(rows, r, slot)
+            if self.cross is not None and self.bound_sources[rows][r] != (slot, self.cross[slot].length):
+                self._bind_source(rows, r, slot)
         if s != self.bound_tokens[rows]:
             self._bind_tokens(rows, s)
         self.bindings[rows].run()

@@ -30,9 +30,9 @@ from typing import Sequence
 import numpy as np
 import onnxruntime as ort
 
-from specdec.engines.batch import BatchRunner, SlotCache
+from specdec.engines.batch import BatchRunner, SlotCache, slot_sources
 from specdec.engines.fused import FusedRunner
-from specdec.engines.kv import CrossKV, KVCache
+from specdec.engines.kv import KVCache
 from specdec.engines.captured import CapturedRunner
 from specdec.engines.ort import CAPTURE, DEVICE, EncoderRunner, GraphRunner, TreeRunner, fixed_tokens, fused_graph, open_session, runner_for
 from specdec.engines.threads import ThreadPolicy
@@ -73,6 +73,8 @@ def graph_names(manifest: Manifest, models: Sequence[str], slots: int, fused: bo
         if slots > 1 and (rows := manifest.rows_graph(model)):
             batched_sizes(manifest, slots)  # refuses an engine larger than the bundle's rows
             names.append(rows[0])
+            if manifest.seq2seq:
+                names.append(manifest.graph(model, "encoder")[0])
             continue
         names.append(manifest.graph(model, "dynamic")[0])
         if manifest.seq2seq:
@@ -107,8 +109,12 @@ class Executor:
         merged = m.rows_graph(model) if rows > 1 and model != "head" else None  # rows, not slots (max_batch=1 with more cache slots: batch-1 graphs); the head runs one row per call
         self.batched: dict[int, BatchRunner] = {}  # B -> the runner whose graph runs calls of B rows
         self.dynamic = self.static = self.captured = None  # batch-1 runners: any length; the fixed length; captured, per length
+        if m.seq2seq and self.device != "cpu":
+            raise EngineError(f"encoder-decoder bundles run on the CPU provider only so far; {bundle} needs provider='cpu'")
+        # an encoder-decoder's cross K/V per slot (the scratch slot's last), written by its encoder once per request
+        self.cross = slot_sources(spec.num_layers, spec.num_heads, m.max_source_len, spec.head_dim, m.dtype, slots) if m.seq2seq else None
         if merged:
-            runner = BatchRunner(sessions[merged[0]], *merged, self.cache, m.k, single or m.max_seq_len)
+            runner = BatchRunner(sessions[merged[0]], *merged, self.cache, m.k, single or m.max_seq_len, cross=self.cross)
             self.batched = {b: runner for b in runner.sizes if b <= self.rows_cap(runner.sizes, rows)}
         else:
             name, g = m.graph(model, "dynamic")
@@ -131,9 +137,6 @@ class Executor:
                     self.fused_runners[rows, role == "fused_greedy"] = FusedRunner(sessions[found[0]], *found, self.cache.slot, self.cache.scratch)
         self.encoder = None
         if m.seq2seq:
-            if self.device != "cpu":
-                raise EngineError(f"encoder-decoder bundles run on the CPU provider only so far; {bundle} needs provider='cpu'")
-            self.cross = [CrossKV(spec.num_layers, spec.num_heads, m.max_source_len, spec.head_dim, m.dtype) for _ in range(slots)]
             name, g = m.graph(model, "encoder")
             self.encoder = EncoderRunner(sessions[name], name, g, self.cross[0])
         found = [(n, g) for n, g in m.graphs.items() if g.model == model and g.role == "tree" and n in sessions]

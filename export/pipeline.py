@@ -223,7 +223,7 @@ PORTABLE_GRAPHS = (
 
 
 # Encoder-decoder bundles (export/seq2seq.py): each model's encoder, run once per request, and
-# its decoder graphs. Batch 1 and the ORT flavour only so far.
+# its decoder graphs (batch 1; with --max-batch a rows graph per model too). The ORT flavour only so far.
 SEQ2SEQ_GRAPHS = (
     GraphPlan("target_encoder", "target", "encoder", None, kind="encoder"),
     GraphPlan("target_dynamic", "target", "dynamic", None, kind="seq2seq"),
@@ -241,10 +241,7 @@ def check_seq2seq(cfg: ExportConfig, sources: dict[str, Source]) -> int | None:
         if cfg.max_source_len is not None:
             raise ConfigError(f"--max-source-len {cfg.max_source_len}: {cfg.target} is decoder-only; the option is for encoder-decoder models (T5, BART, Marian)")
         return None
-    if cfg.max_batch > 1:  # the bundle is whole without them: say what it does instead of refusing
-        warnings.warn(f"--max-batch {cfg.max_batch}: encoder-decoder bundles have no batched graphs yet, so this one decodes one "
-                      "request at a time (the others wait in BatchEngine's and specdec serve's queue); exported without them", stacklevel=2)
-    flags = {"--fused-draft": cfg.fused_draft, "--portable": cfg.portable, "--tree-nodes": bool(cfg.tree_nodes),
+    flags = {"--batch-graphs per-size": cfg.max_batch > 1 and cfg.batch_graphs != "rows", "--fused-draft": cfg.fused_draft, "--portable": cfg.portable, "--tree-nodes": bool(cfg.tree_nodes),
              "--feature-drafter": cfg.head() is not None}
     bad = [f for f, on in flags.items() if on]
     if bad:
@@ -257,8 +254,10 @@ def check_seq2seq(cfg: ExportConfig, sources: dict[str, Source]) -> int | None:
 
 
 def planned_graphs(cfg: ExportConfig, seq2seq: bool = False) -> tuple[GraphPlan, ...]:
-    if seq2seq:
-        return SEQ2SEQ_GRAPHS
+    if seq2seq:  # batched: one rows graph per model (its 1-row body included), each row over its own source
+        sizes = (1, *batch_sizes(cfg.max_batch)) if cfg.max_batch > 1 else ()
+        return SEQ2SEQ_GRAPHS + tuple(GraphPlan(f"{m}_batch{b}", m, "dynamic", None, batch=b, kind="seq2seq_batched")
+                                      for b in sizes for m in ("target", "draft"))  # fmt: skip
     fused = tuple(GraphPlan(f"draft_{role}", "draft", role, "gamma", kind="fused") for role in FUSED_ROLES) if cfg.fused_draft else ()
     batched = []
     rows = (1,) if cfg.batch_graphs == "rows" else ()  # a rows graph's 1-row body (one row alone, in the same session)
@@ -336,8 +335,6 @@ def _export(cfg: ExportConfig, progress: Progress, log: ExportLog) -> Manifest:
     with one_parse():  # a GGUF source is parsed once for its header, config, tokenizer and weights
         progress("read configs")
         sources, max_source, max_seq = _read_sources(cfg)
-        if max_source is not None:
-            cfg = dataclasses.replace(cfg, max_batch=1)  # no batched encoder-decoder graphs yet (check_seq2seq warned)
         progress("load weights")
         models = {"target": load_model(sources["target"])}
         models["draft"] = load_model(sources["draft"], target=models["target"])
@@ -526,6 +523,9 @@ def _share_weights(graphs: dict[str, GraphSpec], tmp: Path) -> dict[str, GraphSp
     return out
 
 
+ROWS_KINDS = ("batched", "seq2seq_batched")  # the kinds a model's row counts are merged from
+
+
 def _merge_rows(graphs: dict[str, GraphSpec], plans: dict[str, GraphPlan], tmp: Path) -> tuple[dict[str, GraphSpec], dict[str, GraphPlan]]:
     """Each model's batched graphs (1, 2, 4, .. rows) merged into one rows graph, ``<model>_rows``
     (export/rows.py): one session for every row count, so the weights are packed once."""
@@ -533,14 +533,15 @@ def _merge_rows(graphs: dict[str, GraphSpec], plans: dict[str, GraphPlan], tmp: 
 
     graphs, plans = dict(graphs), dict(plans)
     for model in ("target", "draft"):
-        names = {plans[n].batch: n for n in graphs if plans[n].kind == "batched" and plans[n].model == model}
+        names = {plans[n].batch: n for n in graphs if plans[n].kind in ROWS_KINDS and plans[n].model == model}
+        kind = plans[next(iter(names.values()))].kind
         spec = merge_rows(tmp, {b: graphs[n] for b, n in names.items()}, f"{model}_rows.onnx")
         for n in names.values():
             (tmp / graphs.pop(n).file).unlink()
             plans.pop(n)
         name = f"{model}_rows"
         graphs[name] = dataclasses.replace(spec, sha256=sha256_of(tmp / spec.file))
-        plans[name] = GraphPlan(name, model, "dynamic", None, batch=spec.batch, kind="batched")
+        plans[name] = GraphPlan(name, model, "dynamic", None, batch=spec.batch, kind=kind)
     return graphs, plans
 
 

@@ -141,7 +141,7 @@ def signature(specs: dict[int, GraphSpec]) -> tuple[tuple[TensorSpec, ...], tupl
     body's, renamed by ``body_output``), and the I/O roles under the largest body's names."""
     sizes = sorted(specs)
     top = specs[sizes[-1]]
-    kv = {n for pair in (*top.io.past, *top.io.present) for n in pair}
+    kv = {n for pair in (*top.io.past, *top.io.present, *top.io.cross) for n in pair}  # a row's own buffers: [1, ...]
 
     def symbolic(t: TensorSpec, name: str | None = None) -> TensorSpec:
         shape = t.shape if t.name in kv or not t.shape else ("B", *t.shape[1:])  # a row's scalar (its total) stays one

@@ -80,15 +80,26 @@ def _heads(x: torch.Tensor, heads: int) -> torch.Tensor:
     return x.view(x.shape[0], x.shape[1], heads, -1).transpose(1, 2)
 
 
-def cross_attention(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, heads: int, scale: float) -> torch.Tensor:
-    """q [1, S, H*D] over the encoder's K/V [1, H, N, D] (every source row visible) -> [1, S, H*D]."""
+def cross_attention(q: torch.Tensor, key, value, heads: int, scale: float) -> torch.Tensor:
+    """q [1, S, H*D] over the encoder's K/V [1, H, N, D] (every source row visible) -> [1, S, H*D].
+    Rows (``key``/``value`` lists of B): q [B, S, H*D], row b over its own source's K/V [1, H, N_b, D]."""
+    if isinstance(key, list):
+        return torch.cat([cross_attention(qb, k, v, heads, scale) for qb, k, v in zip(q.split(1), key, value)])
     weights = (_heads(q, heads) @ key.transpose(-1, -2)) * scale  # [1, H, S, N]
     out = weights.softmax(-1) @ value  # [1, H, S, D]
     return out.transpose(1, 2).reshape(q.shape[0], q.shape[1], -1)
 
 
 def self_attention(q, k, v, past_k, past_v, seqlens, total, heads: int, scale: float, bias=None):
-    """New rows' q/k/v [1, S, H*D] over the cache buffer -> output [1, S, H*D], present K, present V."""
+    """New rows' q/k/v [1, S, H*D] over the cache buffer -> output [1, S, H*D], present K, present V.
+    Rows (``past_k``/``past_v``/``total`` lists of B, seqlens [B], bias [B, H, S, MAX]): q/k/v
+    [B, S, H*D], one batch-1 attention per row over its own buffers (export/batched.py: ORT's CPU
+    GroupQueryAttention takes no batch of several new tokens over a past) -> [B, S, H*D], lists of B."""
+    if isinstance(past_k, list):
+        rows = [self_attention(q[b : b + 1], k[b : b + 1], v[b : b + 1], past_k[b], past_v[b], seqlens[b : b + 1], total[b], heads, scale,
+                               None if bias is None else bias[b : b + 1]) for b in range(len(past_k))]  # fmt: skip
+        out, pk, pv = zip(*rows)
+        return torch.cat(out), list(pk), list(pv)
     if bias is None:
         return torch.ops.specdec.gqa(q, k, v, past_k, past_v, seqlens, total, heads, heads, scale, 0)
     return torch.ops.specdec.gqa_bias(q, k, v, past_k, past_v, seqlens, total, bias, heads, scale)
@@ -122,14 +133,14 @@ class T5Decoder(torch.nn.Module):
         self.attn = attn
 
     def position_bias(self, attn, position_ids: torch.Tensor) -> torch.Tensor:
-        """[1, H, S, MAX]: ``attn``'s bias of query position i for key row j (rows past i are masked anyway)."""
-        rel = torch.arange(self.max_seq, device=position_ids.device)[None, :] - position_ids[0][:, None]  # [S, MAX]
+        """[B, H, S, MAX]: ``attn``'s bias of row b's query position i for key row j (rows past i are masked anyway)."""
+        rel = torch.arange(self.max_seq, device=position_ids.device)[None, None, :] - position_ids[:, :, None]  # [B, S, MAX]
         bucket = attn._relative_position_bucket
         if "bidirectional" in inspect.signature(bucket).parameters:  # T5's and mT5's: a static method given the table's shape
             buckets = bucket(rel, bidirectional=False, num_buckets=attn.relative_attention_num_buckets, max_distance=attn.relative_attention_max_distance)
         else:  # UMT5's reads them off the layer (a decoder's: one direction)
             buckets = bucket(rel)
-        return attn.relative_attention_bias(buckets).permute(2, 0, 1).unsqueeze(0)
+        return attn.relative_attention_bias(buckets).permute(0, 3, 1, 2)  # [B, S, MAX, H] -> [B, H, S, MAX]
 
     def forward(self, input_ids, position_ids, seqlens, total, past, cross):
         h = self.dec.embed_tokens(input_ids)
@@ -271,4 +282,60 @@ def export_seq2seq_decoder(model, path: Path, family: str, tokens: int | None, m
     seq = torch.export.Dim("S", min=1, max=max_seq) if tokens is None else None
     dynamic = ({1: seq} if seq else None, {1: seq} if seq else None, [None, None], [None] * (2 * layers), [{2: n}] * (2 * layers))
     _export(_Decoder(model, family, max_seq), args, path, inputs, outputs, dynamic)
+    return inputs, outputs, io
+
+
+class _RowsDecoder(torch.nn.Module):
+    """B rows of a decoder call, each over its own self-attention buffers and its own source's
+    cross K/V; inputs and outputs listed row-major (row b, layer i), as export/batched.py."""
+
+    def __init__(self, model, family: str, max_seq: int, rows: int, layers: int):
+        super().__init__()
+        self.body, self.rows, self.layers = SEQ2SEQ[family].decoder(model, max_seq), rows, layers
+
+    def per_layer(self, flat: list) -> list[list[torch.Tensor]]:
+        """Row-major pairs (row b, layer i) -> per layer i: [keys of every row], [values of every row]."""
+        at = lambda b, i, kv: flat[2 * (b * self.layers + i) + kv]  # noqa: E731
+        return [[at(b, i, kv) for b in range(self.rows)] for i in range(self.layers) for kv in (0, 1)]
+
+    def forward(self, input_ids, position_ids, seqlens_k, totals: list[torch.Tensor], past: list[torch.Tensor], cross: list[torch.Tensor]):
+        logits, presents = self.body(input_ids, position_ids, seqlens_k, list(totals), self.per_layer(list(past)), self.per_layer(list(cross)))
+        kv = [presents[2 * i + kv][b] for b in range(self.rows) for i in range(self.layers) for kv in (0, 1)]
+        return (logits.float(), *kv)
+
+
+def rows_signature(layers: int, rows: int, heads: int, head_dim: int, vocab: int, max_seq: int, dtype: str):
+    """A batched decoder graph's signature (export/batched.py's) and each row's cross K/V
+    ``cross_key_i_b`` [1, H, source_b, D], row-major as the KV pairs."""
+    from specdec.export.batched import signature as batched_signature
+
+    inputs, outputs, io = batched_signature(layers, rows, heads, head_dim, vocab, max_seq, dtype)
+    names = tuple((f"cross_key_{i}_{b}", f"cross_value_{i}_{b}") for b in range(rows) for i in range(layers))
+    inputs += [TensorSpec(n, dtype, (1, heads, f"source_{b}", head_dim)) for b in range(rows) for pair in names[b * layers : (b + 1) * layers]
+               for n in pair]  # fmt: skip
+    return inputs, outputs, dataclasses.replace(io, cross=names)
+
+
+def export_seq2seq_batched(model, path: Path, family: str, rows: int, max_seq: int, layers: int, heads: int, head_dim: int,
+                           max_source: int, dtype: str):  # fmt: skip
+    """A decoder graph of ``rows`` rows (S dynamic), each row over its own KV slot and its own
+    source's cross K/V (a source length per row): merged with the other row counts into the
+    model's rows graph (export/rows.py)."""
+    inputs, outputs, io = rows_signature(layers, rows, heads, head_dim, model.config.vocab_size, max_seq, dtype)
+    t = TORCH_DTYPES[dtype]
+    s = 3  # trace rows of 3 new tokens after 2 and 5 committed rows, over sources of 5 and 7 tokens
+    starts = torch.tensor([2 + 3 * (b % 2) for b in range(rows)])
+    sources = [min(5 + 2 * (b % 2), max_source) for b in range(rows)]
+    args = (
+        torch.zeros(rows, s, dtype=torch.long),
+        starts[:, None] + torch.arange(s)[None, :],
+        (starts + s - 1).to(torch.int32),
+        [(starts[b] + s).to(torch.int32) for b in range(rows)],  # [] each
+        [torch.zeros(1, heads, max_seq, head_dim, dtype=t) for _ in range(2 * layers * rows)],
+        [torch.randn(1, heads, sources[b], head_dim).to(t) for b in range(rows) for _ in range(2 * layers)],
+    )
+    seq = torch.export.Dim("S", min=1, max=max_seq)
+    n = [torch.export.Dim(f"source_{b}", min=2, max=max(3, max_source)) for b in range(rows)]
+    dynamic = ({1: seq}, {1: seq}, None, [None] * rows, [None] * (2 * layers * rows), [{2: n[b]} for b in range(rows) for _ in range(2 * layers)])
+    _export(_RowsDecoder(model, family, max_seq, rows, layers), args, path, inputs, outputs, dynamic)
     return inputs, outputs, io

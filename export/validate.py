@@ -377,16 +377,19 @@ def validate_tree(model: torch.nn.Module, bundle: Path, graph: tuple[str, GraphS
 
 
 def validate_batched(model: torch.nn.Module, bundle: Path, graph: tuple[str, GraphSpec], kv: tuple[int, int, int, int, str],
-                     max_tokens: int, seed: int = 0, rounds: int = 4) -> dict[str, float]:  # fmt: skip
+                     max_tokens: int, seed: int = 0, rounds: int = 4, encoder: tuple[str, GraphSpec] | None = None,
+                     max_source: int = 0) -> dict[str, float]:  # fmt: skip
     """Max |Δ logits| and top-1 agreement of a batched graph against ``model`` run row by row.
 
     Every row gets its own random prompt (different lengths, fed through the batched graph in
     one padded call), then ``rounds`` calls of 1..``max_tokens`` random tokens per row with
     partial acceptance; each row is compared with PyTorch on that row's own sequence. A rows
     graph (export/rows.py) is checked so for each of its row counts, over the same session.
+    An encoder-decoder's (``encoder``: its encoder graph): each row also gets its own random
+    source of its own length, encoded into its slot, and PyTorch runs that source too.
     """
-    from specdec.engines.batch import BatchRunner, SlotCache
-    from specdec.engines.ort import open_session
+    from specdec.engines.batch import BatchRunner, SlotCache, slot_sources
+    from specdec.engines.ort import EncoderRunner, open_session
 
     name, spec = graph
     rng = np.random.default_rng(seed)
@@ -394,18 +397,31 @@ def validate_batched(model: torch.nn.Module, bundle: Path, graph: tuple[str, Gra
     layers, heads, max_seq, dim, dtype = kv
     cache = SlotCache(layers, heads, max_seq, dim, dtype, spec.batch)
     prompt_max = max(2, min(20, max_seq // 4))
-    runner = BatchRunner(open_session(bundle, name, spec), name, spec, cache, max(max_tokens, prompt_max))
+    cross = slot_sources(layers, heads, max_source, dim, dtype, spec.batch) if encoder else None
+    runner = BatchRunner(open_session(bundle, name, spec), name, spec, cache, max(max_tokens, prompt_max), cross=cross)
+    enc = EncoderRunner(open_session(bundle, *encoder), *encoder, cross[0]) if encoder else None
+    sources: list[list[int]] = [[] for _ in range(spec.batch)]
     seen = Agreement()
+
+    def reference(b: int) -> torch.Tensor:
+        if enc is None:
+            return model(torch.tensor([seqs[b]])).logits
+        return model(input_ids=torch.tensor([sources[b]]), decoder_input_ids=torch.tensor([seqs[b]])).logits
+
     for rows in runner.sizes:
         for b in range(spec.batch):
             cache.rewind_to(b, 0)
+            if enc is not None:
+                sources[b] = rng.integers(0, vocab, size=int(rng.integers(2, min(max_source, 24) + 1))).tolist()
+                enc.cross = cross[b]
+                enc.run(np.array(sources[b]))
         seqs = [rng.integers(0, vocab, size=int(rng.integers(2, prompt_max + 1))).tolist() for _ in range(rows)]
         feeds = seqs
         for r in range(rounds + 1):
             out = runner.run(range(rows), [np.array(f) for f in feeds]).copy()
             for b, f in enumerate(feeds):
                 with torch.no_grad():
-                    ref = model(torch.tensor([seqs[b]])).logits[0, -len(f):].float().numpy()
+                    ref = reference(b)[0, -len(f):].float().numpy()
                 seen.logits(out[b, : len(f)], ref)
                 keep = len(f) if r == 0 else int(rng.integers(1, len(f) + 1))  # partial acceptance after the prompt
                 cache.slot(b).append(keep)
