@@ -241,7 +241,8 @@ def check_seq2seq(cfg: ExportConfig, sources: dict[str, Source]) -> int | None:
         if cfg.max_source_len is not None:
             raise ConfigError(f"--max-source-len {cfg.max_source_len}: {cfg.target} is decoder-only; the option is for encoder-decoder models (T5, BART, Marian)")
         return None
-    flags = {"--batch-graphs per-size": cfg.max_batch > 1 and cfg.batch_graphs != "rows", "--fused-draft": cfg.fused_draft, "--portable": cfg.portable, "--tree-nodes": bool(cfg.tree_nodes),
+    flags = {"--batch-graphs per-size": cfg.max_batch > 1 and cfg.batch_graphs != "rows", "--fused-draft": cfg.fused_draft,
+             "--portable": cfg.portable, "--tree-nodes": bool(cfg.tree_nodes),
              "--feature-drafter": cfg.head() is not None}
     bad = [f for f, on in flags.items() if on]
     if bad:

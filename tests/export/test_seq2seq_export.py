@@ -55,27 +55,32 @@ def test_options_an_encoder_decoder_refuses(tied_t5, tmp_path, args, words):
     assert not out.exists()
 
 
-def test_max_batch_exports_a_bundle_that_serves_requests_in_turn(tied_t5, tmp_path):
-    """``--max-batch 4`` on an encoder-decoder pair: no batched graphs yet, so the export says so
-    (one warning line) and writes a bundle of one row; 8 requests submitted at once to its
-    BatchEngine are answered in turn, each token for token as PyTorch's greedy loop."""
+def test_max_batch_exports_rows_graphs_that_decode_requests_together(tied_t5, tmp_path):
+    """``--max-batch 4`` on an encoder-decoder pair: a rows graph per model (bodies of 1, 2 and
+    4 rows, each row over its own source), validated at export; 8 requests of sources of
+    different lengths submitted at once to its BatchEngine run 4 rows to a call, each token for
+    token as PyTorch's greedy loop. ``--batch-graphs per-size`` is refused with one line."""
     from specdec.runtime import BatchEngine
 
     target, draft = tied_t5
     out = tmp_path / "bundle"
     res = export_cli("--target", str(target), "--draft", str(draft), "--out", str(out), "--max-batch", "4", "--max-source-len", "32")
     assert res.returncode == 0, res.stderr[-2000:]
-    warned = [ln for ln in res.stderr.splitlines() if "--max-batch 4: encoder-decoder bundles have no batched graphs yet" in ln]
-    assert len(warned) == 1, res.stderr[-2000:]
+    m = json.loads((out / "manifest.json").read_text())
+    assert [m["graphs"][f"{model}_rows"]["rows"] for model in ("target", "draft")] == [[1, 2, 4]] * 2
+    assert all(m["validation"][f"{model}_rows"]["top1_agreement"] == 1.0 for model in ("target", "draft"))
     engine = BatchEngine(out)
     try:
-        assert engine.max_batch == 1
-        sources = [[5 + i, 17, 42, 99 - i, 7, 3, 1] for i in range(8)]
+        assert engine.max_batch == 4
+        sources = [[5 + i, 17, 42, 99 - i, 7, 3, 250, 61, 1][: 3 + i % 6] for i in range(8)]
         results = engine.generate_many(sources, max_new_tokens=16, ignore_eos=True)
+        assert max(engine.occupancy) == 4
     finally:
         engine.close()
     model = load_seq2seq(target)
     assert [r.tokens for r in results] == [seq2seq_greedy(model, s, 16) for s in sources]
+    refused = export_cli("--target", str(target), "--draft", str(draft), "--out", str(tmp_path / "b2"), "--max-batch", "4", "--batch-graphs", "per-size")
+    assert_one_line_error(refused, "--batch-graphs per-size", "not supported for encoder-decoder bundles yet")
 
 
 def test_source_longer_than_the_encoders_positions(tmp_path):

@@ -128,17 +128,18 @@ def test_bad_input_is_refused(seq2seq_bundle, llama_bundle):
         dec.generate([5, 999])
     from specdec.runtime.batch import BatchEngine
 
-    with pytest.raises(ConfigError, match="max_batch=2.*expected 1..1 rows"):
-        BatchEngine(out, max_batch=2)  # encoder-decoder bundles have batch-1 graphs only
+    with pytest.raises(ConfigError, match="max_batch=5.*expected 1..4 rows"):
+        BatchEngine(out, max_batch=5)  # the bundle's rows graph holds 4
     decoder_only = SpeculativeDecoder.load(llama_bundle[2])
     with pytest.raises(InputError, match="decoder-only and takes a prompt, not a source"):
         decoder_only.generate([5, 6], source=[7, 8])
 
 
-@pytest.mark.parametrize("drafter", ["model", "hierarchical", "lookup"])
+@pytest.mark.parametrize("drafter", ["model", "hierarchical", "lookup", "ngram"])
 def test_batch_engine_serves_encoder_decoder_bundles(seq2seq_bundle, drafter):
-    """BatchEngine runs the same engine core: 8 requests in flight (one slot; the rest queue),
-    each the target's greedy output token for token, by source text or ids."""
+    """BatchEngine over the bundle's rows graphs: 8 requests submitted at once, decoded 4 rows
+    to a call (each row over its own source, its own γ), each the target's greedy output token
+    for token."""
     from specdec.runtime.batch import BatchEngine
 
     family, target, _, out, _ = seq2seq_bundle
@@ -147,12 +148,14 @@ def test_batch_engine_serves_encoder_decoder_bundles(seq2seq_bundle, drafter):
     with BatchEngine(out, drafter=drafter, max_queue=8) as engine:
         handles = [engine.submit(src, max_new_tokens=40, gamma=(0, 2, 4, "auto")[i % 4], ignore_eos=True) for i, src in enumerate(sources)]
         results = [h.result(timeout=300) for h in handles]
+        together = max(engine.occupancy)
     drafted = 0
     for src, res in zip(sources, results):
         ref = torch_greedy(model, src, 40)
         assert res.tokens == ref, f"{family} {drafter} source={src}: first difference at {first_diff(res.tokens, ref)}"
         drafted += res.stats.drafted
     assert drafted > 0
+    assert together == 4, f"{family} {drafter}: at most {together} rows decoded together"
 
 
 def test_batch_engine_samples_encoder_decoder_as_the_target(seq2seq_bundle):
