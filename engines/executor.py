@@ -153,6 +153,7 @@ class Executor:
         self.store = np.zeros((slots + 1, m.max_seq_len + 1, width), dtype=np.float32) if width else None  # [slots+1, MAX+1, d]
         self.features: np.ndarray | None = None  # [n, d]: the last batch-1 call's features (a view)
         self.calls = 0  # forward calls (the fused drafter adds its γ steps)
+        self.encodes = 0  # encoder calls (an encoder-decoder's sources)
 
     # -- running ----------------------------------------------------------------------------
 
@@ -236,6 +237,7 @@ class Executor:
 
     def encode(self, slot: int, source: np.ndarray) -> None:
         """Run the encoder on a request's source [N] into ``slot``'s cross K/V."""
+        self.encodes += 1
         self.encoder.cross = self.cross[slot]
         self.encoder.run(source)
         self._unbind_cross(slot)

@@ -46,6 +46,11 @@ def clip(tokens: np.ndarray, budget: int, stop: frozenset[int]) -> tuple[list[in
     return out, False
 
 
+def same_source(a: np.ndarray | None, b: np.ndarray | None) -> bool:
+    """Whether two requests' sources are the same (decoder-only requests have none: the same)."""
+    return (a is None and b is None) or (a is not None and b is not None and np.array_equal(a, b))
+
+
 class Engine:
     """``slots`` requests in flight over one bundle's sessions (``sessions``: graph name -> session).
 
@@ -60,7 +65,7 @@ class Engine:
     def __init__(self, bundle: Path, manifest: Manifest, sessions: dict, drafter, slots: int = 1, provider: str = "cpu",
                  prefill_chunk: int | None = None, reuse: bool = False, rows: int | None = None):  # fmt: skip
         self.manifest, self.slots, self.prefill_chunk = manifest, slots, prefill_chunk
-        self.reuse = reuse and not manifest.seq2seq  # an encoder-decoder's rows depend on its source too
+        self.reuse = reuse
         self.target = Executor(bundle, manifest, "target", sessions, provider, slots, prefill_chunk, rows)
         self.draft = Executor(bundle, manifest, "draft", sessions, provider, slots, prefill_chunk, rows) if needs_draft_model(drafter) else None
         self.head = Executor(bundle, manifest, "head", sessions, provider, slots) if "head" in models_for(drafter) else None
@@ -78,6 +83,8 @@ class Engine:
         self.shared_tokens = 0  # prompt tokens copied from a row in flight with the same prompt
         # Prefix reuse: a slot keeps its KV rows and tokens (seqs[slot]) when its request ends
         self.last_used = [-1] * slots  # per slot, the start count when a request last took it (least recently used: lowest)
+        # An encoder-decoder's rows depend on its source too: per slot, the source whose cross K/V every model's slot holds
+        self.sources: list[np.ndarray | None] = [None] * slots
         self.starts = 0
         self.prefix_queries = self.prefix_hits = self.evictions = 0  # prompt tokens asked, prompt tokens reused; slots overwritten
         self.synthetic: float | None = None  # benchmarks only (specdec.bench.synthetic): outputs are then NOT the target's
@@ -92,7 +99,7 @@ class Engine:
     def reusable(self, req: Request, slot: int) -> int:
         """Rows of ``slot`` that ``req`` can keep: the tokens its prompt shares with what the slot
         holds, short of the prompt's last token (fed by the first decoding call)."""
-        if req.source is not None or req.params.prompt_logprobs is not None:  # prompt logprobs come from feeding it
+        if req.params.prompt_logprobs is not None or not same_source(req.source, self.sources[slot]):  # prompt logprobs come from feeding it
             return 0
         n = min(self.held(slot), len(req.prompt) - 1)
         diff = np.flatnonzero(self.seqs[slot, :n] != req.prompt[:n])
@@ -131,8 +138,8 @@ class Engine:
         self.last_used[slot] = self.starts
         for model in self.models:
             model.rewind_to(slot, keep)  # 0: emptied; else the prompt's first ``keep`` rows are kept
-            if req.source is not None:
-                model.encode(slot, req.source)
+        if req.source is not None:
+            self._take_source(req.source, slot)
         seq = self.seqs[slot]
         seq[:L] = req.prompt
         sink.start_time = t0
@@ -200,12 +207,26 @@ class Engine:
             model.commit(r.slot, stop - start)
         r.stats.prefill_seconds += clock() - t0
 
+    def _take_source(self, source: np.ndarray, slot: int) -> None:
+        """Every model's ``slot`` gets ``source``'s cross K/V: kept when the slot holds them
+        already, copied from another slot that does (n choices of one source, a source sent
+        again), else encoded."""
+        if same_source(source, self.sources[slot]):
+            return
+        held = next((s for s in range(self.slots) if s != slot and same_source(source, self.sources[s])), None)
+        self.sources[slot] = None  # until every model holds it
+        for model in self.models:
+            if held is None:
+                model.encode(slot, source)
+            else:
+                model.share_source(held, slot)
+        self.sources[slot] = source
+
     def _donors(self, r: Row) -> list[Row]:
-        """The rows in flight with ``r``'s very prompt (the n choices of one prompt): they feed it
-        in the same chunks, so the KV rows they hold are the ones ``r`` would compute, bit for bit."""
-        if r.req.source is not None:  # an encoder-decoder's rows depend on its source too
-            return []
-        return [d for d in self.rows.values() if d is not r and d.req.source is None and np.array_equal(d.req.prompt, r.req.prompt)]
+        """The rows in flight with ``r``'s very prompt (the n choices of one prompt; of one source
+        too, for an encoder-decoder): they feed it in the same chunks, so the KV rows they hold
+        are the ones ``r`` would compute, bit for bit."""
+        return [d for d in self.rows.values() if d is not r and same_source(d.req.source, r.req.source) and np.array_equal(d.req.prompt, r.req.prompt)]
 
     def _share(self, src: Row, r: Row, start: int, stop: int) -> bool:
         """Give row ``r`` the prompt rows [start, stop) that ``src`` has fed already (n choices of

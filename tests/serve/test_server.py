@@ -766,8 +766,9 @@ def test_null_fields_mean_their_defaults():
 
 
 def test_encoder_decoder_bundles_are_served(seq2seq_bundle, tmp_path):
-    """T5, BART and Marian behind the server: 8 requests in flight, each source's output is the
-    PyTorch target's greedy output token for token (the batched engine runs the same core)."""
+    """T5, BART and Marian behind the server: 8 requests in flight, decoded several rows to a
+    call by the bundle's rows graphs, each source's output the PyTorch target's greedy output
+    token for token."""
     pytest.importorskip("torch")
     from models import load_seq2seq, seq2seq_greedy
 
@@ -776,6 +777,8 @@ def test_encoder_decoder_bundles_are_served(seq2seq_bundle, tmp_path):
     sources = [s[: len(s) - i % 3] + ([1] if i % 3 else []) for i, s in enumerate(sources)]
     with Server(out, "--served-model-name", family, "--drafter", "hierarchical" if family == "t5" else "model", log=tmp_path / "server.log") as s:
         got = in_flight(s.url, family, sources, [24] * len(sources))
+        m = metrics(s.url)
+    assert m["specdec_batch_occupancy_bucket{le=1.0}"] < m["specdec_batch_occupancy_count"], "no iteration decoded two rows or more"
     model = load_seq2seq(target)
     for src, ids in zip(sources, got):
         assert ids == seq2seq_greedy(model, src, 24), f"{family} source {src}"
