@@ -470,7 +470,7 @@ def _manifest(cfg: ExportConfig, target: Source, specs: dict[str, ModelSpec], gr
         vocab_size=target.config.vocab_size,
         dtype=cfg.dtype,
         quantization=cfg.quantize,
-        bos_token_id=target.config.bos_token_id,
+        bos_token_id=getattr(target.config, "bos_token_id", None),  # transformers 5.x configs lack what they do not set (t5-small's)
         eos_token_ids=target.eos_ids(),
         pad_token_id=getattr(target.config, "pad_token_id", None),
         target=specs["target"],

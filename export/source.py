@@ -46,7 +46,7 @@ class Source:
         """The config's EOS ids inside the vocabulary. One outside it (a GPT-2-shaped config's
         50256 over a trimmed vocabulary) can never be emitted: it is dropped with a warning, as
         transformers itself only warns."""
-        eos = self.config.eos_token_id
+        eos = getattr(self.config, "eos_token_id", None)
         ids = () if eos is None else tuple(int(e) for e in eos) if isinstance(eos, (list, tuple)) else (int(eos),)
         vocab = self.config.vocab_size
         outside = [e for e in ids if not 0 <= e < vocab]
@@ -153,9 +153,9 @@ def check_pair(target: Source, draft: Source) -> None:
             f"vocab mismatch: target {target.name} has vocab_size={t.vocab_size}, draft {draft.name} has {d.vocab_size}; "
             "the draft must share the target's tokenizer"
         )
-    if getattr(t, "bos_token_id", None) != getattr(d, "bos_token_id", None):
+    if (bos := getattr(t, "bos_token_id", None)) != (draft_bos := getattr(d, "bos_token_id", None)):
         raise ModelError(
-            f"special-token mismatch: target bos_token_id={t.bos_token_id}, draft bos_token_id={d.bos_token_id}; "
+            f"special-token mismatch: target bos_token_id={bos}, draft bos_token_id={draft_bos}; "
             "the draft must share the target's tokenizer"
         )
     if set(target.eos_ids()) != set(draft.eos_ids()):

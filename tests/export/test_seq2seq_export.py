@@ -19,9 +19,15 @@ from specdec.runtime import SpeculativeDecoder  # noqa: E402
 @pytest.fixture(scope="module")
 def tied_t5(tmp_path_factory):
     """A tied T5 target (its head scaled by d_model^-0.5) with gated-GELU feed-forwards (T5 v1.1,
-    flan-T5) and a smaller random T5 draft: ReLU, other layer and head counts, its own encoder."""
+    flan-T5) and a smaller random T5 draft: ReLU, other layer and head counts, its own encoder.
+    Their configs name no BOS, as t5-small's does not (transformers 5.x has no default)."""
     root = tmp_path_factory.mktemp("t5tied")
-    return save_seq2seq_pair(root, "t5", near=False, tied=True, feed_forward_proj="gated-gelu")
+    pair = save_seq2seq_pair(root, "t5", near=False, tied=True, feed_forward_proj="gated-gelu")
+    for folder in pair:
+        config = json.loads((folder / "config.json").read_text())
+        del config["bos_token_id"]
+        (folder / "config.json").write_text(json.dumps(config))
+    return pair
 
 
 def test_tied_t5_with_a_smaller_draft(tied_t5, tmp_path):
