@@ -29,8 +29,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import onnx
 import onnxscript
 import torch
+from onnx.defs import OpSchema
 from onnxscript import opset18 as op
 
 from specdec.export import attention, versions
@@ -72,7 +74,44 @@ def _gqa_bias_to_onnx(query, key, value, past_key, past_value, seqlens_k, total_
     )  # fmt: skip
 
 
-TRANSLATION = {**attention.CUSTOM_TRANSLATION, torch.ops.specdec.gqa_bias.default: _gqa_bias_to_onnx}
+def _register_mha_schema() -> None:
+    """ORT's MultiHeadAttention as far as the cross-attention uses it (query, key, value), for
+    onnxscript to emit (the onnx package knows no contrib ops; attention.py does the same for GQA)."""
+    if onnx.defs.has("MultiHeadAttention", "com.microsoft"):
+        return
+    formal, attr, kind = OpSchema.FormalParameter, OpSchema.Attribute, OpSchema.AttrType
+    onnx.defs.register_schema(
+        OpSchema("MultiHeadAttention", "com.microsoft", 1, inputs=[formal("query", "T"), formal("key", "T"), formal("value", "T")],
+                 outputs=[formal("output", "T")], type_constraints=[("T", ["tensor(float)", "tensor(float16)"], "")],
+                 attributes=[attr("num_heads", kind.INT, ""), attr("scale", kind.FLOAT, "")])  # fmt: skip
+    )
+
+
+_register_mha_schema()
+
+
+@torch.library.custom_op("specdec::cross_attention", mutates_args=())
+def cross_mha(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, num_heads: int, scale: float) -> torch.Tensor:
+    """q [1, S, H*D] over the encoder's K/V [1, H, N, D], every source row visible -> [1, S, H*D]."""
+    weights = (_heads(query, num_heads) @ key.transpose(-1, -2)) * scale  # [1, H, S, N]
+    out = weights.softmax(-1) @ value  # [1, H, S, D]
+    return out.transpose(1, 2).reshape(query.shape[0], query.shape[1], -1)
+
+
+@cross_mha.register_fake
+def _cross_mha_fake(query, key, value, num_heads, scale):
+    return torch.empty_like(query)
+
+
+def _cross_mha_to_onnx(query, key, value, num_heads: int, scale: float):
+    """ORT's MultiHeadAttention, which reads K/V in the encoder's [1, H, N, D] layout as they are:
+    no Transpose or Reshape around it (ORT's own fusion of the MatMul/Softmax form left ~8 a row
+    and layer, the larger part of a rows graph's cross-attention time on the demo pair)."""
+    return _MSFT.MultiHeadAttention(query, key, value, num_heads=num_heads, scale=scale)
+
+
+TRANSLATION = {**attention.CUSTOM_TRANSLATION, torch.ops.specdec.gqa_bias.default: _gqa_bias_to_onnx,
+               torch.ops.specdec.cross_attention.default: _cross_mha_to_onnx}  # fmt: skip
 
 
 def _heads(x: torch.Tensor, heads: int) -> torch.Tensor:
@@ -85,9 +124,7 @@ def cross_attention(q: torch.Tensor, key, value, heads: int, scale: float) -> to
     Rows (``key``/``value`` lists of B): q [B, S, H*D], row b over its own source's K/V [1, H, N_b, D]."""
     if isinstance(key, list):
         return torch.cat([cross_attention(qb, k, v, heads, scale) for qb, k, v in zip(q.split(1), key, value)])
-    weights = (_heads(q, heads) @ key.transpose(-1, -2)) * scale  # [1, H, S, N]
-    out = weights.softmax(-1) @ value  # [1, H, S, D]
-    return out.transpose(1, 2).reshape(q.shape[0], q.shape[1], -1)
+    return torch.ops.specdec.cross_attention(q, key, value, heads, float(scale))
 
 
 def self_attention(q, k, v, past_k, past_v, seqlens, total, heads: int, scale: float, bias=None):
@@ -95,9 +132,11 @@ def self_attention(q, k, v, past_k, past_v, seqlens, total, heads: int, scale: f
     Rows (``past_k``/``past_v``/``total`` lists of B, seqlens [B], bias [B, H, S, MAX]): q/k/v
     [B, S, H*D], one batch-1 attention per row over its own buffers (export/batched.py: ORT's CPU
     GroupQueryAttention takes no batch of several new tokens over a past) -> [B, S, H*D], lists of B."""
-    if isinstance(past_k, list):
-        rows = [self_attention(q[b : b + 1], k[b : b + 1], v[b : b + 1], past_k[b], past_v[b], seqlens[b : b + 1], total[b], heads, scale,
-                               None if bias is None else bias[b : b + 1]) for b in range(len(past_k))]  # fmt: skip
+    if isinstance(past_k, list):  # each tensor split once (one Split node), not sliced per row: fewer ops a call
+        n = len(past_k)
+        biases = [None] * n if bias is None else bias.split(1)
+        rows = [self_attention(*qkv, past_k[b], past_v[b], seqlens[b : b + 1], total[b], heads, scale, biases[b])
+                for b, qkv in enumerate(zip(q.split(1), k.split(1), v.split(1)))]  # fmt: skip
         out, pk, pv = zip(*rows)
         return torch.cat(out), list(pk), list(pv)
     if bias is None:

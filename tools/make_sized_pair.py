@@ -36,6 +36,9 @@ PRESETS = {
         model_type="llama", hidden_size=2048, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
         intermediate_size=8192, rope_theta=500_000.0, tie_word_embeddings=True, rms_norm_eps=1e-5,
         draft=dict(hidden_size=512, num_hidden_layers=6, num_attention_heads=8, num_key_value_heads=2, intermediate_size=2048)),
+    "t5-base": dict(  # google-t5/t5-base's body, t5-small's as the draft (encoder-decoder: tools/bench_seq2seq_rows.py)
+        model_type="t5", d_model=768, d_kv=64, d_ff=3072, num_layers=12, num_heads=12, feed_forward_proj="relu", tie_word_embeddings=True,
+        draft=dict(d_model=512, d_kv=64, d_ff=2048, num_layers=6, num_heads=8)),
 }
 MAX_POSITIONS = 4096
 
@@ -47,6 +50,9 @@ def config_for(preset: str, vocab_size: int, bos: int, eos: int, draft: bool = F
     model_type, draft_body = body.pop("model_type"), body.pop("draft")
     if draft:
         body.update(draft_body)
+    if model_type == "t5":  # T5's own names; the decoder starts at the pad token, as T5's does
+        return AutoConfig.for_model(model_type, vocab_size=vocab_size, eos_token_id=eos, pad_token_id=0, decoder_start_token_id=0,
+                                    initializer_factor=1.0, **body)  # fmt: skip
     return AutoConfig.for_model(model_type, vocab_size=vocab_size, max_position_embeddings=MAX_POSITIONS, bos_token_id=bos,
                                 eos_token_id=eos, initializer_range=0.02, hidden_act="silu", **body)
 
@@ -58,7 +64,7 @@ def weight_bytes(model) -> int:
 
 def write(preset: str, out: Path, seed: int) -> dict:
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
 
     from specdec.demo import smollm2_gguf
 
@@ -68,7 +74,8 @@ def write(preset: str, out: Path, seed: int) -> dict:
     for role in ("target", "draft"):
         torch.manual_seed(seed + (role == "draft"))
         cfg = config_for(preset, len(tok), tok.bos_token_id, tok.eos_token_id, draft=role == "draft")
-        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+        auto = AutoModelForSeq2SeqLM if cfg.model_type == "t5" else AutoModelForCausalLM
+        model = auto.from_config(cfg, dtype=torch.float32).eval()
         model.save_pretrained(out / role)
         tok.save_pretrained(out / role)
         sizes[role] = {"parameters": sum(p.numel() for p in model.parameters()), "weight_bytes": weight_bytes(model)}
