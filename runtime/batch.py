@@ -47,8 +47,8 @@ class BatchEngine:
     error there, and a full queue raises ``QueueFullError``); one engine thread runs every
     graph call. ``generate_many`` is the blocking convenience. ``close()`` stops the thread.
     Every drafter runs here, a user's own ``Drafter`` object included, and encoder-decoder
-    bundles too (``submit(source)``; their bundles have batch-1 graphs only, so they decode one
-    request at a time and the rest wait in the queue).
+    bundles too (``submit(source)``: each row over its own source's cross K/V, encoded once per
+    slot; several rows a call when the bundle was exported with ``--max-batch``).
 
     ``observer``, when set, is called by the engine thread after each iteration with one
     ``Iteration`` per row decoded in it (what a metrics exporter counts); keep it quick.

@@ -11,7 +11,8 @@ few of them. Each slot of the executor's cache holds one sequence's KV rows (``t
 ``run`` gives each path the slot that holds most of it, copies the rows from another slot when
 that one holds more (``Executor.copy``: siblings of one parent share its rows), rolls the slot
 back to where it and the path differ (O(1)), and feeds the rest, all paths in one batched call
-where the executor has batched graphs (else one call per path: encoder-decoder bundles).
+where the executor has batched graphs (else one call per path: a bundle without --max-batch);
+an encoder-decoder's beams are rows too, each reading the source's K/V encoded once per search.
 Copies never overwrite rows another copy still reads, and a slot whose rows cannot be copied (a
 device cache) is fed instead, so the result never depends on which slot served a path.
 """
@@ -37,7 +38,7 @@ class PrefixScorer:
         self.max_seq = executor.cache.max_seq
         self.tokens = np.zeros((self.slots, self.max_seq), dtype=np.int64)  # [slots, MAX]: what each slot's KV rows hold
         runners = list(executor.batched.values())
-        self.rows = max(executor.batched, default=1)  # paths per call (1: no batched graphs, e.g. an encoder-decoder's)
+        self.rows = max(executor.batched, default=1)  # paths per call (1: a bundle without batched graphs)
         self.chunk = min((r.max_tokens for r in runners), default=self.max_seq)  # tokens a row feeds in a call of several
         one = executor.dynamic is not None or not runners  # a batch-1 graph takes any length
         self.single = self.max_seq if one else max(runners[0].single, self.chunk)  # tokens one row feeds alone in a call

@@ -19,7 +19,7 @@ positions, and advances 1..γ + 1 steps.
 - memory-bound (a call costs its weights, whatever its rows: large models, GPUs): a verify
   costs a plain step, so the gain is steps-per-round / (1 + c), c a round's draft time over a
   plain step's target time (both measured).
-Encoder-decoder bundles have batch-1 decoder graphs only, so there every row is a call.
+A bundle without --max-batch (rows graphs) runs every beam row as a call of its own, encoder-decoder bundles too.
 """
 
 from __future__ import annotations
