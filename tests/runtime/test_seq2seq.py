@@ -216,3 +216,33 @@ def test_one_source_is_encoded_once_for_its_choices_and_kept_in_its_slot(seq2seq
         want = [alone.submit(src, p).result(timeout=300).tokens for p in params]
     assert [r.tokens for r in group] == want
     assert again.tokens == torch_greedy(load(target), src, 12)
+
+
+def test_rows_take_penalties_and_logprobs_as_one_row_does(seq2seq_bundle):
+    """The request fields the engine applies per row (repetition and frequency penalties, a logit
+    bias, logprobs with their top-k) give the same tokens and log-probs in an 8-row engine over the
+    rows graph as one request alone on the batch-1 graphs; the logprobs are PyTorch's
+    log-softmax of the target's logits at each kept position (greedy, no penalty: the raw mode).
+    Tolerance 1e-4: float32 graphs against PyTorch, as the export's validation allows."""
+    from specdec.runtime.batch import BatchEngine
+
+    family, target, _, out, _ = seq2seq_bundle
+    if family != "bart":
+        pytest.skip("per-row request fields are the same engine code for every family: checked on BART")
+    fields = [dict(repetition_penalty=1.3), dict(frequency_penalty=0.5, logit_bias={7: 2.0}), dict(logprobs=3), dict(logprobs=2, gamma=0)]
+    sources = [SOURCES[i % len(SOURCES)][: 9 - i % 3] + [1] for i in range(8)]
+    dec = SpeculativeDecoder.load(out)
+    want = [dec.generate(src, max_new_tokens=24, ignore_eos=True, **fields[i % 4]) for i, src in enumerate(sources)]
+    with BatchEngine(out, max_queue=8) as engine:
+        got = [h.result(timeout=300) for h in [engine.submit(src, max_new_tokens=24, ignore_eos=True, **fields[i % 4]) for i, src in enumerate(sources)]]
+        assert max(engine.occupancy) == 4
+    model = load(target)
+    for i, (a, b) in enumerate(zip(got, want)):
+        assert a.tokens == b.tokens, f"request {i} {fields[i % 4]}: first difference at {first_diff(a.tokens, b.tokens)}"
+        if a.logprobs is None:
+            continue
+        assert [lp.token for lp in a.logprobs] == a.tokens and [[t for t, _ in lp.top] for lp in a.logprobs] == [[t for t, _ in lp.top] for lp in b.logprobs]
+        with torch.no_grad():
+            ref = torch.log_softmax(model(input_ids=torch.tensor([sources[i]]), decoder_input_ids=torch.tensor([[2] + a.tokens[:-1]])).logits[0].double(), -1)
+        ours = np.array([lp.logprob for lp in a.logprobs])
+        assert np.abs(ours - ref[np.arange(len(a.tokens)), a.tokens].numpy()).max() < 1e-4, f"request {i}"
