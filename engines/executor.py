@@ -10,6 +10,7 @@
                           1-token step); n rows: the smallest batched graph holding n rows
       fused(rows, greedy)  the draft's γ-steps-in-one-call runner for a call of that many rows
       encode(slot, source) an encoder-decoder's encoder writes the slot's cross K/V
+      encode_many(slots, sources)  several sources in one batched encoder call (padded, masked)
       KV manager: length / commit / rewind_to / reset per slot (the SlotCache, which also
                   compacts a tree's accepted rows: keep)
 
@@ -34,7 +35,7 @@ from specdec.engines.batch import BatchRunner, SlotCache, slot_sources
 from specdec.engines.fused import FusedRunner
 from specdec.engines.kv import KVCache
 from specdec.engines.captured import CapturedRunner
-from specdec.engines.ort import CAPTURE, DEVICE, EncoderRunner, GraphRunner, TreeRunner, fixed_tokens, fused_graph, open_session, runner_for
+from specdec.engines.ort import CAPTURE, DEVICE, BatchEncoder, EncoderRunner, GraphRunner, TreeRunner, fixed_tokens, fused_graph, open_session, runner_for
 from specdec.engines.threads import ThreadPolicy
 from specdec.errors import ConfigError, EngineError
 from specdec.manifest import FUSED_ROLES, Manifest
@@ -73,8 +74,8 @@ def graph_names(manifest: Manifest, models: Sequence[str], slots: int, fused: bo
         if slots > 1 and (rows := manifest.rows_graph(model)):
             batched_sizes(manifest, slots)  # refuses an engine larger than the bundle's rows
             names.append(rows[0])
-            if manifest.seq2seq:
-                names.append(manifest.graph(model, "encoder")[0])
+            if manifest.seq2seq:  # the batch-1 encoder (one source) and the batched one (the sources admitted together)
+                names += [manifest.graph(model, "encoder")[0], *(n for n, g in manifest.graphs.items() if g.model == model and g.role == "encoder" and g.batch > 1)]
             continue
         names.append(manifest.graph(model, "dynamic")[0])
         if manifest.seq2seq:
@@ -135,10 +136,13 @@ class Executor:
                 found = fused_graph(m, role, rows)
                 if model == "draft" and found and found[0] in sessions:
                     self.fused_runners[rows, role == "fused_greedy"] = FusedRunner(sessions[found[0]], *found, self.cache.slot, self.cache.scratch)
-        self.encoder = None
+        self.encoder = self.batch_encoder = None
         if m.seq2seq:
             name, g = m.graph(model, "encoder")
             self.encoder = EncoderRunner(sessions[name], name, g, self.cross[0])
+            found = [(n, g) for n, g in m.graphs.items() if g.model == model and g.role == "encoder" and g.batch > 1 and n in sessions]
+            if found and self.batched:  # sources admitted together, encoded in one call
+                self.batch_encoder = BatchEncoder(sessions[found[0][0]], *found[0], min(found[0][1].batch, slots), m.max_source_len)
         found = [(n, g) for n, g in m.graphs.items() if g.model == model and g.role == "tree" and n in sessions]
         self.tree_runner = TreeRunner(sessions[found[0][0]], *found[0], view) if found else None  # a tree drafter's verify graph
         if self.tree_runner is not None and self.device != "cpu":  # a tree keeps rows out of order: a row move (KVCache.keep)
@@ -241,6 +245,20 @@ class Executor:
         self.encoder.cross = self.cross[slot]
         self.encoder.run(source)
         self._unbind_cross(slot)
+
+    def encode_many(self, slots: Sequence[int], sources: Sequence[np.ndarray]) -> None:
+        """Each of ``slots`` gets its source's cross K/V: several in one batched encoder call
+        when the bundle has one (padded and masked), else one call each."""
+        step = self.batch_encoder.rows if self.batch_encoder is not None else 1
+        for i in range(0, len(slots), step):
+            group, srcs = slots[i : i + step], sources[i : i + step]
+            if len(group) == 1:
+                self.encode(group[0], srcs[0])
+                continue
+            self.encodes += 1
+            self.batch_encoder.run(srcs, [self.cross[s] for s in group])
+            for s in group:
+                self._unbind_cross(s)
 
     def share_source(self, src: int, dst: int) -> None:
         """Slot ``dst`` takes ``src``'s encoded source (its cross K/V), as ``encode`` would write it."""

@@ -124,6 +124,13 @@ class CrossKV:
             mine[:n] = theirs[:n]
         self.length = other.length
 
+    def write(self, kv: list[np.ndarray], row: int, n: int) -> None:
+        """Take row ``row``'s first ``n`` source positions of a batched encoder's outputs ``kv``
+        (key_0, value_0, key_1, ... [B, H, N, D]) as this source's K/V: one copy, at admission."""
+        for mine, theirs in zip(self.buffers, kv):
+            mine[: self.heads * n * self.head_dim].reshape(self.heads, n, self.head_dim)[:] = theirs[row, :, :n]
+        self.length = n
+
     def views(self) -> list[np.ndarray]:
         """key_0, value_0, key_1, ... as [1, H, N, D] arrays over the buffers."""
         n = self.heads * self.length * self.head_dim

@@ -306,6 +306,32 @@ class EncoderRunner:
         self.session.run_with_iobinding(self.binding)
 
 
+class BatchEncoder:
+    """An encoder-decoder's batched encoder graph (export/seq2seq.py ``export_encoder_batched``):
+    ``run(sources, crosses)`` encodes 2..``rows`` sources in one call, right-padded to the longest
+    and masked, and copies each one's K/V into its ``CrossKV`` (once per request, at admission)."""
+
+    def __init__(self, session: ort.InferenceSession, name: str, spec: GraphSpec, rows: int, max_source: int):
+        if not spec.io.mask:
+            raise SignatureError(f"graph {name} is not a batched encoder (no attention mask input)")
+        self.name, self.spec, self.session, self.rows, self.max_source = name, spec, session, rows, max_source
+        self.ids = np.zeros((rows * max_source,), dtype=np.int64)  # [B * N] viewed as [B, N] per call
+        self.mask = np.zeros((rows * max_source,), dtype=np.int64)
+        self.outputs = [n for pair in spec.io.cross for n in pair]
+
+    def run(self, sources: Sequence[np.ndarray], crosses: Sequence[CrossKV]) -> None:
+        b, n = len(sources), max(len(s) for s in sources)
+        if not 2 <= b <= self.rows or n > self.max_source:
+            raise InputError(f"{self.name}: {b} sources of up to {n} tokens; this encoder takes 2..{self.rows} of 1..{self.max_source}")
+        ids, mask = self.ids[: b * n].reshape(b, n), self.mask[: b * n].reshape(b, n)
+        ids[:], mask[:] = 0, 0  # padding: masked out, its outputs never kept
+        for r, src in enumerate(sources):
+            ids[r, : len(src)], mask[r, : len(src)] = src, 1
+        kv = self.session.run(self.outputs, {self.spec.io.ids: ids, self.spec.io.mask: mask})  # per layer key, value [B, H, N, D]
+        for r, (src, cross) in enumerate(zip(sources, crosses)):
+            cross.write(kv, r, len(src))
+
+
 def open_session(
     bundle: Path, name: str, spec: GraphSpec, provider: str = "cpu", threads: ThreadPolicy | int | None = None
 ) -> ort.InferenceSession:

@@ -124,6 +124,13 @@ def _validate_seq2seq(ctx, name, g):
     return m, validate_seq2seq(ctx.models[m], ctx.tmp, *parts, ctx.kv(m), ctx.max_source, seed=ctx.cfg.seed)
 
 
+def _export_encoder_batched(ctx, plan, model, spec, path, tokens):
+    from specdec.export.seq2seq import export_encoder_batched
+
+    shape = (spec.num_layers, spec.num_heads, spec.head_dim)
+    return export_encoder_batched(model, path, spec.family, *shape, ctx.max_source, plan.batch, ctx.cfg.dtype)
+
+
 def _export_seq2seq_batched(ctx, plan, model, spec, path, tokens):
     from specdec.export.seq2seq import export_seq2seq_batched
 
@@ -132,11 +139,12 @@ def _export_seq2seq_batched(ctx, plan, model, spec, path, tokens):
 
 
 def _validate_seq2seq_batched(ctx, name, g):
-    """The rows graph of every row count, each row over its own source through the model's encoder graph."""
+    """The rows graph of every row count, each row over its own source, the sources of a call
+    encoded together by the model's batched encoder (so it is checked too)."""
     from specdec.export.validate import validate_batched
 
     return name, validate_batched(ctx.models[g.model], ctx.tmp, (name, g), ctx.kv(g.model), ctx.cfg.gamma + 1, seed=ctx.cfg.seed,
-                                  encoder=ctx.graph(f"{g.model}_encoder"), max_source=ctx.max_source)  # fmt: skip
+                                  encoder=ctx.graph(f"{g.model}_encoder_rows"), max_source=ctx.max_source)  # fmt: skip
 
 
 def _export_tree(ctx, plan, model, spec, path, tokens):
@@ -159,6 +167,7 @@ KINDS: dict[str, GraphKind] = {
     "batched": GraphKind(_export_batched, _validate_batched),  # B rows, each over its own cache slot
     "encoder": GraphKind(_export_encoder, lambda ctx, name, g: None),  # checked with its model's decoder
     "seq2seq": GraphKind(_export_seq2seq, _validate_seq2seq),  # an encoder-decoder's decoder graphs
+    "encoder_batched": GraphKind(_export_encoder_batched, lambda ctx, name, g: None),  # B padded sources; checked with the rows graph
     "seq2seq_batched": GraphKind(_export_seq2seq_batched, _validate_seq2seq_batched),  # B rows, each over its slot and its own source
     "tree": GraphKind(_export_tree, _validate_tree),  # N draft-tree nodes, ancestors-only attention (export/tree.py)
 }

@@ -255,10 +255,13 @@ def check_seq2seq(cfg: ExportConfig, sources: dict[str, Source]) -> int | None:
 
 
 def planned_graphs(cfg: ExportConfig, seq2seq: bool = False) -> tuple[GraphPlan, ...]:
-    if seq2seq:  # batched: one rows graph per model (its 1-row body included), each row over its own source
-        sizes = (1, *batch_sizes(cfg.max_batch)) if cfg.max_batch > 1 else ()
-        return SEQ2SEQ_GRAPHS + tuple(GraphPlan(f"{m}_batch{b}", m, "dynamic", None, batch=b, kind="seq2seq_batched")
-                                      for b in sizes for m in ("target", "draft"))  # fmt: skip
+    if seq2seq:  # batched: an encoder of B sources, and one rows graph per model (its 1-row body included)
+        if cfg.max_batch == 1:
+            return SEQ2SEQ_GRAPHS
+        sizes = (1, *batch_sizes(cfg.max_batch))
+        encoders = tuple(GraphPlan(f"{m}_encoder_rows", m, "encoder", None, batch=cfg.max_batch, kind="encoder_batched") for m in ("target", "draft"))
+        return SEQ2SEQ_GRAPHS + encoders + tuple(GraphPlan(f"{m}_batch{b}", m, "dynamic", None, batch=b, kind="seq2seq_batched")
+                                                 for b in sizes for m in ("target", "draft"))  # fmt: skip
     fused = tuple(GraphPlan(f"draft_{role}", "draft", role, "gamma", kind="fused") for role in FUSED_ROLES) if cfg.fused_draft else ()
     batched = []
     rows = (1,) if cfg.batch_graphs == "rows" else ()  # a rows graph's 1-row body (one row alone, in the same session)

@@ -12,7 +12,10 @@ graphs over the same preallocated, in-place self-attention KV as the decoder-onl
 Self-attention is ORT's GroupQueryAttention (kv heads = heads). T5 adds a relative position
 bias to the scores, which GroupQueryAttention takes as ``attention_bias`` [1, H, S, T]; the
 graph computes it for the MAX buffer rows from ``position_ids`` and the op's translation
-slices it to the call's T rows. Cross-attention is plain MatMul/Softmax over the bound K/V.
+slices it to the call's T rows. Cross-attention is ORT's MultiHeadAttention over the bound K/V,
+in the encoder's layout. With --max-batch, a rows graph per model (``export_seq2seq_batched``):
+B rows of the decoder, each over its own KV slot and its own source's cross K/V
+(``cross_key_i_b`` [1, H, source_b, D]), merged across row counts by export/rows.py.
 
 Each family is one ``Seq2SeqFamily`` entry: how to build its decoder module and where its
 cross-attention K/V projections are. The differences (T5: pre-RMSNorm, no attention scale,
@@ -91,19 +94,19 @@ _register_mha_schema()
 
 
 @torch.library.custom_op("specdec::cross_attention", mutates_args=())
-def cross_mha(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, num_heads: int, scale: float) -> torch.Tensor:
+def cross_attention_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, num_heads: int, scale: float) -> torch.Tensor:
     """q [1, S, H*D] over the encoder's K/V [1, H, N, D], every source row visible -> [1, S, H*D]."""
     weights = (_heads(query, num_heads) @ key.transpose(-1, -2)) * scale  # [1, H, S, N]
     out = weights.softmax(-1) @ value  # [1, H, S, D]
     return out.transpose(1, 2).reshape(query.shape[0], query.shape[1], -1)
 
 
-@cross_mha.register_fake
-def _cross_mha_fake(query, key, value, num_heads, scale):
+@cross_attention_op.register_fake
+def _cross_attention_fake(query, key, value, num_heads, scale):
     return torch.empty_like(query)
 
 
-def _cross_mha_to_onnx(query, key, value, num_heads: int, scale: float):
+def _cross_attention_to_onnx(query, key, value, num_heads: int, scale: float):
     """ORT's MultiHeadAttention, which reads K/V in the encoder's [1, H, N, D] layout as they are:
     no Transpose or Reshape around it (ORT's own fusion of the MatMul/Softmax form left ~8 a row
     and layer, the larger part of a rows graph's cross-attention time on the demo pair)."""
@@ -111,7 +114,7 @@ def _cross_mha_to_onnx(query, key, value, num_heads: int, scale: float):
 
 
 TRANSLATION = {**attention.CUSTOM_TRANSLATION, torch.ops.specdec.gqa_bias.default: _gqa_bias_to_onnx,
-               torch.ops.specdec.cross_attention.default: _cross_mha_to_onnx}  # fmt: skip
+               torch.ops.specdec.cross_attention.default: _cross_attention_to_onnx}  # fmt: skip
 
 
 def _heads(x: torch.Tensor, heads: int) -> torch.Tensor:
@@ -265,8 +268,8 @@ class _Encoder(torch.nn.Module):
         self.encoder, self.heads = model.get_encoder(), heads
         self.proj = torch.nn.ModuleList(torch.nn.ModuleList(kv) for kv in SEQ2SEQ[family].cross_proj(model))
 
-    def forward(self, input_ids):
-        h = self.encoder(input_ids=input_ids).last_hidden_state  # [1, N, d_model]
+    def forward(self, input_ids, attention_mask=None):
+        h = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # [B, N, d_model]
         return tuple(_heads(p(h), self.heads) for kv in self.proj for p in kv)
 
 
@@ -297,6 +300,25 @@ def export_encoder(model, path: Path, family: str, layers: int, heads: int, head
     example = min(7, max_source)
     n = torch.export.Dim("source", min=2, max=max(3, max_source))
     _export(_Encoder(model, family, heads), (torch.arange(example).view(1, example) % 5 + 3,), path, inputs, outputs, ({1: n},))
+    return inputs, outputs, io
+
+
+def export_encoder_batched(model, path: Path, family: str, layers: int, heads: int, head_dim: int, max_source: int, rows: int, dtype: str):
+    """The encoder over B sources at once (B: 2..``rows``), right-padded to the longest and masked:
+    input_ids, attention_mask int64 [B, N] -> each decoder layer's cross K/V [B, H, N, D]. Row b's
+    first N_b positions are its source's K/V (what the batch-1 encoder writes); the runtime copies
+    them into that row's slot once, at admission (engines/ort.py EncoderRunner.run_many)."""
+    inputs = [TensorSpec("input_ids", "int64", ("B", "source")), TensorSpec("attention_mask", "int64", ("B", "source"))]
+    names = cross_names(layers)
+    outputs = [TensorSpec(n, dtype, ("B", heads, "source", head_dim)) for pair in names for n in pair]
+    io = GraphIO("input_ids", None, None, (), (), cross=names, mask="attention_mask")
+    example = min(7, max_source)
+    ids = torch.arange(2 * example).view(2, example) % 5 + 3
+    mask = torch.ones_like(ids)
+    mask[1, example - 2 :] = 0  # the second source two tokens shorter
+    b = torch.export.Dim("B", min=2, max=max(3, rows))
+    n = torch.export.Dim("source", min=2, max=max(3, max_source))
+    _export(_Encoder(model, family, heads), (ids, mask), path, inputs, outputs, ({0: b, 1: n}, {0: b, 1: n}))
     return inputs, outputs, io
 
 

@@ -3,8 +3,8 @@
     Engine(bundle, slots)
       target, draft   an Executor per model (engines/executor.py), ``slots`` KV slots each
       proposer        drafts for every row (runtime/proposers.py)
-      start(req, sink, slot)   a request takes a slot: caches emptied, source encoded
-      step()                   cancelled rows leave; schedule -> feed prompt chunks -> one
+      start(req, sink, slot)   a request takes a slot: caches emptied (its source is encoded by the next step)
+      step()                   cancelled rows leave; new sources encoded, together; schedule -> feed prompt chunks -> one
                                ``speculative_step`` over the decoding rows -> adapt γ -> emit
 
 Two drivers step it: ``BatchEngine`` (runtime/batch.py) from its own thread with a queue, and
@@ -85,6 +85,7 @@ class Engine:
         self.last_used = [-1] * slots  # per slot, the start count when a request last took it (least recently used: lowest)
         # An encoder-decoder's rows depend on its source too: per slot, the source whose cross K/V every model's slot holds
         self.sources: list[np.ndarray | None] = [None] * slots
+        self.pending: dict[int, np.ndarray] = {}  # slot -> the source it waits for (started since the last step)
         self.starts = 0
         self.prefix_queries = self.prefix_hits = self.evictions = 0  # prompt tokens asked, prompt tokens reused; slots overwritten
         self.synthetic: float | None = None  # benchmarks only (specdec.bench.synthetic): outputs are then NOT the target's
@@ -138,8 +139,9 @@ class Engine:
         self.last_used[slot] = self.starts
         for model in self.models:
             model.rewind_to(slot, keep)  # 0: emptied; else the prompt's first ``keep`` rows are kept
-        if req.source is not None:
-            self._take_source(req.source, slot)
+        if req.source is not None and not same_source(req.source, self.sources[slot]):
+            self.sources[slot] = None  # until the next step encodes or copies it (_take_sources)
+            self.pending[slot] = req.source
         seq = self.seqs[slot]
         seq[:L] = req.prompt
         sink.start_time = t0
@@ -152,6 +154,8 @@ class Engine:
         """One iteration for every row in flight (see the module docstring)."""
         for row in [r for r in self.rows.values() if r.sink.cancelled.is_set()]:
             self.free(row, "cancelled")
+        if self.pending:
+            self._take_sources()
         plan = schedule(list(self.rows.values()), self.target.length, self.prefill_chunk, self._width)
         for slot, start, stop in plan.prefill:
             r = self.rows[slot]
@@ -207,20 +211,29 @@ class Engine:
             model.commit(r.slot, stop - start)
         r.stats.prefill_seconds += clock() - t0
 
-    def _take_source(self, source: np.ndarray, slot: int) -> None:
-        """Every model's ``slot`` gets ``source``'s cross K/V: kept when the slot holds them
-        already, copied from another slot that does (n choices of one source, a source sent
-        again), else encoded."""
-        if same_source(source, self.sources[slot]):
-            return
-        held = next((s for s in range(self.slots) if s != slot and same_source(source, self.sources[s])), None)
-        self.sources[slot] = None  # until every model holds it
-        for model in self.models:
+    def _take_sources(self) -> None:
+        """Every slot started since the last step gets its source's cross K/V: copied from a
+        slot that holds it (n choices of one source, a source sent again), else encoded, the
+        distinct new sources in one batched encoder call per model (the time: each row's prefill)."""
+        t0 = clock()
+        fresh: dict[int, np.ndarray] = {}  # slot -> a distinct new source it encodes
+        copies: list[tuple[int, int]] = []  # (from, to), after the encoding
+        for slot, source in self.pending.items():
+            held = next((s for s in range(self.slots) if same_source(source, self.sources[s])), None)
+            held = held if held is not None else next((s for s, src in fresh.items() if same_source(source, src)), None)
             if held is None:
-                model.encode(slot, source)
+                fresh[slot] = source
             else:
-                model.share_source(held, slot)
-        self.sources[slot] = source
+                copies.append((held, slot))
+        for model in self.models:
+            model.encode_many(list(fresh), list(fresh.values()))
+            for src, dst in copies:
+                model.share_source(src, dst)
+        for slot, source in self.pending.items():
+            self.sources[slot] = source
+            if slot in self.rows:
+                self.rows[slot].stats.prefill_seconds += (clock() - t0) / len(self.pending)
+        self.pending.clear()
 
     def _donors(self, r: Row) -> list[Row]:
         """The rows in flight with ``r``'s very prompt (the n choices of one prompt; of one source

@@ -56,7 +56,8 @@ class GraphIO:
 
     Encoder-decoder bundles (export/seq2seq.py): an "encoder" graph has ``ids`` [1, N] (the
     source) and ``cross`` outputs, a (key, value) pair [1, H, N, D] per decoder layer; their
-    decoder graphs take the same ``cross`` names as inputs.
+    decoder graphs take the same ``cross`` names as inputs. A batched encoder (batch > 1) takes
+    B padded sources [B, N] and their ``mask`` and writes [B, H, N, D].
     """
 
     ids: str
@@ -82,6 +83,7 @@ class GraphIO:
     # that scalar was computed inside the graph from seqlens_k (docs/gpu.md); empty in a graph
     # exported before, which computes it.
     totals: tuple[str, ...] = ()
+    mask: str | None = None  # a batched encoder graph (export/seq2seq.py): attention_mask int64 [B, N], 1 a source token, 0 padding
 
     def __post_init__(self) -> None:
         for name in ("past", "present", "cross"):
@@ -91,7 +93,7 @@ class GraphIO:
     def names(self) -> set[str]:
         """Every tensor name this mapping refers to."""
         out = {self.ids, self.positions, self.logits, self.seqlens, self.total, self.past_length}
-        out |= {self.tokens, self.uniforms, self.temperature, self.top_k, self.top_p, self.tree_bias, self.features, self.context}
+        out |= {self.tokens, self.uniforms, self.temperature, self.top_k, self.top_p, self.tree_bias, self.features, self.context, self.mask}
         out |= {n for pair in (*self.past, *self.present, *self.cross) for n in pair} | set(self.totals)
         return out - {None}
 

@@ -63,9 +63,10 @@ def test_options_an_encoder_decoder_refuses(tied_t5, tmp_path, args, words):
 
 def test_max_batch_exports_rows_graphs_that_decode_requests_together(tied_t5, tmp_path):
     """``--max-batch 4`` on an encoder-decoder pair: a rows graph per model (bodies of 1, 2 and
-    4 rows, each row over its own source), validated at export; 8 requests of sources of
-    different lengths submitted at once to its BatchEngine run 4 rows to a call, each token for
-    token as PyTorch's greedy loop. ``--batch-graphs per-size`` is refused with one line."""
+    4 rows, each row over its own source) and a batched encoder (padded, masked), validated at
+    export; 8 requests of sources of different lengths submitted at once to its BatchEngine run 4
+    rows to a call, the 4 sources admitted together encoded in one call per model, each request
+    token for token as PyTorch's greedy loop. ``--batch-graphs per-size`` is refused with one line."""
     from specdec.runtime import BatchEngine
 
     target, draft = tied_t5
@@ -74,13 +75,15 @@ def test_max_batch_exports_rows_graphs_that_decode_requests_together(tied_t5, tm
     assert res.returncode == 0, res.stderr[-2000:]
     m = json.loads((out / "manifest.json").read_text())
     assert [m["graphs"][f"{model}_rows"]["rows"] for model in ("target", "draft")] == [[1, 2, 4]] * 2
+    assert [m["graphs"][f"{model}_encoder_rows"]["io"]["mask"] for model in ("target", "draft")] == ["attention_mask"] * 2
     assert all(m["validation"][f"{model}_rows"]["top1_agreement"] == 1.0 for model in ("target", "draft"))
     engine = BatchEngine(out)
     try:
         assert engine.max_batch == 4
         sources = [[5 + i, 17, 42, 99 - i, 7, 3, 250, 61, 1][: 3 + i % 6] for i in range(8)]
-        results = engine.generate_many(sources, max_new_tokens=16, ignore_eos=True)
+        results = engine.generate_many(sources, max_new_tokens=16, ignore_eos=True, gamma=0)  # plain: the 4 rows end together
         assert max(engine.occupancy) == 4
+        assert [model.encodes for model in engine.engine.models] == [2, 2]  # 8 sources, 4 at a time
     finally:
         engine.close()
     model = load_seq2seq(target)
