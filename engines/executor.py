@@ -74,8 +74,8 @@ def graph_names(manifest: Manifest, models: Sequence[str], slots: int, fused: bo
         if slots > 1 and (rows := manifest.rows_graph(model)):
             batched_sizes(manifest, slots)  # refuses an engine larger than the bundle's rows
             names.append(rows[0])
-            if manifest.seq2seq:  # the batch-1 encoder (one source) and the batched one (the sources admitted together)
-                names += [manifest.graph(model, "encoder")[0], *(n for n, g in manifest.graphs.items() if g.model == model and g.role == "encoder" and g.batch > 1)]
+            if manifest.seq2seq:  # the batched encoder (1..B sources a call: its weights packed once), else an older bundle's batch-1 one
+                names.append(batched_encoder(manifest, model) or manifest.graph(model, "encoder")[0])
             continue
         names.append(manifest.graph(model, "dynamic")[0])
         if manifest.seq2seq:
@@ -86,6 +86,11 @@ def graph_names(manifest: Manifest, models: Sequence[str], slots: int, fused: bo
         for rows in (1, *batched_sizes(manifest, slots)):
             names += [found[0] for role in FUSED_ROLES if (found := fused_graph(manifest, role, rows))]
     return names
+
+
+def batched_encoder(manifest: Manifest, model: str) -> str | None:
+    """The name of ``model``'s batched encoder graph (export/seq2seq.py), or None."""
+    return next((n for n, g in manifest.graphs.items() if g.model == model and g.role == "encoder" and g.batch > 1), None)
 
 
 def open_sessions(bundle: Path, manifest: Manifest, names: Sequence[str], provider: str, threads: ThreadPolicy) -> dict[str, ort.InferenceSession]:
@@ -136,13 +141,12 @@ class Executor:
                 found = fused_graph(m, role, rows)
                 if model == "draft" and found and found[0] in sessions:
                     self.fused_runners[rows, role == "fused_greedy"] = FusedRunner(sessions[found[0]], *found, self.cache.slot, self.cache.scratch)
-        self.encoder = self.batch_encoder = None
-        if m.seq2seq:
+        self.encoder = self.batch_encoder = None  # an encoder-decoder's: one source a call; 1..B sources a call
+        if m.seq2seq and merged and (name := batched_encoder(m, model)) in sessions:
+            self.batch_encoder = BatchEncoder(sessions[name], name, m.graphs[name], min(m.graphs[name].batch, slots), m.max_source_len)
+        elif m.seq2seq:
             name, g = m.graph(model, "encoder")
             self.encoder = EncoderRunner(sessions[name], name, g, self.cross[0])
-            found = [(n, g) for n, g in m.graphs.items() if g.model == model and g.role == "encoder" and g.batch > 1 and n in sessions]
-            if found and self.batched:  # sources admitted together, encoded in one call
-                self.batch_encoder = BatchEncoder(sessions[found[0][0]], *found[0], min(found[0][1].batch, slots), m.max_source_len)
         found = [(n, g) for n, g in m.graphs.items() if g.model == model and g.role == "tree" and n in sessions]
         self.tree_runner = TreeRunner(sessions[found[0][0]], *found[0], view) if found else None  # a tree drafter's verify graph
         if self.tree_runner is not None and self.device != "cpu":  # a tree keeps rows out of order: a row move (KVCache.keep)
@@ -241,10 +245,7 @@ class Executor:
 
     def encode(self, slot: int, source: np.ndarray) -> None:
         """Run the encoder on a request's source [N] into ``slot``'s cross K/V."""
-        self.encodes += 1
-        self.encoder.cross = self.cross[slot]
-        self.encoder.run(source)
-        self._unbind_cross(slot)
+        self.encode_many([slot], [source])
 
     def encode_many(self, slots: Sequence[int], sources: Sequence[np.ndarray]) -> None:
         """Each of ``slots`` gets its source's cross K/V: several in one batched encoder call
@@ -252,11 +253,12 @@ class Executor:
         step = self.batch_encoder.rows if self.batch_encoder is not None else 1
         for i in range(0, len(slots), step):
             group, srcs = slots[i : i + step], sources[i : i + step]
-            if len(group) == 1:
-                self.encode(group[0], srcs[0])
-                continue
             self.encodes += 1
-            self.batch_encoder.run(srcs, [self.cross[s] for s in group])
+            if self.batch_encoder is not None:
+                self.batch_encoder.run(srcs, [self.cross[s] for s in group])
+            else:
+                self.encoder.cross = self.cross[group[0]]
+                self.encoder.run(srcs[0])
             for s in group:
                 self._unbind_cross(s)
 

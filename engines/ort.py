@@ -308,8 +308,10 @@ class EncoderRunner:
 
 class BatchEncoder:
     """An encoder-decoder's batched encoder graph (export/seq2seq.py ``export_encoder_batched``):
-    ``run(sources, crosses)`` encodes 2..``rows`` sources in one call, right-padded to the longest
-    and masked, and copies each one's K/V into its ``CrossKV`` (once per request, at admission)."""
+    ``run(sources, crosses)`` encodes 1..``rows`` sources in one call, right-padded to the longest
+    and masked, and copies each one's K/V into its ``CrossKV`` (once per request, at admission).
+    An engine with rows graphs runs every source through it, so the encoder's weights are packed
+    once (traced at B >= 2, it runs B = 1 with the batch-1 encoder's outputs: checked in tests)."""
 
     def __init__(self, session: ort.InferenceSession, name: str, spec: GraphSpec, rows: int, max_source: int):
         if not spec.io.mask:
@@ -321,8 +323,8 @@ class BatchEncoder:
 
     def run(self, sources: Sequence[np.ndarray], crosses: Sequence[CrossKV]) -> None:
         b, n = len(sources), max(len(s) for s in sources)
-        if not 2 <= b <= self.rows or n > self.max_source:
-            raise InputError(f"{self.name}: {b} sources of up to {n} tokens; this encoder takes 2..{self.rows} of 1..{self.max_source}")
+        if not 1 <= b <= self.rows or not 0 < n <= self.max_source:
+            raise InputError(f"{self.name}: {b} sources of up to {n} tokens; this encoder takes 1..{self.rows} of 1..{self.max_source}")
         ids, mask = self.ids[: b * n].reshape(b, n), self.mask[: b * n].reshape(b, n)
         ids[:], mask[:] = 0, 0  # padding: masked out, its outputs never kept
         for r, src in enumerate(sources):

@@ -304,7 +304,7 @@ def export_encoder(model, path: Path, family: str, layers: int, heads: int, head
 
 
 def export_encoder_batched(model, path: Path, family: str, layers: int, heads: int, head_dim: int, max_source: int, rows: int, dtype: str):
-    """The encoder over B sources at once (B: 2..``rows``), right-padded to the longest and masked:
+    """The encoder over B sources at once (B: 1..``rows``; traced at 2), right-padded to the longest and masked:
     input_ids, attention_mask int64 [B, N] -> each decoder layer's cross K/V [B, H, N, D]. Row b's
     first N_b positions are its source's K/V (what the batch-1 encoder writes); the runtime copies
     them into that row's slot once, at admission (engines/ort.py EncoderRunner.run_many)."""

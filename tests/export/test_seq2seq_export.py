@@ -88,8 +88,30 @@ def test_max_batch_exports_rows_graphs_that_decode_requests_together(tied_t5, tm
         engine.close()
     model = load_seq2seq(target)
     assert [r.tokens for r in results] == [seq2seq_greedy(model, s, 16) for s in sources]
+    one_source_through_both_encoders(out)
     refused = export_cli("--target", str(target), "--draft", str(draft), "--out", str(tmp_path / "b2"), "--max-batch", "4", "--batch-graphs", "per-size")
     assert_one_line_error(refused, "--batch-graphs per-size", "not supported for encoder-decoder bundles yet")
+
+
+def one_source_through_both_encoders(out) -> None:
+    """A rows engine runs a lone source through the batched encoder (B = 1, below the B >= 2 it
+    was traced at): its K/V are the batch-1 encoder's, to float32 rounding (1e-5: both are the
+    same float32 ops over the same weights; only the kernels' shapes differ)."""
+    import numpy as np
+
+    from specdec.engines.kv import CrossKV
+    from specdec.engines.ort import BatchEncoder, EncoderRunner, open_session
+    from specdec.manifest import load_manifest
+
+    m = load_manifest(out)
+    spec = m.target
+    crosses = [CrossKV(spec.num_layers, spec.num_heads, m.max_source_len, spec.head_dim, m.dtype) for _ in range(2)]
+    one, rows = m.graph("target", "encoder"), next((n, g) for n, g in m.graphs.items() if g.role == "encoder" and g.model == "target" and g.batch > 1)
+    source = np.array([5, 17, 42, 99, 7, 3, 250, 61, 1])
+    EncoderRunner(open_session(out, *one), *one, crosses[0]).run(source)
+    BatchEncoder(open_session(out, *rows), *rows, 4, m.max_source_len).run([source], crosses[1:])
+    assert crosses[0].length == crosses[1].length == len(source)
+    assert max(float(np.abs(a - b).max()) for a, b in zip(crosses[0].views(), crosses[1].views())) < 1e-5
 
 
 def test_source_longer_than_the_encoders_positions(tmp_path):
