@@ -246,3 +246,49 @@ def test_rows_take_penalties_and_logprobs_as_one_row_does(seq2seq_bundle):
             ref = torch.log_softmax(model(input_ids=torch.tensor([sources[i]]), decoder_input_ids=torch.tensor([[2] + a.tokens[:-1]])).logits[0].double(), -1)
         ours = np.array([lp.logprob for lp in a.logprobs])
         assert np.abs(ours - ref[np.arange(len(a.tokens)), a.tokens].numpy()).max() < 1e-4, f"request {i}"
+
+
+def test_rows_bundle_encodes_the_sources_admitted_together(seq2seq_bundle):
+    """A bundle exported with ``--max-batch 4``: per model a rows graph of 1, 2 and 4 rows and a
+    batched encoder (padded, masked), both validated at export. 8 requests of sources of
+    different lengths submitted at once, plain (γ = 0: the 4 rows of a wave end together), run
+    4 rows a call and encode each wave's 4 sources in one call per model; each request is
+    PyTorch's greedy output token for token. A lone source through the batched encoder (B = 1,
+    below the B >= 2 it was traced at) gives the batch-1 encoder's K/V."""
+    from specdec.runtime.batch import BatchEngine
+
+    family, target, _, out, m = seq2seq_bundle
+    if family != "t5":
+        pytest.skip("the rows graphs' and the batched encoder's bookkeeping is the same code for every family: checked on T5")
+    for model in ("target", "draft"):
+        assert m.graphs[f"{model}_rows"].rows == (1, 2, 4) and m.validation[f"{model}_rows"]["top1_agreement"] == 1.0
+        assert m.graphs[f"{model}_encoder_rows"].io.mask == "attention_mask"
+    sources = [[5 + i, 17, 42, 99 - i, 7, 3, 250, 61, 1][: 3 + i % 6] for i in range(8)]
+    with BatchEngine(out, max_queue=8) as engine:
+        results = engine.generate_many(sources, max_new_tokens=16, ignore_eos=True, gamma=0)
+        assert max(engine.occupancy) == 4
+        assert [model.encodes for model in engine.engine.models] == [2, 2]  # 8 sources, 4 a call
+    model = load(target)
+    assert [r.tokens for r in results] == [torch_greedy(model, s, 16) for s in sources]
+    one_source_through_both_encoders(out)
+
+
+def one_source_through_both_encoders(out) -> None:
+    """A rows engine runs a lone source through the batched encoder (B = 1, below the B >= 2 it
+    was traced at): its K/V are the batch-1 encoder's, to float32 rounding (1e-5: both are the
+    same float32 ops over the same weights; only the kernels' shapes differ)."""
+    import numpy as np
+
+    from specdec.engines.kv import CrossKV
+    from specdec.engines.ort import BatchEncoder, EncoderRunner, open_session
+    from specdec.manifest import load_manifest
+
+    m = load_manifest(out)
+    spec = m.target
+    crosses = [CrossKV(spec.num_layers, spec.num_heads, m.max_source_len, spec.head_dim, m.dtype) for _ in range(2)]
+    one, rows = m.graph("target", "encoder"), next((n, g) for n, g in m.graphs.items() if g.role == "encoder" and g.model == "target" and g.batch > 1)
+    source = np.array([5, 17, 42, 99, 7, 3, 250, 61, 1])
+    EncoderRunner(open_session(out, *one), *one, crosses[0]).run(source)
+    BatchEncoder(open_session(out, *rows), *rows, 4, m.max_source_len).run([source], crosses[1:])
+    assert crosses[0].length == crosses[1].length == len(source)
+    assert max(float(np.abs(a - b).max()) for a, b in zip(crosses[0].views(), crosses[1].views())) < 1e-5
