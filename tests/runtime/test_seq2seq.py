@@ -251,7 +251,7 @@ def test_rows_take_penalties_and_logprobs_as_one_row_does(seq2seq_bundle):
 def test_rows_bundle_encodes_the_sources_admitted_together(seq2seq_bundle):
     """A bundle exported with ``--max-batch 4``: per model a rows graph of 1, 2 and 4 rows and a
     batched encoder (padded, masked), both validated at export. 8 requests of sources of
-    different lengths submitted at once, plain (γ = 0: the 4 rows of a wave end together), run
+    different lengths queued as one group, plain (γ = 0: the 4 rows of a wave end together), run
     4 rows a call and encode each wave's 4 sources in one call per model; each request is
     PyTorch's greedy output token for token. A lone source through the batched encoder (B = 1,
     below the B >= 2 it was traced at) gives the batch-1 encoder's K/V."""
@@ -263,9 +263,12 @@ def test_rows_bundle_encodes_the_sources_admitted_together(seq2seq_bundle):
     for model in ("target", "draft"):
         assert m.graphs[f"{model}_rows"].rows == (1, 2, 4) and m.validation[f"{model}_rows"]["top1_agreement"] == 1.0
         assert m.graphs[f"{model}_encoder_rows"].io.mask == "attention_mask"
+    from specdec.runtime.params import SamplingParams
+
     sources = [[5 + i, 17, 42, 99 - i, 7, 3, 250, 61, 1][: 3 + i % 6] for i in range(8)]
-    with BatchEngine(out, max_queue=8) as engine:
-        results = engine.generate_many(sources, max_new_tokens=16, ignore_eos=True, gamma=0)
+    params = SamplingParams(max_new_tokens=16, ignore_eos=True, gamma=0)
+    with BatchEngine(out, max_queue=8) as engine:  # queued as one group: none starts before all are queued
+        results = [h.result(timeout=300) for h in engine.submit_together([(src, params) for src in sources])]
         assert max(engine.occupancy) == 4
         assert [model.encodes for model in engine.engine.models] == [2, 2]  # 8 sources, 4 a call
     model = load(target)
