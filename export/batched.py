@@ -113,14 +113,12 @@ def signature(layers: int, rows: int, kv_heads: int, head_dim: int, vocab: int, 
     return inputs, outputs, GraphIO("input_ids", "position_ids", "logits", tuple(past), tuple(present), seqlens="seqlens_k", totals=totals)
 
 
-def export_batched(model: torch.nn.Module, path: Path, rows: int, max_seq: int, kv_heads: int, head_dim: int, dtype: str):
-    """Export ``model`` to ``path`` (+ external data) as a ``rows``-row graph with dynamic S."""
+def trace_args(rows: int, layers: int, kv_heads: int, max_seq: int, head_dim: int, dtype: str) -> tuple:
+    """A batched graph's example inputs: rows of 3 new tokens after 2 and 5 committed rows
+    (ids, positions, seqlens_k, per-row totals, row-major past buffers), and the dynamic S."""
     from specdec.export.graphs import TORCH_DTYPES
 
-    cfg = model.config
-    layers = cfg.num_hidden_layers
-    inputs, outputs, io = signature(layers, rows, kv_heads, head_dim, cfg.vocab_size, max_seq, dtype)
-    s = 3  # trace rows of 3 new tokens after 2 and 5 committed rows
+    s = 3
     starts = torch.tensor([2 + 3 * (b % 2) for b in range(rows)])
     args = (
         torch.zeros(rows, s, dtype=torch.long),
@@ -129,7 +127,15 @@ def export_batched(model: torch.nn.Module, path: Path, rows: int, max_seq: int, 
         [(starts[b] + s).to(torch.int32) for b in range(rows)],  # [] each
         [torch.zeros(1, kv_heads, max_seq, head_dim, dtype=TORCH_DTYPES[dtype]) for _ in range(2 * layers * rows)],
     )
-    dim = torch.export.Dim("S", min=1, max=max_seq)
+    return args, torch.export.Dim("S", min=1, max=max_seq)
+
+
+def export_batched(model: torch.nn.Module, path: Path, rows: int, max_seq: int, kv_heads: int, head_dim: int, dtype: str):
+    """Export ``model`` to ``path`` (+ external data) as a ``rows``-row graph with dynamic S."""
+    cfg = model.config
+    layers = cfg.num_hidden_layers
+    inputs, outputs, io = signature(layers, rows, kv_heads, head_dim, cfg.vocab_size, max_seq, dtype)
+    args, dim = trace_args(rows, layers, kv_heads, max_seq, head_dim, dtype)
     dynamic = ({1: dim}, {1: dim}, None, [None] * rows, [None] * (2 * layers * rows))
     attention.export_traced(_RowsWrapper(model, rows), args, path, inputs, outputs, config=cfg, attn=ATTN_NAME, dynamic=dynamic)
     return inputs, outputs, io

@@ -307,7 +307,7 @@ def export_encoder_batched(model, path: Path, family: str, layers: int, heads: i
     """The encoder over B sources at once (B: 1..``rows``; traced at 2), right-padded to the longest and masked:
     input_ids, attention_mask int64 [B, N] -> each decoder layer's cross K/V [B, H, N, D]. Row b's
     first N_b positions are its source's K/V (what the batch-1 encoder writes); the runtime copies
-    them into that row's slot once, at admission (engines/ort.py EncoderRunner.run_many)."""
+    them into that row's slot once, at admission (engines/ort.py BatchEncoder)."""
     inputs = [TensorSpec("input_ids", "int64", ("B", "source")), TensorSpec("attention_mask", "int64", ("B", "source"))]
     names = cross_names(layers)
     outputs = [TensorSpec(n, dtype, ("B", heads, "source", head_dim)) for pair in names for n in pair]
@@ -382,20 +382,12 @@ def export_seq2seq_batched(model, path: Path, family: str, rows: int, max_seq: i
     """A decoder graph of ``rows`` rows (S dynamic), each row over its own KV slot and its own
     source's cross K/V (a source length per row): merged with the other row counts into the
     model's rows graph (export/rows.py)."""
+    from specdec.export.batched import trace_args
+
     inputs, outputs, io = rows_signature(layers, rows, heads, head_dim, model.config.vocab_size, max_seq, dtype)
-    t = TORCH_DTYPES[dtype]
-    s = 3  # trace rows of 3 new tokens after 2 and 5 committed rows, over sources of 5 and 7 tokens
-    starts = torch.tensor([2 + 3 * (b % 2) for b in range(rows)])
+    args, seq = trace_args(rows, layers, heads, max_seq, head_dim, dtype)  # the decoder-only rows graph's, plus sources of 5 and 7 tokens
     sources = [min(5 + 2 * (b % 2), max_source) for b in range(rows)]
-    args = (
-        torch.zeros(rows, s, dtype=torch.long),
-        starts[:, None] + torch.arange(s)[None, :],
-        (starts + s - 1).to(torch.int32),
-        [(starts[b] + s).to(torch.int32) for b in range(rows)],  # [] each
-        [torch.zeros(1, heads, max_seq, head_dim, dtype=t) for _ in range(2 * layers * rows)],
-        [torch.randn(1, heads, sources[b], head_dim).to(t) for b in range(rows) for _ in range(2 * layers)],
-    )
-    seq = torch.export.Dim("S", min=1, max=max_seq)
+    args += ([torch.randn(1, heads, sources[b], head_dim).to(TORCH_DTYPES[dtype]) for b in range(rows) for _ in range(2 * layers)],)
     n = [torch.export.Dim(f"source_{b}", min=2, max=max(3, max_source)) for b in range(rows)]
     dynamic = ({1: seq}, {1: seq}, None, [None] * rows, [None] * (2 * layers * rows), [{2: n[b]} for b in range(rows) for _ in range(2 * layers)])
     _export(_RowsDecoder(model, family, max_seq, rows, layers), args, path, inputs, outputs, dynamic)

@@ -385,12 +385,12 @@ def validate_batched(model: torch.nn.Module, bundle: Path, graph: tuple[str, Gra
     one padded call), then ``rounds`` calls of 1..``max_tokens`` random tokens per row with
     partial acceptance; each row is compared with PyTorch on that row's own sequence. A rows
     graph (export/rows.py) is checked so for each of its row counts, over the same session.
-    An encoder-decoder's (``encoder``: its encoder graph): each row also gets its own random
-    source of its own length, encoded into its slot (by a batched ``encoder``: every slot's at
-    once, padded and masked, so it is checked too), and PyTorch runs that source too.
+    An encoder-decoder's (``encoder``: its batched encoder graph): each row also gets its own
+    random source of its own length, every slot's encoded at once through ``encoder`` (padded
+    and masked, so it is checked too), and PyTorch runs that source too.
     """
     from specdec.engines.batch import BatchRunner, SlotCache, slot_sources
-    from specdec.engines.ort import BatchEncoder, EncoderRunner, open_session
+    from specdec.engines.ort import BatchEncoder, open_session
 
     name, spec = graph
     rng = np.random.default_rng(seed)
@@ -400,10 +400,7 @@ def validate_batched(model: torch.nn.Module, bundle: Path, graph: tuple[str, Gra
     prompt_max = max(2, min(20, max_seq // 4))
     cross = slot_sources(layers, heads, max_source, dim, dtype, spec.batch) if encoder else None
     runner = BatchRunner(open_session(bundle, name, spec), name, spec, cache, max(max_tokens, prompt_max), cross=cross)
-    enc = None
-    if encoder:
-        session = open_session(bundle, *encoder)
-        enc = BatchEncoder(session, *encoder, spec.batch, max_source) if encoder[1].batch > 1 else EncoderRunner(session, *encoder, cross[0])
+    enc = BatchEncoder(open_session(bundle, *encoder), *encoder, spec.batch, max_source) if encoder else None
     sources: list[list[int]] = [[] for _ in range(spec.batch)]
     seen = Agreement()
 
@@ -417,10 +414,7 @@ def validate_batched(model: torch.nn.Module, bundle: Path, graph: tuple[str, Gra
             cache.rewind_to(b, 0)
             if enc is not None:
                 sources[b] = rng.integers(0, vocab, size=int(rng.integers(2, min(max_source, 24) + 1))).tolist()
-            if isinstance(enc, EncoderRunner):
-                enc.cross = cross[b]
-                enc.run(np.array(sources[b]))
-        if isinstance(enc, BatchEncoder):
+        if enc is not None:
             enc.run([np.array(src) for src in sources], cross[: spec.batch])
         seqs = [rng.integers(0, vocab, size=int(rng.integers(2, prompt_max + 1))).tolist() for _ in range(rows)]
         feeds = seqs
