@@ -65,25 +65,38 @@ print(json.dumps(out))
 
 MEMORY = r"""
 import json, sys
+from collections import Counter
 from pathlib import Path
 
-def mem():
-    rss = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmRSS"))
-    pss = next(int(l.split()[1]) for l in open("/proc/self/smaps_rollup") if l.startswith("Pss:"))
-    return rss / 1024, pss / 1024
+def pss(bundle):
+    # PSS KiB by kind of mapping: the process's own memory (heap, anonymous), the bundle's files, libraries' files
+    out, kind = Counter(), None
+    for line in open("/proc/self/smaps"):
+        head = line.split()
+        if "-" in head[0]:  # a mapping's first line: address range, perms, offset, dev, inode[, path]
+            path = head[5] if len(head) > 5 else ""
+            kind = "bundle" if path.startswith(str(bundle)) else "library" if path.startswith("/") else "own"
+        elif head[0] == "Pss:":
+            out[kind] += int(head[1])
+    return out
+
+def rss():
+    return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmRSS")) / 1024
 
 import onnxruntime, specdec.runtime  # imports are not the engine's memory
 from specdec.runtime.batch import BatchEngine
 
-bundle = Path(sys.argv[1])
-before = mem()
+bundle = Path(sys.argv[1]).resolve()
+before, rss0 = pss(bundle), rss()
 engine = BatchEngine(bundle, threads=2)
 vocab = engine.manifest.vocab_size
 handles = [engine.submit([(7 * i + 11 * j + 3) % vocab for j in range(40 + 4 * i)], max_new_tokens=48, ignore_eos=True) for i in range(engine.max_batch)]
 for h in handles:
     h.result()
-after = mem()
-print(json.dumps({"rss_mib": after[0] - before[0], "pss_mib": after[1] - before[1], "rows_together": max(engine.occupancy)}))
+after = pss(bundle)
+added = {k: (after[k] - before[k]) / 1024 for k in ("own", "bundle", "library")}
+print(json.dumps({"rss_mib": rss() - rss0, "pss_mib": sum(added.values()), "own_pss_mib": added["own"], "bundle_pss_mib": added["bundle"],
+                  "library_pss_mib": added["library"], "rows_together": max(engine.occupancy)}))
 engine.close()
 """
 
@@ -130,7 +143,7 @@ def main() -> None:
         kv, cross = buffer_bytes(m, m.max_batch + 1)
         base = (weights + kv + cross) / 2**20
         memory.update(weights_mib=weights / 2**20, kv_mib=kv / 2**20, cross_mib=cross / 2**20, rss_ratio=memory["rss_mib"] / base,
-                      pss_ratio=memory["pss_mib"] / base)  # fmt: skip
+                      pss_ratio=memory["pss_mib"] / base, engine_ratio=(memory["own_pss_mib"] + memory["bundle_pss_mib"]) / base)  # fmt: skip
         data[bundle.name] = {"target": m.target.source, "parameters": m.target.parameters, "max_batch": m.max_batch, "cost": cost, "memory": memory}
         single = {c["tokens"]: c["ms_call"] for c in cost if c["graph"] == "batch-1"}
         lines += [f"**{bundle.name}**: target {m.target.parameters / 1e6:.1f}M parameters ({m.target.family}, {m.target.num_layers} decoder layers), "
@@ -141,7 +154,9 @@ def main() -> None:
             lines.append(f"| {c['graph']} | {c['rows']} | {c['tokens']} | {c['ms_call']:.3f} | {per_row:.3f} | {per_row / single[c['tokens']]:.2f} |")
         lines += ["", f"BatchEngine of {m.max_batch} rows ({memory['rows_together']} decoded together), every row its own source: added RSS "
                   f"{memory['rss_mib']:.1f} MiB ({memory['rss_ratio']:.2f}× weights + KV + cross K/V), PSS {memory['pss_mib']:.1f} MiB "
-                  f"({memory['pss_ratio']:.2f}×); weights {memory['weights_mib']:.1f} MiB, KV {memory['kv_mib']:.1f} MiB, cross K/V "
+                  f"({memory['pss_ratio']:.2f}×), of which the engine's own and the bundle's mapped files "
+                  f"{memory['own_pss_mib'] + memory['bundle_pss_mib']:.1f} MiB ({memory['engine_ratio']:.2f}×) and libraries' code and "
+                  f"data first touched {memory['library_pss_mib']:.1f} MiB; weights {memory['weights_mib']:.1f} MiB, KV {memory['kv_mib']:.1f} MiB, cross K/V "
                   f"{memory['cross_mib']:.1f} MiB ({m.max_batch} + 1 slots a model)", ""]  # fmt: skip
     md = "\n".join(lines)
     print(md)
