@@ -6,7 +6,8 @@ Two questions, each answered in its own fresh process per bundle:
 - **Cost per row.** The target's rows graph (every row over its own KV slot and its own source's
   cross K/V) at B = 1, 2, 4, .. rows of 1 and of γ + 1 tokens a call, against the batch-1
   decoder graph a lone request runs, interleaved (order reversed every other round), median
-  of the rounds: ms a call and ms a row.
+  of the rounds: ms a call and ms a row. Beside it, the target's encoder over 48-token sources:
+  the batch-1 encoder, and the batched one at 1 and at max-batch sources a call.
 - **Memory.** A ``BatchEngine`` of the bundle's max-batch rows, every row busy with its own
   source: the resident (``VmRSS``) and proportional (``Pss``) memory that loading and decoding
   add, against the weights (each distinct tensor once) + the KV buffers + the cross K/V buffers
@@ -60,7 +61,19 @@ for r in range(rounds):
             ex.forward(list(range(rows)), feeds)
         times[case].append((time.perf_counter() - t) / calls * 1e3)
 out = [{"graph": "batch-1" if s == 1 else "rows", "rows": b, "tokens": n, "ms_call": float(np.median(times[(s, b, n)]))} for s, b, n in cases]
-print(json.dumps(out))
+# the encoder: a source's prefill, compute-bound where the decoder's calls are not
+encodes = {("batch-1", 1): lambda: engines[1].encode(0, source)}
+encodes.update({("batched", b): (lambda b=b: engines[m.max_batch].encode_many(list(range(b)), [source] * b)) for b in (1, m.max_batch)})
+enc_times = {c: [] for c in encodes}
+for r in range(rounds):
+    for case in list(encodes) if r % 2 == 0 else list(encodes)[::-1]:
+        encodes[case]()
+        t = time.perf_counter()
+        for _ in range(max(3, calls // 5)):
+            encodes[case]()
+        enc_times[case].append((time.perf_counter() - t) / max(3, calls // 5) * 1e3)
+enc = [{"graph": g, "sources": b, "source_tokens": len(source), "ms_call": float(np.median(enc_times[(g, b)]))} for g, b in encodes]
+print(json.dumps({"decoder": out, "encoder": enc}))
 """
 
 MEMORY = r"""
@@ -137,14 +150,16 @@ def main() -> None:
         m = load_manifest(bundle, "size")
         if not m.seq2seq or m.rows_graph("target") is None:
             raise SystemExit(f"{bundle}: expected an encoder-decoder bundle exported with --max-batch 2 or more")
-        cost = child(COST, str(bundle), str(args.rounds), str(args.calls))
+        calls = child(COST, str(bundle), str(args.rounds), str(args.calls))
+        cost, encoder = calls["decoder"], calls["encoder"]
         memory = child(MEMORY, str(bundle))
         weights = weights_bytes(bundle, m)
         kv, cross = buffer_bytes(m, m.max_batch + 1)
         base = (weights + kv + cross) / 2**20
         memory.update(weights_mib=weights / 2**20, kv_mib=kv / 2**20, cross_mib=cross / 2**20, rss_ratio=memory["rss_mib"] / base,
                       pss_ratio=memory["pss_mib"] / base, engine_ratio=(memory["own_pss_mib"] + memory["bundle_pss_mib"]) / base)  # fmt: skip
-        data[bundle.name] = {"target": m.target.source, "parameters": m.target.parameters, "max_batch": m.max_batch, "cost": cost, "memory": memory}
+        data[bundle.name] = {"target": m.target.source, "parameters": m.target.parameters, "max_batch": m.max_batch, "cost": cost, "encoder": encoder,
+                          "memory": memory}  # fmt: skip
         single = {c["tokens"]: c["ms_call"] for c in cost if c["graph"] == "batch-1"}
         lines += [f"**{bundle.name}**: target {m.target.parameters / 1e6:.1f}M parameters ({m.target.family}, {m.target.num_layers} decoder layers), "
                   f"{m.dtype}, max-batch {m.max_batch}; the target's calls over 32 committed rows and a 48-token source per row", "",
@@ -152,6 +167,9 @@ def main() -> None:
         for c in cost:
             per_row = c["ms_call"] / c["rows"]
             lines.append(f"| {c['graph']} | {c['rows']} | {c['tokens']} | {c['ms_call']:.3f} | {per_row:.3f} | {per_row / single[c['tokens']]:.2f} |")
+        lines += ["", "The target's encoder over 48-token sources (a source's prefill): "
+                  + "; ".join(f"{e['graph']} graph, {e['sources']} source{'s' if e['sources'] > 1 else ''} a call: {e['ms_call']:.2f} ms"
+                              for e in encoder)]  # fmt: skip
         lines += ["", f"BatchEngine of {m.max_batch} rows ({memory['rows_together']} decoded together), every row its own source: added RSS "
                   f"{memory['rss_mib']:.1f} MiB ({memory['rss_ratio']:.2f}× weights + KV + cross K/V), PSS {memory['pss_mib']:.1f} MiB "
                   f"({memory['pss_ratio']:.2f}×), of which the engine's own and the bundle's mapped files "
