@@ -1,7 +1,9 @@
 """Bundles in object storage: ``specdec push BUNDLE URI`` and a local, verified cache for serving.
 
     s3://bucket/prefix/bundle   (s3fs; an S3-compatible server through AWS_ENDPOINT_URL)
-    gs://…, az://…              (gcsfs, adlfs: whatever fsspec has installed)
+    gs://bucket/prefix/bundle   (gcsfs: specdec[gcs]; an emulator through STORAGE_EMULATOR_HOST)
+    az://container/prefix/bundle (adlfs: specdec[azure]; credentials as adlfs reads them, e.g.
+                                AZURE_STORAGE_CONNECTION_STRING)
     https://host/path/bundle    (read only: the files the manifest names are fetched one by one)
     file:///path/bundle
 
@@ -69,7 +71,7 @@ def _fs(uri: str) -> tuple[Any, str]:
         fs, path = fsspec.core.url_to_fs(uri, skip_instance_cache=True)  # credentials and endpoints as they are now
     except (ImportError, ValueError) as e:
         raise ConfigError(f"{uri}: no driver for this scheme ({e}); for s3:// pip install 'specdec[store]', "
-                          "for gs:// or az:// install gcsfs or adlfs") from None  # fmt: skip
+                          "for gs:// pip install 'specdec[gcs]', for az:// pip install 'specdec[azure]'") from None  # fmt: skip
     return fs, path.rstrip("/")
 
 
