@@ -215,3 +215,27 @@ def prebuild(tmp_path_factory, items, worker: int, workers: int) -> list[tuple[s
         cached(tmp_path_factory, name, arg)
         done.append((f"prebuild {name}[{arg}] (worker {worker})", time.perf_counter() - t0))
     return done
+
+
+def travelling_files(folder: Path) -> dict[str, bytes]:
+    """A bundle's files that travel to a store (``specdec push``): the manifest and what its
+    integrity table names (not export.log), by relative path."""
+    import json
+
+    table = json.loads((folder / "manifest.json").read_text())["integrity"]["files"]
+    return {rel: (folder / rel).read_bytes() for rel in [*table, "manifest.json"]}
+
+
+@contextlib.contextmanager
+def environ(env: dict[str, str]):
+    """``env`` in this process's environment (the children it starts inherit it), restored on exit."""
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

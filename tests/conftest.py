@@ -120,6 +120,13 @@ def seq2seq_bundle(request, tmp_path_factory):
     return request.param, folder / f"{request.param}-target", folder / f"{request.param}-draft", folder / "bundle", returned(folder)
 
 
+@pytest.fixture
+def fetch_cache(tmp_path, monkeypatch):
+    """specdec's cache (stored bundles fetched, digests) in this test's own folder."""
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
 @pytest.fixture(scope="module")
 def s3():
     """An S3-compatible server; its address and test credentials in this process's environment
@@ -127,22 +134,17 @@ def s3():
     pytest.importorskip("s3fs")
     boto3 = pytest.importorskip("boto3")
     moto_server = pytest.importorskip("moto.server")
+    from bundles import environ
     from specdec.serve.server import free_port
 
     port = free_port()
     server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port)
     server.start()
     env = dict(AWS_ACCESS_KEY_ID="test", AWS_SECRET_ACCESS_KEY="test", AWS_DEFAULT_REGION="us-east-1", AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}")
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
     try:
-        client = boto3.client("s3")
-        client.create_bucket(Bucket="models")
-        yield client
+        with environ(env):
+            client = boto3.client("s3")
+            client.create_bucket(Bucket="models")
+            yield client
     finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
         server.stop()

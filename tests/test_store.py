@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from bundles import travelling_files
+
 pytest.importorskip("s3fs")
 pytest.importorskip("moto.server")
 
@@ -22,27 +24,17 @@ from specdec.errors import BundleError  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture
-def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
-    return tmp_path / "cache"
 
 
-def files(folder: Path) -> dict[str, bytes]:
-    """The bundle's files that travel: the manifest and what its integrity table names (not export.log)."""
-    table = json.loads((folder / "manifest.json").read_text())["integrity"]["files"]
-    return {rel: (folder / rel).read_bytes() for rel in [*table, "manifest.json"]}
-
-
-def test_push_then_fetch_gives_the_same_bundle_once(s3, llama_bundle, cache):
+def test_push_then_fetch_gives_the_same_bundle_once(s3, llama_bundle, fetch_cache):
     _, _, bundle = llama_bundle
     uri = "s3://models/llama/v1"
     sent = store.push(bundle, uri, progress=False)
-    assert sent == sum(len(b) for b in files(bundle).values())
+    assert sent == sum(len(b) for b in travelling_files(bundle).values())
     local, n = store.fetch_counted(uri, progress=False)
-    assert files(local) == files(bundle) and n == sent - (bundle / "manifest.json").stat().st_size
-    assert sorted(p.relative_to(local).as_posix() for p in local.rglob("*") if p.is_file()) == sorted(files(bundle))  # nothing else
-    assert local.parent == cache / "bundles" and not list(cache.glob("bundles/*.partial"))
+    assert travelling_files(local) == travelling_files(bundle) and n == sent - (bundle / "manifest.json").stat().st_size
+    assert sorted(p.relative_to(local).as_posix() for p in local.rglob("*") if p.is_file()) == sorted(travelling_files(bundle))  # nothing else
+    assert local.parent == fetch_cache / "bundles" and not list(fetch_cache.glob("bundles/*.partial"))
     again, n = store.fetch_counted(uri + "/", progress=False)  # cached: nothing read but the manifest
     assert again == local and n == 0
 
@@ -52,7 +44,7 @@ def test_push_then_fetch_gives_the_same_bundle_once(s3, llama_bundle, cache):
     assert SpeculativeDecoder.load(uri).generate([5, 6, 7], max_new_tokens=12, ignore_eos=True).tokens == want
 
 
-def test_concurrent_fetches_on_one_node_download_once(s3, llama_bundle, cache):
+def test_concurrent_fetches_on_one_node_download_once(s3, llama_bundle, fetch_cache):
     """Two processes (two replicas of one node) fetch at once: one downloads, the other waits
     for it and reads nothing."""
     _, _, bundle = llama_bundle
@@ -66,7 +58,7 @@ def test_concurrent_fetches_on_one_node_download_once(s3, llama_bundle, cache):
     assert counts[0] == 0 and counts[1] > 0 and outs[0][1] == outs[1][1], outs
 
 
-def test_an_interrupted_fetch_resumes(s3, llama_bundle, cache):
+def test_an_interrupted_fetch_resumes(s3, llama_bundle, fetch_cache):
     """Files a fetch finished are kept, and the one it was on continues from its last byte."""
     _, _, bundle = llama_bundle
     uri = "s3://models/llama/resume"
@@ -82,10 +74,10 @@ def test_an_interrupted_fetch_resumes(s3, llama_bundle, cache):
     (partial / (big + ".part")).write_bytes((bundle / big).read_bytes()[:head])  # cut off mid-file
     local, n = store.fetch_counted(uri, progress=False)
     assert n == sum(e["size"] for e in table.values()) - table[small]["size"] - head
-    assert files(local) == files(bundle)
+    assert travelling_files(local) == travelling_files(bundle)
 
 
-def test_a_changed_or_missing_object_is_refused_by_name(s3, llama_bundle, cache):
+def test_a_changed_or_missing_object_is_refused_by_name(s3, llama_bundle, fetch_cache):
     _, _, bundle = llama_bundle
     uri = "s3://models/llama/tampered"
     store.push(bundle, uri, progress=False)
@@ -97,7 +89,7 @@ def test_a_changed_or_missing_object_is_refused_by_name(s3, llama_bundle, cache)
     with pytest.raises(BundleError, match=f"{uri}/{rel} has blake3 .* the manifest says") as e:
         store.fetch(uri, progress=False)
     assert "\n" not in str(e.value)
-    assert not [p for p in (cache / "bundles").iterdir() if not p.name.endswith((".partial", ".lock"))]  # no bundle took its place
+    assert not [p for p in (fetch_cache / "bundles").iterdir() if not p.name.endswith((".partial", ".lock"))]  # no bundle took its place
     s3.delete_object(Bucket="models", Key=f"llama/tampered/{rel}")
     with pytest.raises(BundleError, match=f"{uri}/{rel} does not exist, and the bundle's manifest names it"):
         store.fetch(uri, progress=False)
@@ -118,7 +110,7 @@ def test_push_refuses_a_changed_bundle_and_uploads_nothing(s3, llama_bundle, tmp
     assert s3.list_objects_v2(Bucket="models", Prefix="changed/").get("KeyCount", 0) == 0
 
 
-def test_cli_push_and_a_bad_uri(s3, llama_bundle, cache):
+def test_cli_push_and_a_bad_uri(s3, llama_bundle, fetch_cache):
     _, _, bundle = llama_bundle
     env = dict(os.environ)
     r = subprocess.run([sys.executable, "-m", "specdec", "push", str(bundle), "s3://models/cli"], capture_output=True, text=True, env=env, timeout=120)
@@ -143,7 +135,7 @@ def test_cli_push_and_a_bad_uri(s3, llama_bundle, cache):
     assert r.returncode == 2 and "gs://bucket/b: no driver for this scheme" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
-def test_serve_from_the_store(s3, chat_bundle, cache):
+def test_serve_from_the_store(s3, chat_bundle, fetch_cache):
     """``specdec serve s3://…``: fetched into the node's cache, then served; the model keeps the
     URI's name and greedy tokens are the bundle's."""
     import openai
@@ -154,7 +146,7 @@ def test_serve_from_the_store(s3, chat_bundle, cache):
     uri = "s3://models/chat/tiny-chat"
     store.push(chat_bundle[1], uri, progress=False)
     want = SpeculativeDecoder.load(chat_bundle[1]).generate([5, 6, 7], max_new_tokens=16, ignore_eos=True).tokens
-    with ServerProcess(uri, "--threads", "1", log=cache.parent / "serve.log", env=dict(os.environ)) as s:
+    with ServerProcess(uri, "--threads", "1", log=fetch_cache.parent / "serve.log", env=dict(os.environ)) as s:
         s.wait_ready(120)
         c = openai.OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0, timeout=60)
         assert [m.id for m in c.models.list().data] == ["tiny-chat"]
@@ -162,19 +154,19 @@ def test_serve_from_the_store(s3, chat_bundle, cache):
                                  extra_body={"ignore_eos": True, "return_token_ids": True})  # fmt: skip
         assert r.choices[0].model_extra["token_ids"] == want
         assert s.stop(60) == 0
-    assert len([p for p in (cache / "bundles").iterdir() if p.is_dir() and not p.name.endswith(".partial")]) == 1
+    assert len([p for p in (fetch_cache / "bundles").iterdir() if p.is_dir() and not p.name.endswith(".partial")]) == 1
 
 
-def test_a_local_store_by_file_uri(llama_bundle, cache, tmp_path):
+def test_a_local_store_by_file_uri(llama_bundle, fetch_cache, tmp_path):
     """file:// goes through the same code as s3:// (fsspec's local driver): push, fetch once, serve."""
     _, _, bundle = llama_bundle
     uri = f"file://{tmp_path / 'store' / 'llama'}"
     store.push(bundle, uri, progress=False)
     local, n = store.fetch_counted(uri, progress=False)
-    assert files(local) == files(bundle) and n > 0 and store.fetch_counted(uri, progress=False) == (local, 0)
+    assert travelling_files(local) == travelling_files(bundle) and n > 0 and store.fetch_counted(uri, progress=False) == (local, 0)
 
 
-def test_export_straight_to_the_store(s3, llama_bundle, cache):
+def test_export_straight_to_the_store(s3, llama_bundle, fetch_cache):
     """``specdec-export --out s3://…``: exported and validated locally, then pushed; an occupied
     prefix is refused before any work unless --overwrite."""
     target, draft, bundle = llama_bundle

@@ -13,7 +13,6 @@ ranged reads, writes and missing objects behave as it needs."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import socket
 import subprocess
@@ -24,7 +23,7 @@ from pathlib import Path
 import pytest
 from filelock import FileLock
 
-from bundles import cache_root
+from bundles import cache_root, environ, travelling_files
 
 pytest.importorskip("fsspec")
 
@@ -107,34 +106,19 @@ def cloud(request, tmp_path_factory):
         cmd = [exe, "--blobHost", "127.0.0.1", "--blobPort", str(port), "--inMemoryPersistence", "--silent", "--disableTelemetry",
                "--skipApiVersionCheck"]  # fmt: skip
     server = _start(cmd, port, log, f"the {scheme}:// emulator")
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
     try:
-        fs = fsspec.filesystem(scheme, skip_instance_cache=True)
-        if scheme == "az":
-            fs.mkdir("models")  # a container; the gs emulator made its bucket
-        yield scheme, fs
+        with environ(env):
+            fs = fsspec.filesystem(scheme, skip_instance_cache=True)
+            if scheme == "az":
+                fs.mkdir("models")  # a container; the gs emulator made its bucket
+            yield scheme, fs
     finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
         _stop(server)
 
 
-@pytest.fixture
-def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
-    return tmp_path / "cache"
 
 
-def files(folder: Path) -> dict[str, bytes]:
-    table = json.loads((folder / "manifest.json").read_text())["integrity"]["files"]
-    return {rel: (folder / rel).read_bytes() for rel in [*table, "manifest.json"]}
-
-
-def test_push_fetch_resume_and_load(cloud, llama_bundle, cache):
+def test_push_fetch_resume_and_load(cloud, llama_bundle, fetch_cache):
     """Pushed once; fetched into the node's cache once (the second fetch reads the manifest
     alone); an interrupted fetch continues with a ranged read from its last byte; the decoder
     loaded from the URI gives the bundle's tokens."""
@@ -142,7 +126,7 @@ def test_push_fetch_resume_and_load(cloud, llama_bundle, cache):
     _, _, bundle = llama_bundle
     uri = f"{scheme}://models/llama/v1"
     sent = store.push(bundle, uri, progress=False)
-    assert sent == sum(len(b) for b in files(bundle).values()) and store.stored(uri)
+    assert sent == sum(len(b) for b in travelling_files(bundle).values()) and store.stored(uri)
     raw = (bundle / "manifest.json").read_bytes()
     table = json.loads(raw)["integrity"]["files"]
     big = max(table, key=lambda r: table[r]["size"])
@@ -152,7 +136,7 @@ def test_push_fetch_resume_and_load(cloud, llama_bundle, cache):
     part.parent.mkdir(parents=True, exist_ok=True)
     part.write_bytes((bundle / big).read_bytes()[:head])  # a fetch cut off mid-file
     local, n = store.fetch_counted(uri, progress=False)
-    assert files(local) == files(bundle) and n == sum(e["size"] for e in table.values()) - head
+    assert travelling_files(local) == travelling_files(bundle) and n == sum(e["size"] for e in table.values()) - head
     assert store.fetch_counted(uri + "/", progress=False) == (local, 0)
 
     from specdec.runtime import SpeculativeDecoder
@@ -161,7 +145,7 @@ def test_push_fetch_resume_and_load(cloud, llama_bundle, cache):
     assert SpeculativeDecoder.load(uri).generate([5, 6, 7], max_new_tokens=12, ignore_eos=True).tokens == want
 
 
-def test_a_changed_or_missing_object_is_refused_by_name(cloud, llama_bundle, cache):
+def test_a_changed_or_missing_object_is_refused_by_name(cloud, llama_bundle, fetch_cache):
     scheme, fs = cloud
     _, _, bundle = llama_bundle
     uri = f"{scheme}://models/llama/tampered"
@@ -174,7 +158,7 @@ def test_a_changed_or_missing_object_is_refused_by_name(cloud, llama_bundle, cac
     with pytest.raises(BundleError, match=f"{uri}/{rel} has blake3 .* the manifest says") as e:
         store.fetch(uri, progress=False)
     assert "\n" not in str(e.value)
-    assert not [p for p in (cache / "bundles").iterdir() if p.is_dir() and not p.name.endswith(".partial")]  # nothing took its place
+    assert not [p for p in (fetch_cache / "bundles").iterdir() if p.is_dir() and not p.name.endswith(".partial")]  # nothing took its place
     fs.rm(f"models/llama/tampered/{rel}")
     with pytest.raises(BundleError, match=f"{uri}/{rel} does not exist, and the bundle's manifest names it"):
         store.fetch(uri, progress=False)

@@ -47,11 +47,6 @@ def served(tmp_path):
         server.server_close()
 
 
-@pytest.fixture
-def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
-    return tmp_path / "cache"
-
 
 def _publish(bundle: Path, root: Path, name: str) -> Path:
     """The bundle's travelling files (as ``specdec push`` writes them) under ``root / name``."""
@@ -63,7 +58,7 @@ def _publish(bundle: Path, root: Path, name: str) -> Path:
     return dst
 
 
-def test_a_bundle_over_http_is_fetched_by_its_manifest_and_decodes_the_same(llama_bundle, served, cache):
+def test_a_bundle_over_http_is_fetched_by_its_manifest_and_decodes_the_same(llama_bundle, served, fetch_cache):
     root, base, requested = served
     bundle = Path(llama_bundle[2])
     _publish(bundle, root, "llama")
@@ -76,7 +71,7 @@ def test_a_bundle_over_http_is_fetched_by_its_manifest_and_decodes_the_same(llam
     assert store.fetch_counted(f"{base}/llama", progress=False) == (local, 0)  # cached: the manifest alone is read
 
 
-def test_over_http_a_missing_bundle_or_an_altered_file_is_refused_by_name(llama_bundle, served, cache):
+def test_over_http_a_missing_bundle_or_an_altered_file_is_refused_by_name(llama_bundle, served, fetch_cache):
     root, base, _ = served
     with pytest.raises(BundleError, match="does not exist"):
         store.fetch(f"{base}/nothing-here", progress=False)
@@ -88,4 +83,4 @@ def test_over_http_a_missing_bundle_or_an_altered_file_is_refused_by_name(llama_
     (dst / victim).write_bytes(bytes(data))
     with pytest.raises(BundleError, match=victim):
         store.fetch(f"{base}/altered", progress=False)
-    assert not list((cache / "bundles").glob("*/manifest.json"))  # no copy kept as whole
+    assert not list((fetch_cache / "bundles").glob("*/manifest.json"))  # no copy kept as whole
