@@ -58,7 +58,8 @@ class Load:
 
         return {
             "mode": self.mode, "concurrency": self.concurrency, "temperature": self.temperature,
-            "tok_s": self.tokens / self.seconds if self.seconds else 0.0, "requests": self.requests, "errors": self.errors,
+            "tok_s": self.tokens / self.seconds if self.seconds else 0.0, "tokens": self.tokens, "seconds": self.seconds,
+            "requests": self.requests, "errors": self.errors,
             "req_s": self.requests / self.seconds if self.seconds else 0.0,
             "per_request_tok_s": statistics.median(self.per_request) if self.per_request else 0.0,
             "ttft_p50_ms": 1e3 * q(self.ttft, 50), "ttft_p99_ms": 1e3 * q(self.ttft, 99),

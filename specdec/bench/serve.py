@@ -16,6 +16,7 @@ the HTTP layer costs (``--overhead-rounds``; ``--no-overhead`` skips it).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import os
@@ -210,6 +211,40 @@ def start(bundle: Path, servers: dict, old: Path | None, max_queue: int, logs: P
     return procs
 
 
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of process ``pid`` and its descendants so far (a Ray server's
+    raylet and replicas included); None without psutil (``pip install 'specdec[bench]'``)."""
+    try:
+        import psutil
+    except ImportError:
+        return None
+    try:
+        root = psutil.Process(pid)
+        tree = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return None
+    total = 0.0
+    for proc in tree:
+        with contextlib.suppress(psutil.Error):  # one that ended meanwhile
+            t = proc.cpu_times()
+            total += t.user + t.system
+    return total
+
+
+def measured(s, name: str, c: int, units: list, tr: Traffic, codec) -> dict:
+    """One run of ``served``, with the CPU it took: this process's (the client's) and the server's
+    process tree's, as cores busy over the run and ms of CPU a token. On one box they share the
+    cores: a client near a core tells the run measures the load generator too."""
+    wall0, client0, server0 = time.perf_counter(), time.process_time(), cpu_seconds(s.proc.pid)
+    row = asyncio.run(served(s.url, name, c, units, tr, codec))
+    wall, client, server = time.perf_counter() - wall0, time.process_time() - client0, cpu_seconds(s.proc.pid)
+    tokens = max(row["tokens"], 1)
+    row.update(client_cores=client / wall, client_cpu_ms_per_token=1e3 * client / tokens)
+    if server is not None and server0 is not None:
+        row.update(server_cores=(server - server0) / wall, server_cpu_ms_per_token=1e3 * (server - server0) / tokens)
+    return row
+
+
 def stop(procs: dict) -> None:
     """SIGTERM to every server at once, then wait (a Ray server shuts Ray down: give it time); kill what is left."""
     import subprocess
@@ -262,9 +297,10 @@ def bench_serve(bundle: Path, server: tuple[str, ...], old: Path | None, concurr
         for li, c in enumerate(levels):
             for name, s in list(procs.items())[:: 1 if li % 2 == 0 else -1]:
                 asyncio.run(served(s.url, name, c, warm[:c], tr, codec))  # warm-up: one unit per client
-                rows.append(r := asyncio.run(served(s.url, name, c, units, tr, codec)))
+                rows.append(r := measured(s, name, c, units, tr, codec))
                 click.echo(f"{name:>22} c={c:<3} {r['tok_s']:7.0f} tok/s {r['req_s']:6.2f} req/s  TTFT p50 {r['ttft_p50_ms']:.1f} ms  "
-                           f"ITL p99 {r['itl_p99_ms']:.2f} ms  hit rate {r['prefix_hit_rate']:.2f}  errors {r['errors']}", err=True)  # fmt: skip
+                           f"ITL p99 {r['itl_p99_ms']:.2f} ms  hit rate {r['prefix_hit_rate']:.2f}  errors {r['errors']}  "
+                           f"CPU client {r['client_cores']:.2f} / server {r.get('server_cores', float('nan')):.2f} cores", err=True)  # fmt: skip
         urls = {name: procs[name].url for name in servers}
         work = [[p] for p in pool][:overhead_requests]
         costs = http_overhead(bundle, m.gamma, servers, urls, work, tr, overhead_rounds) if overhead else []
@@ -280,6 +316,11 @@ def bench_serve(bundle: Path, server: tuple[str, ...], old: Path | None, concurr
               f"{listed}{' (and each from --old)' if old else ''}, "
               "on 127.0.0.1, interleaved at each concurrency (order alternating); latencies measured by the client")  # fmt: skip
     md = markdown(rows, header)
+    md += ("\nCPU over each run: the client (this benchmark's process) and the server (its process tree), cores busy and ms of "
+           f"CPU a token, on this box's {os.cpu_count()} cores:\n\n| clients | server | client cores | client ms a token | server cores | "
+           "server ms a token |\n|---:|---|---:|---:|---:|---:|\n")  # fmt: skip
+    md += "".join(f"| {r['concurrency']} | {r['mode']} | {r['client_cores']:.2f} | {r['client_cpu_ms_per_token']:.3f} | "
+                  f"{r.get('server_cores', float('nan')):.2f} | {r.get('server_cpu_ms_per_token', float('nan')):.3f} |\n" for r in rows)  # fmt: skip
     if turns > 1:
         md += ("\nPer conversation turn: median time to first token, and the prefix-cache hit rate over the run (/metrics):\n\n"
                "| clients | server | prefix hit rate | TTFT turn 1 ms | median TTFT turns 2+ ms | TTFT last turn ms |\n|---:|---|---:|---:|---:|---:|\n")  # fmt: skip

@@ -21,6 +21,9 @@ def check(out, got: subprocess.CompletedProcess, servers: list[str]) -> list[dic
     rows = data["rows"]
     assert sorted((r["mode"], r["concurrency"]) for r in rows) == sorted((s, c) for s in servers for c in (1, 2))
     assert all(r["tok_s"] > 0 and r["errors"] == 0 and r["requests"] > 0 for r in rows), rows
+    # the CPU each run took: the client's (this benchmark's process) and the server's, which decoded every token
+    assert all(0 < r["client_cores"] and 0 < r["server_cores"] and r["server_cpu_ms_per_token"] > 0 for r in rows), rows
+    assert "| client cores |" in (out / "results.md").read_text()
     assert "bench-serve" in data["provenance"]["command"]
     assert (out / "load.png").is_file() and "Regenerate:" in (out / "results.md").read_text()
     return rows
