@@ -368,7 +368,7 @@ def open_session(
     options = ThreadPolicy.of(threads).session_options()
     if spec.role == "encoder" and spec.batch > 1:
         # a batched encoder's calls range from 1 source to max_batch padded ones; ORT's arena would keep the
-        # largest call's activations for the session's life (+0.6× the demo pair's weights + KV + cross K/V)
+        # largest call's activations for the session's life (about half the demo pair's weights + KV + cross K/V)
         options.enable_cpu_mem_arena = False
     # a rows graph's bodies sit in If nodes, which ORT does not capture: that session runs as on "cuda"
     providers = PROVIDERS["cuda" if provider in CAPTURE and spec.rows else provider]

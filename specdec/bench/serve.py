@@ -8,7 +8,8 @@ machine drift hits them alike. A run is ``--requests`` units of work taken in tu
 (``--n K``: K choices, as one JSON body), or with ``--turns N`` a conversation whose every turn
 sends the history plus a new user turn (token ids, or ``--chat`` messages) and reads the reply.
 The client measures requests/s, tokens/s, time to first token and inter-token latency (from the
-SSE chunks), errors, TTFT per turn and the prefix-cache hit rate (from /metrics). At one request
+SSE chunks), errors, TTFT per turn and the prefix-cache hit rate (from /metrics), and the CPU each
+run took: the client's (this process) and the server's process tree's (psutil). At one request
 at a time, each server is also compared with an in-process ``BatchEngine`` of its options: what
 the HTTP layer costs (``--overhead-rounds``; ``--no-overhead`` skips it).
 """
