@@ -24,8 +24,6 @@ from specdec.errors import BundleError  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 
 
-
-
 def test_push_then_fetch_gives_the_same_bundle_once(s3, llama_bundle, fetch_cache):
     _, _, bundle = llama_bundle
     uri = "s3://models/llama/v1"

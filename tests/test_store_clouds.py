@@ -116,8 +116,6 @@ def cloud(request, tmp_path_factory):
         _stop(server)
 
 
-
-
 def test_push_fetch_resume_and_load(cloud, llama_bundle, fetch_cache):
     """Pushed once; fetched into the node's cache once (the second fetch reads the manifest
     alone); an interrupted fetch continues with a ranged read from its last byte; the decoder

@@ -47,7 +47,6 @@ def served(tmp_path):
         server.server_close()
 
 
-
 def _publish(bundle: Path, root: Path, name: str) -> Path:
     """The bundle's travelling files (as ``specdec push`` writes them) under ``root / name``."""
     table = json.loads((bundle / "manifest.json").read_text())["integrity"]["files"]
