@@ -57,9 +57,12 @@ class _Handler(logging.Handler):
 
 
 @contextlib.contextmanager
-def captured() -> Iterator[ExportLog]:
-    """Route third-party warnings and library log records into an ``ExportLog`` for the block."""
-    log = ExportLog()
+def captured(log: ExportLog | None = None, *, torch: bool = True) -> Iterator[ExportLog]:
+    """Route third-party warnings and library log records into an ``ExportLog`` (``log``, or a
+    new one) for the block. ``torch=False`` leaves torch unimported (a refusal from configs then
+    takes a second, not the ten torch's import takes here); a block that imports it nests
+    ``captured(log)`` so that torch's own loggers join the log."""
+    log = log if log is not None else ExportLog()
     shown = warnings.showwarning
 
     def show(message, category, filename, lineno, file=None, line=None) -> None:
@@ -69,8 +72,9 @@ def captured() -> Iterator[ExportLog]:
             log.write(f"{category.__name__} {filename}:{lineno}", str(message))
 
     bars = _transformers_bars(False)  # first: transformers and torch attach their handlers on first use
-    with contextlib.suppress(ImportError):
-        import torch  # noqa: F401
+    if torch:
+        with contextlib.suppress(ImportError):
+            import torch as _  # noqa: F401
     handler, saved = _Handler(log), {}
     # torch gives dozens of its loggers a stderr handler each ("torch.onnx", "torch.export", ...)
     named = [n for n, lg in logging.root.manager.loggerDict.items() if isinstance(lg, logging.Logger) and lg.handlers]

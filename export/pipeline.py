@@ -305,7 +305,7 @@ def export_bundle(cfg: ExportConfig, progress: Progress | None = None) -> Manife
     progress = progress or Progress()
     check_destination(cfg.out, cfg.overwrite)
     check_transformers()
-    with captured() as log:
+    with captured(torch=False) as log:  # _export widens it to torch's loggers once the configs passed
         try:
             return _export(cfg, progress, log)
         except SpecDecError:
@@ -326,10 +326,8 @@ def _stack() -> str:
 
 
 def _export(cfg: ExportConfig, progress: Progress, log: ExportLog) -> Manifest:
-    from specdec.export.graphs import TORCH_DTYPES
-    from specdec.export.tokenizer_files import save_tokenizer
-    from specdec.export.validate import NEAR_TIE, check, text_tokens
-
+    """Everything that configs, tokenizers and flags can refuse, before torch is imported; then
+    the export."""
     fallback = None
     if cfg.head() is None and (Path(cfg.draft) / "head_config.json").is_file():
         fallback = headless_drafter(Path(cfg.draft), cfg)
@@ -338,10 +336,22 @@ def _export(cfg: ExportConfig, progress: Progress, log: ExportLog) -> Manifest:
                       stacklevel=2)  # fmt: skip
     with one_parse():  # a GGUF source is parsed once for its header, config, tokenizer and weights
         progress("read configs")
-        sources, max_source, max_seq = _read_sources(cfg)
-        progress("load weights")
-        models = {"target": load_model(sources["target"])}
-        models["draft"] = load_model(sources["draft"], target=models["target"])
+        read = _read_sources(cfg)
+        with captured(log):
+            return _build(cfg, read, fallback, progress, log)
+
+
+def _build(cfg: ExportConfig, read: tuple[dict[str, Source], int | None, int], fallback: dict | None, progress: Progress,
+           log: ExportLog) -> Manifest:  # fmt: skip
+    """Load the weights, write and validate every graph, commit the bundle."""
+    from specdec.export.graphs import TORCH_DTYPES
+    from specdec.export.tokenizer_files import save_tokenizer
+    from specdec.export.validate import NEAR_TIE, check, text_tokens
+
+    sources, max_source, max_seq = read
+    progress("load weights")
+    models = {"target": load_model(sources["target"])}
+    models["draft"] = load_model(sources["draft"], target=models["target"])
     specs = {role: _model_spec(sources[role], models[role], cfg.quantization(role)) for role in models}
 
     # Graphs are traced from a copy in the bundle's dtype; validation compares them with the

@@ -27,13 +27,16 @@ prompt's early positions with the long factors too (docs/export.md).
 from __future__ import annotations
 
 import types
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # imported where the forwards run: families.py reads this module before any weights load
+    import torch
 
 
 def _per_position(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin [B, S, D] for position_ids [B, S]: each position with its own factor set."""
+    import torch
+
     pos = position_ids[:, :, None].float()  # [B, S, 1]
     short = pos * self.specdec_short[None, None, :]  # [B, S, D/2]
     long = pos * self.specdec_long[None, None, :]
@@ -44,6 +47,8 @@ def _per_position(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[to
 
 def _outer_product(self, x: torch.Tensor, position_ids: torch.Tensor, layer_type: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin [B, S, D] for position_ids [B, S] (Gemma 3 on 5.x: one module, a table per layer type)."""
+    import torch
+
     prefix = f"{layer_type}_" if layer_type else ""
     inv_freq, scaling = getattr(self, prefix + "inv_freq"), getattr(self, prefix + "attention_scaling")
     inv = inv_freq[None, :, None].float().expand(position_ids.shape[0], -1, 1)  # [B, D/2, 1]

@@ -25,7 +25,6 @@ so the bundle's contract and the runtime are unchanged.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -33,10 +32,8 @@ from typing import Any
 import torch
 
 from specdec.errors import ModelError
+from specdec.export.draft_spec import FILL, KEY, spec_of, vocab_digest
 from specdec.export.head import WEIGHTS_NAME as HEAD_WEIGHTS
-
-KEY = "specdec_draft"
-FILL = -1e4  # the logit of a token outside the draft's subset; finite, so float16 graphs hold it too
 
 
 class SubsetHead(torch.nn.Module):
@@ -54,18 +51,6 @@ class SubsetHead(torch.nn.Module):
         return full.index_copy(-1, self.ids, small)
 
 
-def spec_of(config: Any) -> dict | None:
-    """The config's ``specdec_draft`` entry, or None for an ordinary checkpoint."""
-    spec = getattr(config, KEY, None)
-    return spec if isinstance(spec, dict) else None
-
-
-def vocab_digest(tokenizer: Any) -> str:
-    """A digest of a tokenizer's token -> id map: which target a shared draft was trained for."""
-    items = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
-    return hashlib.sha256(json.dumps(items).encode()).hexdigest()
-
-
 def read_vocab(folder: Path, spec: dict, vocab: int) -> torch.Tensor:
     path = folder / spec.get("vocab", "draft_vocab.json")
     try:
@@ -76,16 +61,6 @@ def read_vocab(folder: Path, spec: dict, vocab: int) -> torch.Tensor:
     if t.ndim != 1 or not len(t) or int(t.min()) < 0 or int(t.max()) >= vocab or bool((t[1:] <= t[:-1]).any()):
         raise ModelError(f"shared draft {folder}: {path.name} must list ascending token ids in 0..{vocab - 1}")
     return t
-
-
-def check_target(folder: Path, spec: dict, target_tokenizer: Any) -> None:
-    """Refuse a shared draft trained for another vocabulary (it has no tokenizer of its own)."""
-    want = spec.get("target_vocab_sha256")
-    if want and target_tokenizer is not None and vocab_digest(target_tokenizer) != want:
-        raise ModelError(
-            f"shared draft {folder} was trained for another target vocabulary (target_vocab_sha256 {want[:12]}…); "
-            "pass the target it was trained for, or an ordinary draft checkpoint"
-        )
 
 
 def assemble(draft: torch.nn.Module, target: torch.nn.Module, ids: torch.Tensor) -> torch.nn.Module:

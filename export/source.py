@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from specdec.errors import ModelError
-from specdec.export import shared_draft
+from specdec.export import draft_spec
 from specdec.export.families import Family, family_of
 
 
@@ -143,11 +143,11 @@ def check_pair(target: Source, draft: Source) -> None:
             f"special-token mismatch: target decoder_start_token_id={t.decoder_start_token_id}, draft "
             f"decoder_start_token_id={d.decoder_start_token_id}; the draft's decoder must start where the target's does"
         )
-    shared = shared_draft.spec_of(d)
+    shared = draft_spec.spec_of(d)
     if shared is not None:
         if target.family.seq2seq or d.model_type != t.model_type:
             raise ModelError(f"shared draft {draft.name} ({d.model_type}) needs a decoder-only {d.model_type} target; {target.name} is {t.model_type}")
-        shared_draft.check_target(Path(draft.location), shared, target.tokenizer)
+        draft_spec.check_target(Path(draft.location), shared, target.tokenizer)
     if t.vocab_size != d.vocab_size:
         raise ModelError(
             f"vocab mismatch: target {target.name} has vocab_size={t.vocab_size}, draft {draft.name} has {d.vocab_size}; "
@@ -176,6 +176,8 @@ def load_model(src: Source, target: Any = None) -> Any:
     A shared draft (export/shared_draft.py) is assembled from ``target``, the loaded target model."""
     import torch
     from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
+
+    from specdec.export import shared_draft
 
     if shared_draft.spec_of(src.config) is not None:
         if target is None:

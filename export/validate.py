@@ -19,7 +19,7 @@ import torch
 from specdec.engines.kv import KVCache
 from specdec.engines.ort import runner_for
 from specdec.errors import ValidationError
-from specdec.export.shared_draft import FILL
+from specdec.export.draft_spec import FILL
 from specdec.manifest import GraphSpec
 
 

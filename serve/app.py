@@ -110,6 +110,16 @@ def finite(v: float) -> float:
     return v if v > -9999.0 else -9999.0
 
 
+def encode(state: ServerState, text: str, special: bool, param: str) -> list[int]:
+    """A prompt's ids; text too long to fit in the context whatever it says is refused before
+    the tokenizer reads it (runtime/text.py ``max_chars``)."""
+    limit = state.codec.max_chars(state.max_seq_len)
+    if len(text) > limit:
+        raise FieldError(f"{param}: {len(text)} characters; with this tokenizer no text over {limit} characters fits in the "
+                         f"{state.max_seq_len} tokens of the context (max_model_len); shorten it", param)  # fmt: skip
+    return state.codec.encode(text, special)
+
+
 # -- the two endpoints' differences --------------------------------------------------------------
 
 
@@ -125,7 +135,7 @@ class Completions:
             elif state.codec is None:
                 raise FieldError("prompt is text but the bundle has no tokenizer; send token ids", "prompt")
             else:
-                out.append(state.codec.encode(prompt))
+                out.append(encode(state, prompt, True, "prompt"))
         return out
 
     @staticmethod
@@ -166,7 +176,7 @@ class Chat:
         if tools is not None and tools.mode == "auto":  # required and named calls are held to their schemas anyway
             messages = with_tools(messages, tools, state.chat.source)
         text = state.chat.render(messages, body.add_generation_prompt, **extra)
-        return [state.codec.encode(text, special=False)]  # the template wrote the special tokens
+        return [encode(state, text, False, "messages")]  # the template wrote the special tokens
 
     @staticmethod
     def max_tokens(body: ChatCompletionRequest) -> int | None:
@@ -398,11 +408,11 @@ def build_app(state: ServerState, lifespan=None) -> FastAPI:
         codec = needs_codec("tokenize")
         if body.messages is not None:
             try:
-                ids = Chat.prompts(state, body)[0]  # as a chat request's prompt becomes
+                ids = (await asyncio.to_thread(Chat.prompts, state, body))[0]  # as a chat request's prompt becomes
             except FieldError as e:
                 raise Refused(400, str(e), param=e.param) from None
-        else:
-            ids = codec.encode(body.prompt, special=body.add_special_tokens)
+        else:  # any length within the body limit: the count is the answer
+            ids = await asyncio.to_thread(codec.encode, body.prompt, body.add_special_tokens)
         return {"count": len(ids), "max_model_len": state.max_seq_len, "tokens": ids}
 
     @app.get("/tokenizer_info")
@@ -455,10 +465,11 @@ def build_app(state: ServerState, lifespan=None) -> FastAPI:
         arrival = clock()
         try:
             body = await read(request, cls)
+            prompts = await tokenized(body, kind)
             if body.use_beam_search:
-                return await beam_search(body, kind)
+                return await beam_search(body, kind, prompts)
             await compile_grammar(body)
-            handles = admit(body, kind)
+            handles = admit(body, kind, prompts)
         except Refused as e:
             if state.metrics:
                 state.metrics.requests.labels(e.outcome).inc()
@@ -521,14 +532,22 @@ def build_app(state: ServerState, lifespan=None) -> FastAPI:
                 return StreamingResponse(iter(events), media_type="text/event-stream")
         return out
 
-    async def beam_search(body, kind):
+    async def tokenized(body, kind) -> list[list[int]]:
+        """The request's prompts as ids, tokenized on a worker thread (a long prompt takes a
+        second; the event loop keeps serving meanwhile); a bad one is a 400."""
+        try:
+            return await asyncio.to_thread(kind.prompts, state, body)
+        except (FieldError, ValueError) as e:
+            raise Refused(400, str(e), param=getattr(e, "param", None)) from None
+
+    async def beam_search(body, kind, prompts: list[list[int]]):
         """Each prompt's beam search (width best_of, else n; the best n returned), on a worker
         thread beside the engine's rows (runtime/beam_search.py: one search at a time)."""
         engine = state.ready()
         width = getattr(body, "best_of", None) or body.choices
         choices, p_tokens, c_tokens = [], 0, 0
         try:
-            for i, prompt in enumerate(kind.prompts(state, body)):
+            for i, prompt in enumerate(prompts):
                 max_tokens = kind.max_tokens(body) or max(1, state.max_seq_len - len(prompt))
                 params = BeamParams(num_beams=width, max_new_tokens=max_tokens, length_penalty=1.0 if body.length_penalty is None else body.length_penalty,
                                     early_stopping=body.early_stopping or False, num_return_sequences=body.choices, ignore_eos=body.ignore_eos,
@@ -568,14 +587,14 @@ def build_app(state: ServerState, lifespan=None) -> FastAPI:
         except ValueError as e:  # specdec's InputError and ConfigError are ValueErrors
             raise Refused(400, str(e), param=field) from None
 
-    def admit(body, kind) -> list[Handle]:
+    def admit(body, kind, prompts: list[list[int]]) -> list[Handle]:
         """Submit a parsed request (``read``), one handle per choice (prompt i's choice j at
         i * n + j, its seed + j when seeded), queued as one group; a ``Refused`` says why not,
         and then none is queued."""
         engine = state.ready()
         group: list[tuple[list[int], SamplingParams]] = []
         try:
-            for prompt in kind.prompts(state, body):
+            for prompt in prompts:
                 max_tokens = kind.max_tokens(body)
                 if max_tokens is None:  # as much as fits
                     max_tokens = max(1, state.max_seq_len - len(prompt))
