@@ -102,14 +102,15 @@ def test_mixed_pairs_are_refused(tied_t5, llama_bundle, tmp_path):
     assert not out.exists()
 
 
-@pytest.mark.parametrize("flags", [("--quantize", "int8"), ("--dtype", "float16")])
+@pytest.mark.parametrize("flags", [{"quantize": "int8"}, {"dtype": "float16"}], ids=["int8", "float16"])
 def test_quantized_and_half_bundles_decode_as_their_own_target(tied_t5, tmp_path, flags):
     """Weight-only int8 and float16 change the model, so the reference is the bundle's own
     autoregressive output: speculative greedy must equal it token for token."""
+    from specdec.export.pipeline import ExportConfig, export_bundle  # in process: the CLI's path is the test above's
+
     target, draft = tied_t5
     out = tmp_path / "bundle"
-    res = export_cli("--target", str(target), "--draft", str(draft), "--out", str(out), "--max-seq-len", "96", "--max-source-len", "32", *flags)
-    assert res.returncode == 0, res.stderr[-2000:]
+    export_bundle(ExportConfig(str(target), str(draft), out, max_seq_len=96, max_source_len=32, **flags))
     dec = SpeculativeDecoder.load(out)
     for source in ([5, 17, 42, 99, 7, 3, 250, 61, 1], [30, 31, 32, 33, 34, 30, 31, 32, 1]):
         own = dec.generate(source, max_new_tokens=30, gamma=0, ignore_eos=True).tokens
