@@ -23,6 +23,7 @@ import json
 import logging
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
@@ -362,6 +363,9 @@ def build_app(state: ServerState, lifespan=None) -> FastAPI:
     """The routes over ``state``; ``lifespan`` loads the engine (see ``server.serve``)."""
     app = FastAPI(title="specdec", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
     app.state.specdec = state
+    # /tokenize's text, up to the body limit (8 MiB: ~14 s of a core), is encoded on its own
+    # thread: prompts of generation requests (to_thread's pool) never queue behind it
+    bulk = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specdec-tokenize")
     app.add_middleware(BodyLimit, max_body=MAX_BODY)  # 413 while reading, past MAX_BODY (serve/limits.py)
     if state.allowed_origins:  # opt-in, as vLLM's and llama-server's
         app.add_middleware(CORSMiddleware, allow_origins=list(state.allowed_origins), allow_methods=["*"], allow_headers=["*"])
@@ -411,8 +415,9 @@ def build_app(state: ServerState, lifespan=None) -> FastAPI:
                 ids = (await asyncio.to_thread(Chat.prompts, state, body))[0]  # as a chat request's prompt becomes
             except FieldError as e:
                 raise Refused(400, str(e), param=e.param) from None
-        else:  # any length within the body limit: the count is the answer
-            ids = await asyncio.to_thread(codec.encode, body.prompt, body.add_special_tokens)
+        else:  # any length the body limit lets in: lm-eval counts whole documents past the context (rolling windows)
+            loop = asyncio.get_running_loop()
+            ids = await loop.run_in_executor(bulk, codec.encode, body.prompt, body.add_special_tokens)
         return {"count": len(ids), "max_model_len": state.max_seq_len, "tokens": ids}
 
     @app.get("/tokenizer_info")

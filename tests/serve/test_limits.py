@@ -116,6 +116,14 @@ def test_body_at_the_limit_is_read(server):
     assert err["param"] == "prompt"
 
 
+def test_tokenize_counts_text_past_the_context(server):
+    """/tokenize is not bounded by the context as prompts are: lm-eval counts whole documents
+    through it and cuts them into windows itself."""
+    r = httpx.post(server.url + "/tokenize", headers=HEADERS, json={"model": "tiny", "prompt": "c d " * 50_000}, timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.json()["count"] > r.json()["max_model_len"], r.json()["count"]
+
+
 def test_a_chat_too_long_to_fit_is_refused_naming_messages(server):
     r = httpx.post(server.url + "/v1/chat/completions", headers=HEADERS, timeout=60,
                    json={"model": "tiny", "messages": [{"role": "user", "content": "b" * (4 << 20)}]})  # fmt: skip
