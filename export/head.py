@@ -28,6 +28,7 @@ from torch import nn
 from specdec.export import attention
 from specdec.export.graphs import FLAVOURS, TORCH_DTYPES
 from specdec.manifest import GraphIO, TensorSpec
+from specdec.runtime.sampling import NEVER  # the head's logit for a token outside its draft vocabulary (the runtime draws around it)
 
 CONFIG_NAME = "head_config.json"
 WEIGHTS_NAME = "head.safetensors"
@@ -57,9 +58,6 @@ class HeadConfig:
             max_position_embeddings=self.max_positions, rms_norm_eps=self.eps, rope_theta=self.rope_theta,
             tie_word_embeddings=False,
         )  # fmt: skip
-
-
-NEVER = -1e30  # the head's logit for a token outside its draft vocabulary: probability 0, at any temperature
 
 
 class FeatureHead(nn.Module):

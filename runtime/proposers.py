@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol, Sequence
 import numpy as np
 
 from specdec.runtime.lookup import latest_match, one_hot
-from specdec.runtime.sampling import draw, sample
+from specdec.runtime.sampling import draw, draw_within, sample, support_of
 from specdec.runtime.tree import EMPTY_TREE, DraftTree, lookup_tree
 
 if TYPE_CHECKING:
@@ -183,6 +183,8 @@ class FeatureHead:
         if target.store is None:
             raise ValueError("the feature drafter needs a target whose graphs return features (specdec train-drafter adds them)")
         self.head, self.target = head, target
+        self.support: np.ndarray | None = None  # [V'] the head's draft vocabulary, read off its first logits row
+        self.learned = False
 
     @property
     def calls(self) -> int:
@@ -194,8 +196,15 @@ class FeatureHead:
     def propose(self, rows: Sequence[Row], gammas: Sequence[int]) -> list[int]:
         for r, g in zip(rows, gammas):
             if g:
-                self.chain(r, g, lambda j, logits: draw(logits, r.req.sampling, r.rng, r.q[j]))
+                self.chain(r, g, lambda j, logits, r=r: self.draw(logits, r, r.q[j]))
         return list(gammas)
+
+    def draw(self, logits: np.ndarray, r: Row, q: np.ndarray) -> int:
+        """Row ``r``'s token from the head's logits [V], q [V] what it was drawn from; over the
+        head's draft vocabulary alone when it has one (the other tokens are NEVER)."""
+        if self.support is None:
+            return draw(logits, r.req.sampling, r.rng, q)
+        return draw_within(logits, self.support, r.req.sampling, r.rng, q)
 
     def chain(self, r: Row, depth: int, choose) -> None:
         """Draft ``depth`` tokens at seq[L:L+depth] of row ``r``: ``choose(j, logits [V])`` picks
@@ -204,6 +213,8 @@ class FeatureHead:
         s, L, done = r.slot, r.length, head.length(r.slot)
         logits = head.forward([s], [r.seq[done:L]], store[s, done:L])[0, L - done - 1]  # [V]: token L
         head.commit(s, L - done)
+        if not self.learned:  # the draft vocabulary is the graph's: the same in every row it returns
+            self.support, self.learned = support_of(logits), True
         for j in range(depth):
             r.seq[L + j] = choose(j, r.req.transform(logits[None], r.seq, L + j)[0])  # with the penalties of seq[:L + j]
             if j + 1 < depth:
@@ -257,7 +268,7 @@ class FeatureTree(FeatureHead):
                 for i in range(width):  # without replacement: q_i = q minus the earlier picks, renormalized
                     n = len(tokens) + i
                     if i == 0:
-                        picks.append(draw(logits, cfg, r.rng, q[n]))
+                        picks.append(self.draw(logits, r, q[n]))
                         continue
                     np.copyto(q[n], q[n - 1])
                     q[n, picks[-1]] = 0.0
@@ -301,7 +312,7 @@ class FeatureLookup(FeatureHead):
                     one_hot(r.q, r.seq[L : L + k])
             elif g:
                 k = g
-                self.chain(r, g, lambda j, logits, r=r: draw(logits, r.req.sampling, r.rng, r.q[j]))
+                self.chain(r, g, lambda j, logits, r=r: self.draw(logits, r, r.q[j]))
             else:
                 k = 0
             ks.append(k)

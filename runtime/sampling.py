@@ -159,6 +159,33 @@ def sample(probs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     return np.minimum(idx, last).astype(np.int64)
 
 
+NEVER = -1e30  # a drafter's logit for a token outside its draft vocabulary (export/head.py): probability 0 at any temperature
+
+
+def support_of(logits: np.ndarray) -> np.ndarray | None:
+    """The ids [V'] (ascending) of a drafter's logits row [V] that are not NEVER, or None when
+    every token has a logit of its own."""
+    ids = np.flatnonzero(logits > NEVER / 2)
+    return ids if len(ids) < len(logits) else None
+
+
+def draw_within(logits: np.ndarray, support: np.ndarray, cfg: SamplingConfig, rng: np.random.Generator, q: np.ndarray) -> int:
+    """``draw`` for a logits row [V] that is NEVER outside ``support`` [V'] (ascending ids), in
+    the same law: those tokens have probability 0 under every setting, so temperature, top-k,
+    top-p and min-p over the support alone keep the same tokens with the same mass. q [V] is
+    written whole (0 outside the support). At V = 262k, V' = 8192 the draw costs a tenth of the
+    full row's. A row whose support a constraint masked entirely is drawn whole, as before."""
+    if cfg.greedy:
+        return int(logits.argmax())
+    sub = logits[support]  # [V']
+    if not np.isfinite(sub.max()):  # every supported token masked: only the full row knows what is left
+        return draw(logits, cfg, rng, q)
+    p = standardize(sub, cfg)  # [V'] float64
+    q.fill(0.0)
+    q[support] = p
+    return int(support[sample(p, rng)])
+
+
 def draw(logits: np.ndarray, cfg: SamplingConfig, rng: np.random.Generator, q: np.ndarray) -> int:
     """One token from a logits row [V] under ``cfg``; unless greedy, ``q`` [V] receives the
     standardized row it was drawn from (what Algorithm 1 needs of a draft token)."""

@@ -288,16 +288,18 @@ def seq2seq_greedy(model, source: list[int], n: int) -> list[int]:
     return out
 
 
-def train_tiny_head(bundle: Path, root: Path, save: Path | None = None) -> dict:
+def train_tiny_head(bundle: Path, root: Path, save: Path | None = None, draft_vocab: int | None = None) -> dict:
     """Train a feature head (``specdec train-drafter``) into ``bundle`` on a few copies of CORPUS:
-    400 short steps, enough for a tiny random target's head to be accepted often on corpus text."""
+    400 short steps, enough for a tiny random target's head to be accepted often on corpus text.
+    ``draft_vocab``: it drafts over that many of the VOCAB tokens only, as the shipped heads do
+    (8192 of 49152), and the runtime draws over those alone (sampling.draw_within)."""
     from specdec.export.train_head import Recipe, train
 
     corpus = root / "corpus"
     corpus.mkdir(exist_ok=True)
     for i in range(4):
         (corpus / f"part{i}.py").write_text(CORPUS[i * 50 :] + CORPUS[: i * 50])
-    return train(bundle, str(corpus), Recipe(steps=400, batch=8, window=48, windows=96, lr=3e-3, noise=0.0), save=save, report=lambda s: None)
+    return train(bundle, str(corpus), Recipe(steps=400, batch=8, window=48, windows=96, lr=3e-3, noise=0.0, draft_vocab=draft_vocab), save=save, report=lambda s: None)
 
 
 def rope_theta(cfg) -> float:

@@ -130,3 +130,49 @@ def test_bad_settings_are_refused(kwargs, field):
         SamplingConfig(**kwargs)
     assert isinstance(err.value, ValueError)
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("cfg", [*CONFIGS, SamplingConfig(1.0, top_k=200), SamplingConfig(1.2, min_p=0.05), SamplingConfig(100.0)], ids=str)
+def test_a_draw_within_the_draft_vocabulary_has_the_full_rows_law(cfg):
+    """A feature head's logits are NEVER outside its draft vocabulary; draw_within standardizes
+    the vocabulary alone and writes the same q as the full row's draw (float64 sums in another
+    order: 1e-12), draws only supported tokens, and the tokens follow q (chi-square)."""
+    from specdec.runtime.sampling import NEVER, draw, draw_within, support_of
+
+    rng = np.random.default_rng(3)
+    vocab = 1000
+    support = np.sort(rng.choice(vocab, 120, replace=False))
+    logits = np.full(vocab, NEVER, dtype=np.float32)
+    logits[support] = rng.normal(0, 3, len(support))
+    assert np.array_equal(support_of(logits), support) and support_of(logits[support]) is None
+    q_full, q_within = np.zeros(vocab), np.zeros(vocab)
+    q_within[5] = 0.7  # a row another drafter wrote (lookup's one-hot): rewritten whole
+    draw(logits, cfg, np.random.default_rng(0), q_full)
+    draw_within(logits, support, cfg, np.random.default_rng(0), q_within)
+    np.testing.assert_allclose(q_within, q_full, rtol=0, atol=1e-12)
+    counts = np.zeros(vocab)
+    r = np.random.default_rng(1)
+    for _ in range(4000):
+        counts[draw_within(logits, support, cfg, r, q_within)] += 1
+    assert counts[np.setdiff1d(np.arange(vocab), support)].sum() == 0 and counts[q_full == 0].sum() == 0
+    kept = q_full > 0
+    if kept.sum() > 1:
+        expected = q_full[kept] * counts.sum()
+        big = expected >= 5  # chi-square's usual validity rule; the rest pooled
+        obs = np.append(counts[kept][big], counts[kept][~big].sum())
+        exp = np.append(expected[big], expected[~big].sum())
+        obs, exp = (obs, exp) if exp[-1] > 0 else (obs[:-1], exp[:-1])
+        assert stats.chisquare(obs, exp).pvalue > 1e-4
+
+
+def test_a_draw_whose_vocabulary_a_constraint_masked_is_drawn_whole():
+    from specdec.runtime.sampling import NEVER, draw, draw_within
+
+    logits = np.full(10, NEVER, dtype=np.float32)
+    support = np.array([1, 2, 3])
+    logits[support] = -np.inf  # a grammar allows none of the drafted tokens
+    logits[7] = 0.0  # ... but token 7 (the head gives it NEVER: the full row's law is what decides)
+    q_full, q_within = np.zeros(10), np.zeros(10)
+    a = draw(logits, SamplingConfig(1.0), np.random.default_rng(0), q_full)
+    b = draw_within(logits, support, SamplingConfig(1.0), np.random.default_rng(0), q_within)
+    assert a == b and np.array_equal(q_full, q_within)

@@ -132,7 +132,9 @@ def test_fork_opens_the_tree_graph_on_first_use(tree_bundle):
 
 @pytest.fixture(scope="module")
 def feature_tree_bundle(tree_bundle, tmp_path_factory):
-    """The tree bundle with a feature head (its tree graph then returns features too)."""
+    """The tree bundle with a feature head (its tree graph then returns features too), over a
+    draft vocabulary of 256 of the 320 tokens, as the shipped heads draft (sampling.draw_within
+    draws each level's first node; the target's other tokens come from the residual)."""
     import shutil
 
     from models import train_tiny_head
@@ -141,7 +143,7 @@ def feature_tree_bundle(tree_bundle, tmp_path_factory):
     root = tmp_path_factory.mktemp("feature-tree")
     bundle = root / "bundle"
     shutil.copytree(out, bundle)
-    train_tiny_head(bundle, root)
+    train_tiny_head(bundle, root, draft_vocab=256)
     return target, bundle
 
 
