@@ -14,7 +14,9 @@ The checkpoint folder holds only what is the draft's own, so it ships small (mod
 
     config.json         a transformers config (vocab_size = the target's) with a ``specdec_draft`` entry:
                           {"vocab": "draft_vocab.json", "target_vocab_sha256": <digest of the target's
-                           vocabulary the draft was trained for>}
+                           vocabulary the draft was trained for>, "target_vocab_chunks": <a digest per
+                           1/256 of its ids: a token or two spelled otherwise by another transformers
+                           passes with a warning (export/draft_spec.py)>}
     model.safetensors   the layers and the final norm (float16 or float32)
     draft_vocab.json    the V' token ids of the head, ascending
 
@@ -32,7 +34,7 @@ from typing import Any
 import torch
 
 from specdec.errors import ModelError
-from specdec.export.draft_spec import FILL, KEY, spec_of, vocab_digest
+from specdec.export.draft_spec import FILL, KEY, spec_of, target_fields
 from specdec.export.head import WEIGHTS_NAME as HEAD_WEIGHTS
 
 
@@ -110,7 +112,7 @@ def save(model: torch.nn.Module, folder: Path, ids: list[int], target_tokenizer:
              if not k.startswith(("model.embed_tokens.", "lm_head."))}  # fmt: skip
     save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
     cfg = model.config.to_dict()
-    cfg[KEY] = {"vocab": "draft_vocab.json", "target_vocab_sha256": vocab_digest(target_tokenizer)}
+    cfg[KEY] = {"vocab": "draft_vocab.json", **target_fields(target_tokenizer)}
     cfg["tie_word_embeddings"] = False
     (folder / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     (folder / "draft_vocab.json").write_text(json.dumps(sorted(int(i) for i in ids)))

@@ -135,7 +135,14 @@ def test_a_shared_draft_of_another_target_is_refused_before_loading(shared, tmp_
     for f in (root / "draft").iterdir():
         (other / f.name).write_bytes(f.read_bytes())
     cfg = json.loads((other / "config.json").read_text())
+    chunks = cfg[shared_draft.KEY]["target_vocab_chunks"]
+    assert len(chunks) == 256
     cfg[shared_draft.KEY]["target_vocab_sha256"] = "0" * 64
+    cfg[shared_draft.KEY]["target_vocab_chunks"] = [c[::-1] for c in chunks]  # every run of ids another vocabulary's
+    (other / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelError, match="trained for another target vocabulary .*256 of 256 runs of ids differ"):
+        export_bundle(ExportConfig(str(root / "target"), str(other), tmp_path / "b1", max_seq_len=64))
+    cfg[shared_draft.KEY]["target_vocab_chunks"] = None  # a config of before the runs: its digest alone decides
     (other / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ModelError, match="trained for another target vocabulary"):
         export_bundle(ExportConfig(str(root / "target"), str(other), tmp_path / "b1", max_seq_len=64))
@@ -147,6 +154,35 @@ def test_a_shared_draft_of_another_target_is_refused_before_loading(shared, tmp_
     with pytest.raises(ModelError, match="shared draft"):
         export_bundle(ExportConfig(str(root / "draft"), str(root / "target"), tmp_path / "b3", max_seq_len=64))
     assert not any(p.name.startswith("b") for p in tmp_path.iterdir())  # nothing half-written
+
+
+def test_a_token_spelled_otherwise_by_another_transformers_passes_with_a_warning(shared):
+    """Gemma 3's GGUF names the tab byte twice; transformers 4.57 keeps one name (id 247 left
+    without a token), 5.24 names it ``<0x09>``: the whole map's digest differs, one run of ids
+    does. The draft is accepted with a warning; three runs differing are another vocabulary."""
+    from transformers import AutoTokenizer
+
+    from specdec.export.draft_spec import check_target, target_fields
+
+    root, target, ids, out, manifest = shared
+    tok = AutoTokenizer.from_pretrained(root / "target")
+    fields = target_fields(tok)
+    vocab = tok.get_vocab()
+
+    class Spelled:  # the target's tokenizer as another transformers version reads it
+        def __init__(self, changed: list[int]):
+            by_id = {i: t for t, i in vocab.items()}
+            self.map = {(f"<0x{i:02X}>" if i in changed else t): i for i, t in by_id.items()}
+
+        def get_vocab(self):
+            return self.map
+
+    check_target(root / "draft", fields, tok)  # the same: silent
+    with pytest.warns(UserWarning, match="1 of 256 runs of the target's vocabulary ids differ"):
+        check_target(root / "draft", fields, Spelled([7]))
+    per = -(-len(vocab) // 256)
+    with pytest.raises(ModelError, match="3 of 256 runs of ids differ"):
+        check_target(root / "draft", fields, Spelled([7, 7 + per, 7 + 2 * per]))
 
 
 def test_a_feature_head_beside_the_shared_draft_is_exported_and_is_the_default(shared, tmp_path):
