@@ -89,7 +89,7 @@ def losses(head, ids: torch.Tensor, mask: torch.Tensor, f: torch.Tensor, recipe:
             ce_pos = -(p * logq).sum(-1) if top is None else -(p_top * logq.gather(-1, col)).sum(-1)
             ce = _masked_mean(ce_pos, m)
             total = total + reg + recipe.kl_weight * ce
-            parts[f"reg{k}"], parts[f"ce{k}"] = round(reg.item(), 4), round(ce.item(), 4)
+            parts[f"reg{k}"], parts[f"ce{k}"] = reg.detach(), ce.detach()  # tensors: reading them waits for the device
             ctx = contexts(h)  # the next pass reads the head's own features, as drafting step k + 1 does
     return total, parts
 
@@ -191,10 +191,17 @@ def new_head(recipe: Recipe, train_seqs, embed: torch.Tensor, head_t: torch.Tens
     return FeatureHead(cfg, embed, head_t, vocab_ids, tied)
 
 
-def fit(head, train_seqs, held, recipe: Recipe, device: str = "cpu", report: Callable[[str], None] = print) -> dict:
+WARM, CALIBRATE = 10, 40  # a time-bounded fit times steps WARM..CALIBRATE, then sets its step count
+
+
+def fit(head, train_seqs, held, recipe: Recipe, device: str = "cpu", report: Callable[[str], None] = print, seconds: float | None = None) -> dict:
     """Train ``head`` on ``train_seqs`` (Sequences with features; top-K labels where a distill
     folder gave them) by ``recipe`` on ``device``; returns the log, the training time and the
-    held-out figures before and after. The head is left on ``device`` in eval mode."""
+    held-out figures before and after. The head is left on ``device`` in eval mode.
+
+    With ``seconds``, the run fits that time: after ``CALIBRATE`` steps the number of steps
+    becomes what the rest of the time allows at the rate of the steps timed (at most ``recipe.steps``), and
+    the learning-rate schedule follows the new count."""
     from specdec.export.head_data import batches, collate
 
     rng = np.random.default_rng(recipe.seed)  # the batches' order
@@ -208,8 +215,15 @@ def fit(head, train_seqs, held, recipe: Recipe, device: str = "cpu", report: Cal
     index[head.vocab_ids] = torch.arange(len(head.vocab_ids), device=device)
     t0 = time.perf_counter()
     head.train()
-    for step in range(recipe.steps):
-        lr = recipe.lr * min(1.0, (step + 1) / 50) * 0.5 * (1 + math.cos(math.pi * step / recipe.steps))
+    steps, step = recipe.steps, 0
+    while step < steps:
+        if step == WARM:
+            t_warm = time.perf_counter()
+        if seconds is not None and step == CALIBRATE:  # the rate of steps WARM..CALIBRATE: the first ones load kernels
+            rate = (time.perf_counter() - t_warm) / (CALIBRATE - WARM)
+            steps = max(CALIBRATE + 1, min(recipe.steps, CALIBRATE + int((seconds - (time.perf_counter() - t0)) / rate)))
+            report(f"{steps} steps fit {seconds:.0f} s at {1e3 * rate:.0f} ms a step")
+        lr = recipe.lr * min(1.0, (step + 1) / 50) * 0.5 * (1 + math.cos(math.pi * step / steps))
         for group in opt.param_groups:
             group["lr"] = lr
         if not order:
@@ -220,8 +234,11 @@ def fit(head, train_seqs, held, recipe: Recipe, device: str = "cpu", report: Cal
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
-        if (step + 1) % 50 == 0 or step + 1 == recipe.steps:
-            log.append([step + 1, round(loss.item(), 4)])
-            report(f"step {step + 1}/{recipe.steps} loss {loss.item():.4f} {parts} ({time.perf_counter() - t0:.0f} s)")
+        step += 1
+        if step % 50 == 0 or step == steps:
+            log.append([step, round(loss.item(), 4)])
+            shown = {k: round(v.item(), 4) for k, v in parts.items()}
+            report(f"step {step}/{steps} loss {loss.item():.4f} {shown} ({time.perf_counter() - t0:.0f} s)")
     head.eval()
-    return {"train_seconds": round(time.perf_counter() - t0, 1), "log": log, "held_out": {"before": before, "after": evaluate(head, held, device)}}
+    return {"train_seconds": round(time.perf_counter() - t0, 1), "steps": steps, "log": log,
+            "held_out": {"before": before, "after": evaluate(head, held, device)}}

@@ -13,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from specdec.distill import prompts as P  # noqa: E402
 from specdec.distill.run import Settings, distill  # noqa: E402
 from specdec.distill.shards import answers, shard_paths  # noqa: E402
 from specdec.errors import ConfigError  # noqa: E402
+from specdec.export import train_head  # noqa: E402
 
 # "topic 89" and "topic 126" are held out by train-drafter's split (export/head_data.py: held_out_topic)
 REQUESTS = [{"topic": f"topic {i}", "kind": "chat", "prompt": f"Tell me about thing number {i}."} for i in (3, 5, 89, 126, 7, 9)]
@@ -215,11 +217,21 @@ def test_a_plan_answered_by_transformers_is_the_targets_data(whole, chat_bundle,
     for name in ("plan.json", "prompts.npz"):
         shutil.copyfile(out / name, data / name)
     tool = [sys.executable, str(ROOT / "tools" / "gpu" / "drafter.py"), "--data", str(data), "--model", str(chat_bundle[0]), "--out", str(tmp_path / "o"),
-            "--device", "cpu", "--rows", "4", "--steps", "3", "--batch", "2", "--window", "64", "--draft-vocab", "64"]  # fmt: skip
+            "--device", "cpu", "--rows", "4", "--steps", "45", "--batch", "2", "--window", "64", "--draft-vocab", "64",
+            "--train-minutes", "0.0001", "--corpus-top", "2"]  # fmt: skip
     run = subprocess.run(tool, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     record = json.loads((tmp_path / "o" / "drafter.json").read_text())
     assert record["answering"]["answers"] == summary["jobs"] and record["held_out"]["after"]["argmax_t0"] >= 0
+    # a time-bounded fit: the step count set after the steps it timed, within --steps
+    assert record["steps"] == train_head.CALIBRATE + 1 and "steps fit" in run.stdout
+    # the answers come back as a corpus with the top-2 labels, in the folder's own format
+    with tarfile.open(tmp_path / "o" / "corpus.tar.xz") as tar:
+        tar.extractall(tmp_path / "back", filter="data")
+    back = {a.job: a for a in answers(tmp_path / "back" / "corpus")}
+    assert record["corpus_archive"]["top_k"] == 2 and sorted(back) == sorted(by_job(data))
+    for job, a in by_job(data).items():
+        assert back[job].answer == a.answer and back[job].top_id.tolist() == a.top_id[:, :2].tolist()
     from specdec.export.head import load_head
 
     embed = model.get_input_embeddings().weight.detach().float()

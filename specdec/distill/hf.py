@@ -37,16 +37,20 @@ class Answered:
     feats: np.ndarray  # [P + A, d] float16: the feature at every position of prompt + answer
 
 
-def jobs_by_batch(prompts: list[np.ndarray], temperatures: list[float], max_prompt: int, rows: int, skip: set[int] = frozenset()) -> list[list[int]]:
+def jobs_by_batch(prompts: list[np.ndarray], temperatures: list[float], max_prompt: int, rows: int, skip: set[int] = frozenset(),
+                  seed: int = 0) -> list[list[int]]:  # fmt: skip
     """Job ids (request j // T, temperature j % T) in batches of ``rows``: one temperature per
-    batch, prompts of similar length together (less padding); prompts over ``max_prompt`` left out."""
+    batch, prompts of similar length together (less padding); prompts over ``max_prompt`` left out.
+    The batches come in a seeded random order, so that a run stopped by time has answered every
+    kind of request at every temperature, not the shortest greedy ones only."""
     t = len(temperatures)
     out = []
     for k in range(t):
         jobs = [j for j in range(len(prompts) * t) if j % t == k and j not in skip and len(prompts[j // t]) <= max_prompt]
         jobs.sort(key=lambda j: len(prompts[j // t]))
         out += [jobs[i : i + rows] for i in range(0, len(jobs), rows)]
-    return out
+    order = np.random.default_rng(seed).permutation(len(out))
+    return [out[i] for i in order]
 
 
 @torch.no_grad()
@@ -64,7 +68,8 @@ def answer_batch(model, jobs: list[int], prompts: list[np.ndarray], temperatures
         ids[b, P - len(r) :], mask[b, P - len(r) :] = torch.from_numpy(r), 1
     ids, mask = ids.to(device), mask.to(device)
     pos = (mask.cumsum(-1) - 1).clamp(min=0)  # [B, P]: each row's own positions
-    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, output_hidden_states=True)
+    # logits at the last position only: all of them would be [B, P, V] float32 (13 GB at 128 rows of 512 tokens)
+    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, output_hidden_states=True, logits_to_keep=1)
     past = out.past_key_values
     feats = [out.hidden_states[-1].float().cpu().numpy()]  # [B, P, d]: what the LM head read
     logits = out.logits[:, -1].float()  # [B, V]
@@ -114,5 +119,5 @@ def answer_batch(model, jobs: list[int], prompts: list[np.ndarray], temperatures
 def answer_all(model, prompts: list[np.ndarray], temperatures: list[float], eos: list[int], max_new_tokens: int, rows: int,
                top_k: int = 20, seed: int = 0, max_prompt: int = 512, skip: set[int] = frozenset()) -> Iterator[Answered]:  # fmt: skip
     """Every job's answer, batch by batch (see ``jobs_by_batch``)."""
-    for batch in jobs_by_batch(prompts, temperatures, max_prompt, rows, skip):
+    for batch in jobs_by_batch(prompts, temperatures, max_prompt, rows, skip, seed):
         yield from answer_batch(model, batch, prompts, temperatures, eos, max_new_tokens, top_k, seed * 1_000_003 + batch[0])

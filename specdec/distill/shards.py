@@ -41,10 +41,11 @@ def offsets(lengths: list[int]) -> np.ndarray:
     return np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)  # [n + 1]
 
 
-def write_shard(folder: Path, index: int, answers: list[Answer]) -> Path:
-    """Write ``answers`` as shard ``index``, atomically."""
+def write_shard(folder: Path, index: int, answers: list[Answer], compressed: bool = True) -> Path:
+    """Write ``answers`` as shard ``index``, atomically (uncompressed for an archive that compresses better)."""
     path = Path(folder) / f"shard-{index:05d}.npz"
-    return write_atomic(path, lambda fh: np.savez_compressed(
+    save = np.savez_compressed if compressed else np.savez
+    return write_atomic(path, lambda fh: save(
         fh,
         job=np.array([a.job for a in answers], np.int32),
         prompt=np.concatenate([np.asarray(a.prompt, np.int32) for a in answers]),

@@ -5,7 +5,7 @@ written by the bundle's target, and every prompt's ids through its chat template
 device machine: torch with CUDA, transformers from the payload, no network):
 
     python tools/gpu/drafter.py --data DATA --gguf SmolLM2.gguf --out OUT --device cuda \\
-        --rows 128 --tokens 2000000 --minutes 5 --steps 3000 --unroll 2 --draft-vocab 8192 --bf16
+        --rows 256 --tokens 2000000 --minutes 4 --train-minutes 3.5 --steps 100000 --unroll 2 --draft-vocab 8192 --bf16
 
 1. answer: the plan's jobs in batches of ``--rows`` with the target loaded by transformers in
    float32 (specdec/distill/hf.py), shards written into DATA as ``specdec distill`` writes them,
@@ -78,7 +78,7 @@ def answer(model, data: Path, rows: int, tokens: int | None, minutes: float | No
                    "earlier_answer_tokens": have}  # fmt: skip
 
 
-def train(model, data: Path, feats: dict[int, np.ndarray], recipe, device: str, report) -> tuple[object, dict]:
+def train(model, data: Path, feats: dict[int, np.ndarray], recipe, device: str, report, seconds: float | None = None) -> tuple[object, dict]:
     """The feature head on the answers whose features this run computed (export/train_head.py ``fit``)."""
     from specdec.distill.run import read_prompts
     from specdec.export.head_data import distilled
@@ -92,7 +92,7 @@ def train(model, data: Path, feats: dict[int, np.ndarray], recipe, device: str, 
     head_t = model.get_output_embeddings().weight.detach().float().cpu().T.contiguous()  # [d, V]
     attention = (c.num_attention_heads, c.num_key_value_heads, getattr(c, "head_dim", None) or embed.shape[1] // c.num_attention_heads)
     head = new_head(recipe, train_seqs, embed, head_t, bool(getattr(c, "tie_word_embeddings", False)), attention, embed.shape[0], max_seq)
-    record = fit(head, train_seqs, held, recipe, device, report)
+    record = fit(head, train_seqs, held, recipe, device, report, seconds)
     record.update(conversations=len(train_seqs), tokens=train_seqs.tokens, trained_positions=train_seqs.trained, held_out_conversations=len(held))
     return head.cpu(), record
 
@@ -103,6 +103,43 @@ def _with_features(seqs):
 
     keep = [i for i, f in enumerate(seqs.feats) if len(f) == len(seqs.ids[i])]
     return Sequences([seqs.ids[i] for i in keep], [seqs.mask[i] for i in keep], [seqs.feats[i] for i in keep], [seqs.top[i] for i in keep])
+
+
+def slim_corpus(data: Path, out: Path, k: int, size: int, parts: int) -> dict:
+    """The answers in ``data`` as ``out/corpus.tar.xz`` (plan.json and shards in ``specdec distill``'s
+    format, top-``k`` labels only), for training again elsewhere: ``cat corpus.tar.xz.part-* |
+    tar -xJ``. Fewer labels (2, then 1) where the archive would need more than ``parts`` pieces
+    of ``size``, by BYTES_PER_TOKEN."""
+    import lzma
+    import shutil
+    import tarfile
+    import tempfile
+
+    from specdec.distill.shards import done_jobs, read_shard, shard_paths, write_shard
+
+    tokens = done_jobs(data)[1]
+    keep = next((n for n in (k, 2) if n <= k and tokens * (BYTES_PER_TOKEN[0] + BYTES_PER_TOKEN[1] * n) <= size * parts), 1)
+    with tempfile.TemporaryDirectory() as tmp:
+        slim = Path(tmp) / "corpus"
+        slim.mkdir()
+        shutil.copy(data / "plan.json", slim / "plan.json")
+        shutil.copy(data / "prompts.npz", slim / "prompts.npz")
+        for i, path in enumerate(shard_paths(data)):
+            answers = list(read_shard(path))
+            for a in answers:
+                a.top_id, a.top_lp = a.top_id[:, :keep], a.top_lp[:, :keep]
+            write_shard(slim, i, answers, compressed=False)  # xz compresses the raw arrays better than deflated ones
+        target = out / "corpus.tar.xz"
+        with lzma.open(target, "wb", preset=6) as xz, tarfile.open(fileobj=xz, mode="w") as tar:
+            tar.add(slim, arcname="corpus")
+    record = {"top_k": keep, "answer_tokens": tokens, "bytes": target.stat().st_size}
+    split(target, size)
+    return record
+
+
+# Archive bytes per answer token ~ a + b * labels kept: measured on SmolLM2's answers (prompts
+# included, three temperatures): 26 B at 4 labels, 20.4 at 2, 17.3 at 1.
+BYTES_PER_TOKEN = (15, 3)
 
 
 def split(path: Path, size: int) -> None:
@@ -143,6 +180,8 @@ def main() -> None:
     ap.add_argument("--draft-vocab", type=int, default=8192)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--bf16", action="store_true")
+    ap.add_argument("--train-minutes", type=float, default=None, help="fit the training into this time (at most --steps steps)")
+    ap.add_argument("--corpus-top", type=int, default=0, help="also write the answers with this many top labels as OUT/corpus.tar.xz (0: no)")
     ap.add_argument("--split-mib", type=int, default=15, help="split written files larger than this into .part-NN pieces (the device call returns files of 16 MiB at most)")
     args = ap.parse_args()
 
@@ -162,11 +201,17 @@ def main() -> None:
     feats, answered = answer(model, args.data, args.rows, args.tokens, args.minutes, report)
     if not feats:
         sys.exit(f"no job answered in {args.data}: every job there is answered already, or none fits")
+    args.out.mkdir(parents=True, exist_ok=True)
+    archive = None
+    if args.corpus_top:  # before training: the answers come back even if training fails
+        t_c = time.perf_counter()
+        archive = slim_corpus(args.data, args.out, args.corpus_top, args.split_mib << 20, parts=2)
+        report(f"corpus archive: {archive} in {time.perf_counter() - t_c:.0f} s")
     recipe = Recipe(steps=args.steps, batch=args.batch, window=args.window, windows=10**9, lr=args.lr, unroll=args.unroll,
                     draft_vocab=args.draft_vocab, bf16=args.bf16)  # fmt: skip
-    head, fitted = train(model, args.data, feats, recipe, args.device, report)
+    head, fitted = train(model, args.data, feats, recipe, args.device, report, None if args.train_minutes is None else 60 * args.train_minutes)
     record = {"provenance": {**provenance(), "command": " ".join(["python", "tools/gpu/drafter.py", *sys.argv[1:]])}, "device": args.device,
-              "answering": answered, "recipe": asdict(recipe), "corpus": str(args.data), **fitted, "seconds": round(time.perf_counter() - t0, 1)}  # fmt: skip
+              "answering": answered, "corpus_archive": archive, "recipe": asdict(recipe), "corpus": str(args.data), **fitted, "seconds": round(time.perf_counter() - t0, 1)}  # fmt: skip
     if args.device == "cuda":
         import torch
 

@@ -45,7 +45,7 @@ WHEELS = [
 DROP = ("onnxruntime/capi/libonnxruntime_providers_tensorrt.so", "onnxruntime/transformers/", "onnxruntime/tools/", "onnxruntime/quantization/")
 GGUF = "gguf/SmolLM2-135M-Instruct.Q4_1.gguf"
 DEMO = ["models/demo/target", "models/demo/draft", "models/demo/head"]  # sent only where a demo bundle is exported there
-SMOLLM2 = ["models/smollm2-draft"]  # always: transformers' assisted generation drafts with it
+SMOLLM2 = ["models/smollm2-draft"]  # with onnxruntime-gpu (the check): transformers' assisted generation drafts with it
 
 
 def download(dest: Path, ort: bool = True) -> list[Path]:
@@ -132,7 +132,7 @@ def pack(out: Path, piece_mib: int, prebuilt: list[str], device_exports: list[st
             for wheel in wheels:
                 if not wheel.name.startswith("onnxruntime"):
                     add_wheel(tar, wheel, "site")
-            for folder in (DEMO if any(n.startswith("demo-") for n in device_exports) else []) + SMOLLM2:
+            for folder in (DEMO if any(n.startswith("demo-") for n in device_exports) else []) + (SMOLLM2 if ort else []):
                 tar.add(ROOT / folder, arcname=folder)
             tar.add(gguf, arcname=GGUF)
             if data is not None:  # a distill plan for tools/gpu/drafter.py (specdec distill --plan-only)
