@@ -207,6 +207,15 @@ def test_a_plan_answered_by_transformers_is_the_targets_data(whole, chat_bundle,
             np.testing.assert_allclose(a.answer.top_lp[:, :5].astype(np.float32), want.top_lp[:, :5].astype(np.float32), rtol=2e-3, atol=1e-4)
         else:
             assert n <= 12 and (n == 12 or a.answer.answer[-1] in eos)
+    # features of answers made elsewhere (a corpus brought back): one forward each, what the decoding passes gave
+    from specdec.distill.hf import features
+
+    again = dict(features(model, [a.answer for a in got], rows=2))
+    for a in got:
+        f = again[a.answer.job]
+        assert f.shape == a.feats.shape and not f[-1].any()
+        # both float16 (2^-11 relative spacing), one from a prefill and one from cached decoding steps: 1% of the largest value
+        assert np.abs(f.astype(np.float32) - a.feats).max() <= 1e-2 * np.abs(a.feats).max(), f"job {a.answer.job}"
     write_shard(out, 0, [a.answer for a in got])
     train, held = distilled(str(out), max_seq, features={a.answer.job: a.feats for a in got})
     assert len(train) and len(held) and all(len(f) == len(i) for f, i in zip(train.feats, train.ids))
@@ -232,6 +241,13 @@ def test_a_plan_answered_by_transformers_is_the_targets_data(whole, chat_bundle,
     assert record["corpus_archive"]["top_k"] == 2 and sorted(back) == sorted(by_job(data))
     for job, a in by_job(data).items():
         assert back[job].answer == a.answer and back[job].top_id.tolist() == a.top_id[:, :2].tolist()
+    # that corpus trains again elsewhere with nothing more answered (--minutes 0): the features come from one forward each
+    again_run = subprocess.run([*tool[: tool.index("--data") + 1], str(tmp_path / "back" / "corpus"), *tool[tool.index("--data") + 2 :], "--minutes", "0"],
+                               capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert again_run.returncode == 0, again_run.stderr[-3000:]
+    second = json.loads((tmp_path / "o" / "drafter.json").read_text())
+    assert second["answering"]["answers"] == 0 and second["earlier_answers"]["answers"] == summary["jobs"]
+    assert second["conversations"] == record["conversations"] and second["tokens"] == record["tokens"]
     from specdec.export.head import load_head
 
     embed = model.get_input_embeddings().weight.detach().float()

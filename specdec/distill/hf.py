@@ -121,3 +121,25 @@ def answer_all(model, prompts: list[np.ndarray], temperatures: list[float], eos:
     """Every job's answer, batch by batch (see ``jobs_by_batch``)."""
     for batch in jobs_by_batch(prompts, temperatures, max_prompt, rows, skip, seed):
         yield from answer_batch(model, batch, prompts, temperatures, eos, max_new_tokens, top_k, seed * 1_000_003 + batch[0])
+
+
+@torch.no_grad()
+def features(model, answers: list[Answer], rows: int) -> Iterator[tuple[int, np.ndarray]]:
+    """(job, features [P + A, d] float16) for answers made earlier or elsewhere (a corpus brought
+    back from another machine): the LM head's input at every position of prompt + answer, from
+    one forward per batch, zeros at the last position as ``answer_batch`` leaves it."""
+    device = next(model.parameters()).device
+    order = sorted(range(len(answers)), key=lambda i: len(answers[i].prompt) + len(answers[i].answer))  # similar lengths together
+    for start in range(0, len(order), rows):
+        batch = [answers[i] for i in order[start : start + rows]]
+        seqs = [np.asarray(a.prompt + a.answer, np.int64) for a in batch]
+        ids = torch.zeros((len(seqs), max(map(len, seqs))), dtype=torch.long)  # [B, T], right-padded: causal attention keeps it out of every real position
+        mask = torch.zeros_like(ids)  # [B, T]
+        for b, r in enumerate(seqs):
+            ids[b, : len(r)], mask[b, : len(r)] = torch.from_numpy(r), 1
+        out = model(input_ids=ids.to(device), attention_mask=mask.to(device), output_hidden_states=True, logits_to_keep=1)
+        h = out.hidden_states[-1].float().cpu().numpy()  # [B, T, d]
+        for b, (a, r) in enumerate(zip(batch, seqs)):
+            f = h[b, : len(r)].astype(np.float16)  # [P + A, d]
+            f[-1] = 0
+            yield a.job, f

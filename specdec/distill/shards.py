@@ -58,7 +58,8 @@ def write_shard(folder: Path, index: int, answers: list[Answer], compressed: boo
 
 
 def read_shard(path: Path) -> Iterator[Answer]:
-    z = np.load(path)
+    with np.load(path) as npz:
+        z = {k: npz[k] for k in npz.files}  # each npz[k] reads and inflates the array again: once per shard, not per answer
     p, a = z["prompt_at"], z["answer_at"]
     for i, job in enumerate(z["job"]):
         yield Answer(int(job), z["prompt"][p[i] : p[i + 1]].tolist(), z["answer"][a[i] : a[i + 1]].tolist(),

@@ -10,6 +10,8 @@ device machine: torch with CUDA, transformers from the payload, no network):
 1. answer: the plan's jobs in batches of ``--rows`` with the target loaded by transformers in
    float32 (specdec/distill/hf.py), shards written into DATA as ``specdec distill`` writes them,
    until ``--tokens`` answer tokens or ``--minutes``;
+   Answers already in DATA (an earlier run's, or a corpus brought back by ``--corpus-top``,
+   with ``--minutes 0`` to answer nothing more) get their features from one forward each;
 2. train: the feature head on those conversations (export/train_head.py ``fit``, on the device),
    with the features computed in the same passes; held-out figures by topic, as train-drafter's;
 3. write: OUT/head (head_config.json + head.safetensors, what ``train-drafter --save`` writes;
@@ -60,7 +62,7 @@ def answer(model, data: Path, rows: int, tokens: int | None, minutes: float | No
     feats: dict[int, np.ndarray] = {}
     shard, pending, new = len(shard_paths(data)), [], 0
     t0 = time.perf_counter()
-    for a in answer_all(model, prompts, s["temperatures"], eos, s["max_new_tokens"], rows, s["top_k"], s["seed"], s["max_prompt_tokens"], skip=done):
+    for a in [] if minutes == 0 else answer_all(model, prompts, s["temperatures"], eos, s["max_new_tokens"], rows, s["top_k"], s["seed"], s["max_prompt_tokens"], skip=done):
         pending.append(a.answer)
         feats[a.answer.job] = a.feats
         new += len(a.answer.answer)
@@ -78,8 +80,23 @@ def answer(model, data: Path, rows: int, tokens: int | None, minutes: float | No
                    "earlier_answer_tokens": have}  # fmt: skip
 
 
+def earlier_features(model, data: Path, feats: dict[int, np.ndarray], rows: int, report) -> dict:
+    """Features, into ``feats``, for the answers in ``data`` that this run did not make (an earlier
+    run's, or a corpus answered elsewhere): one forward each (specdec/distill/hf.py ``features``)."""
+    from specdec.distill.hf import features
+    from specdec.distill.shards import answers
+
+    earlier = [a for a in answers(data) if a.job not in feats]
+    t0 = time.perf_counter()
+    feats.update(features(model, earlier, rows))
+    seconds = time.perf_counter() - t0
+    if earlier:
+        report(f"features of {len(earlier)} earlier answers in {seconds:.0f} s")
+    return {"answers": len(earlier), "seconds": round(seconds, 1)}
+
+
 def train(model, data: Path, feats: dict[int, np.ndarray], recipe, device: str, report, seconds: float | None = None) -> tuple[object, dict]:
-    """The feature head on the answers whose features this run computed (export/train_head.py ``fit``)."""
+    """The feature head on the answers with features in ``feats`` (export/train_head.py ``fit``)."""
     from specdec.distill.run import read_prompts
     from specdec.export.head_data import distilled
     from specdec.export.train_head import fit, new_head
@@ -98,7 +115,7 @@ def train(model, data: Path, feats: dict[int, np.ndarray], recipe, device: str, 
 
 
 def _with_features(seqs):
-    """The conversations whose features this run computed (answers of an earlier run have none here)."""
+    """The conversations with features (every one, after ``earlier_features``; a guard against a job ``feats`` lacks)."""
     from specdec.export.head_data import Sequences
 
     keep = [i for i, f in enumerate(seqs.feats) if len(f) == len(seqs.ids[i])]
@@ -172,7 +189,7 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--rows", type=int, default=128, help="answers decoded together")
     ap.add_argument("--tokens", type=int, default=None, help="stop answering at this many answer tokens in --data")
-    ap.add_argument("--minutes", type=float, default=None, help="stop answering after this many minutes")
+    ap.add_argument("--minutes", type=float, default=None, help="stop answering after this many minutes (0: answer nothing, train on the answers in --data)")
     ap.add_argument("--steps", type=int, default=3000)
     ap.add_argument("--batch", type=int, default=8, help="conversations per training step (x --window tokens)")
     ap.add_argument("--window", type=int, default=256)
@@ -199,8 +216,9 @@ def main() -> None:
     t0 = time.perf_counter()
     model = load_target(args.gguf, args.model, args.device)
     feats, answered = answer(model, args.data, args.rows, args.tokens, args.minutes, report)
+    earlier = earlier_features(model, args.data, feats, args.rows, report)
     if not feats:
-        sys.exit(f"no job answered in {args.data}: every job there is answered already, or none fits")
+        sys.exit(f"no answer in {args.data}: none answered here (--minutes 0?) and none there from an earlier run")
     args.out.mkdir(parents=True, exist_ok=True)
     archive = None
     if args.corpus_top:  # before training: the answers come back even if training fails
@@ -211,7 +229,7 @@ def main() -> None:
                     draft_vocab=args.draft_vocab, bf16=args.bf16)  # fmt: skip
     head, fitted = train(model, args.data, feats, recipe, args.device, report, None if args.train_minutes is None else 60 * args.train_minutes)
     record = {"provenance": {**provenance(), "command": " ".join(["python", "tools/gpu/drafter.py", *sys.argv[1:]])}, "device": args.device,
-              "answering": answered, "corpus_archive": archive, "recipe": asdict(recipe), "corpus": str(args.data), **fitted, "seconds": round(time.perf_counter() - t0, 1)}  # fmt: skip
+              "answering": answered, "earlier_answers": earlier, "corpus_archive": archive, "recipe": asdict(recipe), "corpus": str(args.data), **fitted, "seconds": round(time.perf_counter() - t0, 1)}  # fmt: skip
     if args.device == "cuda":
         import torch
 

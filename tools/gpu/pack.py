@@ -135,9 +135,9 @@ def pack(out: Path, piece_mib: int, prebuilt: list[str], device_exports: list[st
             for folder in (DEMO if any(n.startswith("demo-") for n in device_exports) else []) + (SMOLLM2 if ort else []):
                 tar.add(ROOT / folder, arcname=folder)
             tar.add(gguf, arcname=GGUF)
-            if data is not None:  # a distill plan for tools/gpu/drafter.py (specdec distill --plan-only)
-                for name in ("plan.json", "prompts.npz"):
-                    tar.add(data / name, arcname=f"data/{name}")
+            if data is not None:  # a distill plan for tools/gpu/drafter.py (specdec distill --plan-only), with any answers it holds
+                for path in [data / "plan.json", data / "prompts.npz", *sorted(data.glob("shard-*.npz"))]:
+                    tar.add(path, arcname=f"data/{path.name}")
             for name in prebuilt:  # after the GGUF: --export-early starts the others without waiting for these
                 tar.add(build / name, arcname=f"work/{name}")
                 tar.add(build / f"{name}.done", arcname=f"work/{name}.done")
@@ -166,7 +166,7 @@ def main() -> None:
     ap.add_argument("--piece-mib", type=int, default=54, help="piece size: 64 MiB per call minus the slim tree (~7 MiB) and slack")
     ap.add_argument("--prebuilt", default="demo-fp16,smollm2-fp16",
                     help="check.py's bundles to export here and send whole ('' for none)")
-    ap.add_argument("--data", type=Path, default=None, help="a specdec distill --plan-only folder to send (tools/gpu/drafter.py answers it there)")
+    ap.add_argument("--data", type=Path, default=None, help="a specdec distill --plan-only folder to send, with its answers if any (tools/gpu/drafter.py answers it there, or trains on them with --minutes 0)")
     ap.add_argument("--no-ort", action="store_true", help="leave onnxruntime-gpu out (a drafter run needs torch and transformers only)")
     ap.add_argument("--device-exports", default="",
                     help="check.py's bundles the device exports (check.sh --export-early, --bundles naming them): their sources travel")
