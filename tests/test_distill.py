@@ -226,9 +226,8 @@ def test_a_plan_answered_by_transformers_is_the_targets_data(whole, chat_bundle,
     for name in ("plan.json", "prompts.npz"):
         shutil.copyfile(out / name, data / name)
     tool = [sys.executable, str(ROOT / "tools" / "gpu" / "drafter.py"), "--data", str(data), "--model", str(chat_bundle[0]), "--out", str(tmp_path / "o"),
-            "--device", "cpu", "--rows", "4", "--steps", "45", "--batch", "2", "--window", "64", "--draft-vocab", "64",
-            "--train-minutes", "0.0001", "--corpus-top", "2"]  # fmt: skip
-    run = subprocess.run(tool, capture_output=True, text=True, timeout=600)
+            "--device", "cpu", "--rows", "4", "--steps", "45", "--batch", "2", "--window", "64", "--draft-vocab", "64", "--corpus-top", "2"]  # fmt: skip
+    run = subprocess.run([*tool, "--train-minutes", "0.0001"], capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     record = json.loads((tmp_path / "o" / "drafter.json").read_text())
     assert record["answering"]["answers"] == summary["jobs"] and record["held_out"]["after"]["argmax_t0"] >= 0
@@ -242,11 +241,13 @@ def test_a_plan_answered_by_transformers_is_the_targets_data(whole, chat_bundle,
     for job, a in by_job(data).items():
         assert back[job].answer == a.answer and back[job].top_id.tolist() == a.top_id[:, :2].tolist()
     # that corpus trains again elsewhere with nothing more answered (--minutes 0): the features come from one forward each
-    again_run = subprocess.run([*tool[: tool.index("--data") + 1], str(tmp_path / "back" / "corpus"), *tool[tool.index("--data") + 2 :], "--minutes", "0"],
-                               capture_output=True, text=True, timeout=600)  # fmt: skip
+    # and a whole-run deadline already past leaves training the fewest steps
+    again = [*tool[: tool.index("--data") + 1], str(tmp_path / "back" / "corpus"), *tool[tool.index("--data") + 2 :], "--minutes", "0", "--deadline-minutes", "0.01"]
+    again_run = subprocess.run(again, capture_output=True, text=True, timeout=600)
     assert again_run.returncode == 0, again_run.stderr[-3000:]
     second = json.loads((tmp_path / "o" / "drafter.json").read_text())
     assert second["answering"]["answers"] == 0 and second["earlier_answers"]["answers"] == summary["jobs"]
+    assert second["steps"] == train_head.CALIBRATE + 1
     assert second["conversations"] == record["conversations"] and second["tokens"] == record["tokens"]
     from specdec.export.head import load_head
 

@@ -95,8 +95,10 @@ def earlier_features(model, data: Path, feats: dict[int, np.ndarray], rows: int,
     return {"answers": len(earlier), "seconds": round(seconds, 1)}
 
 
-def train(model, data: Path, feats: dict[int, np.ndarray], recipe, device: str, report, seconds: float | None = None) -> tuple[object, dict]:
-    """The feature head on the answers with features in ``feats`` (export/train_head.py ``fit``)."""
+def train(model, data: Path, feats: dict[int, np.ndarray], recipe, device: str, report, seconds: float | None = None,
+          deadline: float | None = None) -> tuple[object, dict]:  # fmt: skip
+    """The feature head on the answers with features in ``feats`` (export/train_head.py ``fit``),
+    its optimizer steps fit into ``seconds`` and before ``deadline`` (a ``time.perf_counter`` time)."""
     from specdec.distill.run import read_prompts
     from specdec.export.head_data import distilled
     from specdec.export.train_head import fit, new_head
@@ -109,6 +111,8 @@ def train(model, data: Path, feats: dict[int, np.ndarray], recipe, device: str, 
     head_t = model.get_output_embeddings().weight.detach().float().cpu().T.contiguous()  # [d, V]
     attention = (c.num_attention_heads, c.num_key_value_heads, getattr(c, "head_dim", None) or embed.shape[1] // c.num_attention_heads)
     head = new_head(recipe, train_seqs, embed, head_t, bool(getattr(c, "tie_word_embeddings", False)), attention, embed.shape[0], max_seq)
+    if deadline is not None:
+        seconds = min(s for s in (seconds, deadline - time.perf_counter()) if s is not None)
     record = fit(head, train_seqs, held, recipe, device, report, seconds)
     record.update(conversations=len(train_seqs), tokens=train_seqs.tokens, trained_positions=train_seqs.trained, held_out_conversations=len(held))
     return head.cpu(), record
@@ -159,6 +163,11 @@ def slim_corpus(data: Path, out: Path, k: int, size: int, parts: int) -> dict:
 BYTES_PER_TOKEN = (15, 3)
 
 
+# What a run needs after training: the held-out figures, the head's writing and pieces. The H200 run of 2026-11-28 ran past its
+# call because nothing bounded the whole.
+FINISH_SECONDS = 45
+
+
 def split(path: Path, size: int) -> None:
     """``path`` as ``path.part-00``, ``-01``, ... of ``size`` bytes where it is larger (join: cat them in order)."""
     if path.stat().st_size <= size:
@@ -198,6 +207,8 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--bf16", action="store_true")
     ap.add_argument("--train-minutes", type=float, default=None, help="fit the training into this time (at most --steps steps)")
+    ap.add_argument("--deadline-minutes", type=float, default=None,
+                    help="the whole run's time from its start: training gets what answering, the archive and the data left, less the held-out figures and the writing")
     ap.add_argument("--corpus-top", type=int, default=0, help="also write the answers with this many top labels as OUT/corpus.tar.xz (0: no)")
     ap.add_argument("--split-mib", type=int, default=15, help="split written files larger than this into .part-NN pieces (the device call returns files of 16 MiB at most)")
     args = ap.parse_args()
@@ -227,7 +238,8 @@ def main() -> None:
         report(f"corpus archive: {archive} in {time.perf_counter() - t_c:.0f} s")
     recipe = Recipe(steps=args.steps, batch=args.batch, window=args.window, windows=10**9, lr=args.lr, unroll=args.unroll,
                     draft_vocab=args.draft_vocab, bf16=args.bf16)  # fmt: skip
-    head, fitted = train(model, args.data, feats, recipe, args.device, report, None if args.train_minutes is None else 60 * args.train_minutes)
+    deadline = None if args.deadline_minutes is None else t0 + 60 * args.deadline_minutes - FINISH_SECONDS
+    head, fitted = train(model, args.data, feats, recipe, args.device, report, None if args.train_minutes is None else 60 * args.train_minutes, deadline)
     record = {"provenance": {**provenance(), "command": " ".join(["python", "tools/gpu/drafter.py", *sys.argv[1:]])}, "device": args.device,
               "answering": answered, "earlier_answers": earlier, "corpus_archive": archive, "recipe": asdict(recipe), "corpus": str(args.data), **fitted, "seconds": round(time.perf_counter() - t0, 1)}  # fmt: skip
     if args.device == "cuda":
