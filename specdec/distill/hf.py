@@ -133,7 +133,8 @@ def features(model, answers: list[Answer], rows: int) -> Iterator[tuple[int, np.
     for start in range(0, len(order), rows):
         batch = [answers[i] for i in order[start : start + rows]]
         seqs = [np.asarray(a.prompt + a.answer, np.int64) for a in batch]
-        ids = torch.zeros((len(seqs), max(map(len, seqs))), dtype=torch.long)  # [B, T], right-padded: causal attention keeps it out of every real position
+        # [B, T], right-padded: causal attention keeps the padding out of every real position
+        ids = torch.zeros((len(seqs), max(map(len, seqs))), dtype=torch.long)
         mask = torch.zeros_like(ids)  # [B, T]
         for b, r in enumerate(seqs):
             ids[b, : len(r)], mask[b, : len(r)] = torch.from_numpy(r), 1
