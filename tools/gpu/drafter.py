@@ -5,7 +5,7 @@ written by the bundle's target, and every prompt's ids through its chat template
 device machine: torch with CUDA, transformers from the payload, no network):
 
     python tools/gpu/drafter.py --data DATA --gguf SmolLM2.gguf --out OUT --device cuda \\
-        --rows 256 --tokens 2000000 --minutes 4 --train-minutes 3.5 --steps 100000 --unroll 2 --draft-vocab 8192 --bf16
+        --rows 384 --minutes 2 --deadline-minutes 9.2 --steps 100000 --batch 16 --unroll 3 --draft-vocab 8192 --bf16
 
 1. answer: the plan's jobs in batches of ``--rows`` with the target loaded by transformers in
    float32 (specdec/distill/hf.py), shards written into DATA as ``specdec distill`` writes them,
@@ -158,9 +158,11 @@ def slim_corpus(data: Path, out: Path, k: int, size: int, parts: int) -> dict:
     return record
 
 
-# Archive bytes per answer token ~ a + b * labels kept: measured on SmolLM2's answers (prompts
-# included, three temperatures): 26 B at 4 labels, 20.4 at 2, 17.3 at 1.
-BYTES_PER_TOKEN = (15, 3)
+# Archive bytes per answer token ~ a + b * labels kept. The H200 run's archive of SmolLM2's
+# answers (1.57M answer tokens, prompts included, 1 label) took 3.2 B a token; each further label
+# is taken as 3 B (an id and a float16). A 20k-token sample here, mostly prompts, took 17-26 B:
+# the first estimate cut that run to 1 label where 4 would have fit.
+BYTES_PER_TOKEN = (1, 3)
 
 
 # What a run needs after training: the held-out figures, the head's writing and pieces. The H200 run of 2026-11-28 ran past its
