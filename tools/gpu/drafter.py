@@ -104,7 +104,7 @@ def train(model, data: Path, feats: dict[int, np.ndarray], recipe, device: str, 
     from specdec.export.train_head import fit, new_head
 
     _, _, max_seq = read_prompts(data)
-    train_seqs, held = (_with_features(x) for x in distilled(str(data), max_seq, features=_Only(feats)))
+    train_seqs, held = distilled(str(data), max_seq, features=feats)  # every answer there has its features (earlier_features)
     report(f"{len(train_seqs)} conversations ({train_seqs.tokens:,} tokens, {train_seqs.trained:,} trained positions), {len(held)} held out by topic")
     c = model.config
     embed = model.get_input_embeddings().weight.detach().float().cpu()  # [V, d]
@@ -116,14 +116,6 @@ def train(model, data: Path, feats: dict[int, np.ndarray], recipe, device: str, 
     record = fit(head, train_seqs, held, recipe, device, report, seconds)
     record.update(conversations=len(train_seqs), tokens=train_seqs.tokens, trained_positions=train_seqs.trained, held_out_conversations=len(held))
     return head.cpu(), record
-
-
-def _with_features(seqs):
-    """The conversations with features (every one, after ``earlier_features``; a guard against a job ``feats`` lacks)."""
-    from specdec.export.head_data import Sequences
-
-    keep = [i for i, f in enumerate(seqs.feats) if len(f) == len(seqs.ids[i])]
-    return Sequences([seqs.ids[i] for i in keep], [seqs.mask[i] for i in keep], [seqs.feats[i] for i in keep], [seqs.top[i] for i in keep])
 
 
 def slim_corpus(data: Path, out: Path, k: int, size: int, parts: int) -> dict:
@@ -178,16 +170,6 @@ def split(path: Path, size: int) -> None:
         for i, chunk in enumerate(iter(lambda: fh.read(size), b"")):
             path.with_name(f"{path.name}.part-{i:02d}").write_bytes(chunk)
     path.unlink()
-
-
-class _Only(dict):
-    """job -> features, for the jobs this run answered; ``distilled`` asks for every job in the folder."""
-
-    def __getitem__(self, job):
-        return dict.get(self, job, _MISSING)
-
-
-_MISSING = np.zeros((0, 0), np.float16)
 
 
 def main() -> None:
