@@ -210,12 +210,23 @@ def test_a_plan_answered_by_transformers_is_the_targets_data(whole, chat_bundle,
     # features of answers made elsewhere (a corpus brought back): one forward each, what the decoding passes gave
     from specdec.distill.hf import features
 
-    again = dict(features(model, [a.answer for a in got], rows=2))
+    again = {job: (f, top) for job, f, top in features(model, [a.answer for a in got], rows=2, top_k=5)}
     for a in got:
-        f = again[a.answer.job]
+        f, (top_id, top_lp) = again[a.answer.job]
         assert f.shape == a.feats.shape and not f[-1].any()
         # both float16 (2^-11 relative spacing), one from a prefill and one from cached decoding steps: 1% of the largest value
         assert np.abs(f.astype(np.float32) - a.feats).max() <= 1e-2 * np.abs(a.feats).max(), f"job {a.answer.job}"
+        # the labels of that forward are the decoding's (a corpus that came back with its top-1 gets them again)
+        assert top_id.shape == (len(a.answer.answer), 5) and top_id[:, 0].tolist() == a.answer.top_id[:, 0].tolist()
+        np.testing.assert_allclose(top_lp[:, :3].astype(np.float32), a.answer.top_lp[:, :3].astype(np.float32), rtol=2e-3, atol=1e-3)
+    # under bfloat16 autocast (a CPU's faster forward): the features stay close, the same top label nearly everywhere
+    low = {job: (f, top) for job, f, top in features(model, [a.answer for a in got], rows=2, top_k=1, bf16=True)}
+    ref_f = np.concatenate([a.feats[:-1] for a in got]).astype(np.float32)
+    low_f = np.concatenate([low[a.answer.job][0][:-1] for a in got]).astype(np.float32)
+    # bfloat16 keeps 8 bits of mantissa (2^-9 relative rounding) through 2 layers: 5% of the features' norm bounds it loosely
+    assert np.linalg.norm(low_f - ref_f) <= 0.05 * np.linalg.norm(ref_f)
+    same = np.mean(np.concatenate([low[a.answer.job][1][0][:, 0] == a.answer.top_id[:, 0] for a in got]))
+    assert same >= 0.9, same
     write_shard(out, 0, [a.answer for a in got])
     train, held = distilled(str(out), max_seq, features={a.answer.job: a.feats for a in got})
     assert len(train) and len(held) and all(len(f) == len(i) for f, i in zip(train.feats, train.ids))
@@ -242,11 +253,21 @@ def test_a_plan_answered_by_transformers_is_the_targets_data(whole, chat_bundle,
         assert back[job].answer == a.answer and back[job].top_id.tolist() == a.top_id[:, :2].tolist()
     # that corpus trains again elsewhere with nothing more answered (--minutes 0): the features come from one forward each
     # and a whole-run deadline already past leaves training the fewest steps
-    again = [*tool[: tool.index("--data") + 1], str(tmp_path / "back" / "corpus"), *tool[tool.index("--data") + 2 :], "--minutes", "0", "--deadline-minutes", "0.01"]
+    # with the top-4 labels of that forward written back into its shards, and its features kept for a run after it
+    again = [*tool[: tool.index("--data") + 1], str(tmp_path / "back" / "corpus"), *tool[tool.index("--data") + 2 :], "--minutes", "0", "--deadline-minutes", "0.01",
+             "--relabel", "4", "--features-cache", str(tmp_path / "cache")]  # fmt: skip
     again_run = subprocess.run(again, capture_output=True, text=True, timeout=600)
     assert again_run.returncode == 0, again_run.stderr[-3000:]
     second = json.loads((tmp_path / "o" / "drafter.json").read_text())
     assert second["answering"]["answers"] == 0 and second["earlier_answers"]["answers"] == summary["jobs"]
+    assert second["earlier_answers"]["computed"] == summary["jobs"] == second["earlier_answers"]["relabeled"]
+    relabeled = {a.job: a for a in answers(tmp_path / "back" / "corpus")}
+    for job, a in by_job(data).items():
+        assert relabeled[job].top_id.shape[1] == 4 and relabeled[job].top_id[:, 0].tolist() == a.top_id[:, 0].tolist()
+    assert len(list((tmp_path / "cache").glob("*.npz"))) == summary["jobs"]
+    third = subprocess.run(again, capture_output=True, text=True, timeout=600)  # the features read back: no forward
+    assert third.returncode == 0, third.stderr[-3000:]
+    assert json.loads((tmp_path / "o" / "drafter.json").read_text())["earlier_answers"]["computed"] == 0
     assert second["steps"] == train_head.CALIBRATE + 1
     assert second["conversations"] == record["conversations"] and second["tokens"] == record["tokens"]
     from specdec.export.head import load_head

@@ -124,23 +124,37 @@ def answer_all(model, prompts: list[np.ndarray], temperatures: list[float], eos:
 
 
 @torch.no_grad()
-def features(model, answers: list[Answer], rows: int) -> Iterator[tuple[int, np.ndarray]]:
-    """(job, features [P + A, d] float16) for answers made earlier or elsewhere (a corpus brought
-    back from another machine): the LM head's input at every position of prompt + answer, from
-    one forward per batch, zeros at the last position as ``answer_batch`` leaves it."""
+def features(model, answers: list[Answer], rows: int, top_k: int = 0, bf16: bool = False) -> Iterator[tuple[int, np.ndarray, tuple | None]]:
+    """(job, features [P + A, d] float16, labels) for answers made earlier or elsewhere (a corpus
+    brought back from another machine): the LM head's input at every position of prompt + answer,
+    from one forward per batch, zeros at the last position as ``answer_batch`` leaves it.
+
+    ``top_k``: labels (top_id [A, K] int32, top_lp [A, K] float16, raw log-probabilities) at
+    each answer position from the same forward, for a corpus that came back with fewer (else None).
+    ``bf16``: the forward under bfloat16 autocast, for a CPU (2x faster on 2 AVX-512 cores; on
+    SmolLM2-135M the features are 0.9% off float32's in norm and give the same top token at 99.1%
+    of answer positions, well inside the 10%-of-RMS noise the head trains with)."""
     device = next(model.parameters()).device
+    lm_head = model.get_output_embeddings()
     order = sorted(range(len(answers)), key=lambda i: len(answers[i].prompt) + len(answers[i].answer))  # similar lengths together
     for start in range(0, len(order), rows):
         batch = [answers[i] for i in order[start : start + rows]]
         seqs = [np.asarray(a.prompt + a.answer, np.int64) for a in batch]
         # [B, T], right-padded: causal attention keeps the padding out of every real position
         ids = torch.zeros((len(seqs), max(map(len, seqs))), dtype=torch.long)
-        mask = torch.zeros_like(ids)  # [B, T]
+        mask = torch.zeros_like(ids)
         for b, r in enumerate(seqs):
             ids[b, : len(r)], mask[b, : len(r)] = torch.from_numpy(r), 1
-        out = model(input_ids=ids.to(device), attention_mask=mask.to(device), output_hidden_states=True, logits_to_keep=1)
-        h = out.hidden_states[-1].float().cpu().numpy()  # [B, T, d]
-        for b, (a, r) in enumerate(zip(batch, seqs)):
-            f = h[b, : len(r)].astype(np.float16)  # [P + A, d]
-            f[-1] = 0
-            yield a.job, f
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+            out = model(input_ids=ids.to(device), attention_mask=mask.to(device), output_hidden_states=True, logits_to_keep=1)
+            h = out.hidden_states[-1]  # [B, T, d]
+            for b, (a, r) in enumerate(zip(batch, seqs)):
+                labels = None
+                if top_k:
+                    p = len(a.prompt)
+                    logp = torch.log_softmax(lm_head(h[b, p - 1 : len(r) - 1]).float(), -1)  # [A, V]: what predicted each answer token
+                    top = logp.topk(top_k, -1)
+                    labels = (top.indices.int().cpu().numpy(), top.values.half().cpu().numpy())
+                f = h[b, : len(r)].float().cpu().numpy().astype(np.float16)  # [P + A, d]
+                f[-1] = 0
+                yield a.job, f, labels
