@@ -265,9 +265,22 @@ def test_a_plan_answered_by_transformers_is_the_targets_data(whole, chat_bundle,
     for job, a in by_job(data).items():
         assert relabeled[job].top_id.shape[1] == 4 and relabeled[job].top_id[:, 0].tolist() == a.top_id[:, 0].tolist()
     assert len(list((tmp_path / "cache").glob("*.npz"))) == summary["jobs"]
-    third = subprocess.run(again, capture_output=True, text=True, timeout=600)  # the features read back: no forward
+    shutil.copytree(tmp_path / "o" / "head", tmp_path / "first")
+    third = subprocess.run([*again, "--init", str(tmp_path / "first")], capture_output=True, text=True, timeout=600)  # the features read back: no forward
     assert third.returncode == 0, third.stderr[-3000:]
-    assert json.loads((tmp_path / "o" / "drafter.json").read_text())["earlier_answers"]["computed"] == 0
+    record = json.loads((tmp_path / "o" / "drafter.json").read_text())
+    assert record["earlier_answers"]["computed"] == 0
+    # and training went on from the head before it (its draft vocabulary kept), from where that one ended
+    assert record["init"] == str(tmp_path / "first") and "training goes on from" in third.stdout
+    assert record["held_out"]["before"] == second["held_out"]["after"]
+    # the cached features score heads side by side on the held-out topics, by kind and temperature, as training scored it
+    cmp = subprocess.run([sys.executable, str(ROOT / "tools" / "train" / "compare_heads.py"), "--data", str(tmp_path / "back" / "corpus"),
+                          "--features", str(tmp_path / "cache"), "--model", str(chat_bundle[0]), "--heads", str(tmp_path / "o" / "head")],
+                         capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert cmp.returncode == 0, cmp.stderr[-3000:]
+    scored = json.loads(cmp.stdout)["heads"][str(tmp_path / "o" / "head")]
+    assert scored["all"] == json.loads((tmp_path / "o" / "drafter.json").read_text())["held_out"]["after"]
+    assert {k.split()[1] for k in scored if k != "all"} <= {"T=0", "T=1"}
     assert second["steps"] == train_head.CALIBRATE + 1
     assert second["conversations"] == record["conversations"] and second["tokens"] == record["tokens"]
     from specdec.export.head import load_head

@@ -139,9 +139,10 @@ def earlier_features(model, data: Path, feats: dict[int, np.ndarray], rows: int,
 
 
 def train(model, data: Path, feats: dict[int, np.ndarray], recipe, device: str, report, seconds: float | None = None,
-          deadline: float | None = None) -> tuple[object, dict]:  # fmt: skip
+          deadline: float | None = None, init: Path | None = None) -> tuple[object, dict]:  # fmt: skip
     """The feature head on the answers with features in ``feats`` (export/train_head.py ``fit``),
-    its optimizer steps fit into ``seconds`` and before ``deadline`` (a ``time.perf_counter`` time)."""
+    its optimizer steps fit into ``seconds`` and before ``deadline`` (a ``time.perf_counter`` time);
+    from the head saved in ``init`` where given (a fresh learning-rate schedule), else a new one."""
     from specdec.distill.run import read_prompts
     from specdec.export.head_data import distilled
     from specdec.export.train_head import fit, new_head
@@ -153,11 +154,25 @@ def train(model, data: Path, feats: dict[int, np.ndarray], recipe, device: str, 
     embed = model.get_input_embeddings().weight.detach().float().cpu()  # [V, d]
     head_t = model.get_output_embeddings().weight.detach().float().cpu().T.contiguous()  # [d, V]
     attention = (c.num_attention_heads, c.num_key_value_heads, getattr(c, "head_dim", None) or embed.shape[1] // c.num_attention_heads)
-    head = new_head(recipe, train_seqs, embed, head_t, bool(getattr(c, "tie_word_embeddings", False)), attention, embed.shape[0], max_seq)
+    tied = bool(getattr(c, "tie_word_embeddings", False))
+    if init is None:
+        head = new_head(recipe, train_seqs, embed, head_t, tied, attention, embed.shape[0], max_seq)
+    else:  # a run that goes on from an earlier head (its draft vocabulary kept): training steps add up across runs
+        from specdec.export.head import load_head
+        import torch
+
+        parts = sorted(init.glob("head.safetensors.part-*"))  # a head that came back in pieces
+        if parts and not (init / "head.safetensors").exists():
+            (init / "head.safetensors").write_bytes(b"".join(part.read_bytes() for part in parts))
+        head, _ = load_head(init, embed, head_t, tied)
+        if head.cfg.draft_vocab != recipe.draft_vocab:
+            raise SystemExit(f"--init {init}: its draft vocabulary is {head.cfg.draft_vocab}, --draft-vocab is {recipe.draft_vocab}; pass --draft-vocab {head.cfg.draft_vocab}")
+        torch.manual_seed(recipe.seed)
+        report(f"training goes on from {init}")
     if deadline is not None:
         seconds = min(s for s in (seconds, deadline - time.perf_counter()) if s is not None)
     record = fit(head, train_seqs, held, recipe, device, report, seconds)
-    record.update(conversations=len(train_seqs), tokens=train_seqs.tokens, trained_positions=train_seqs.trained, held_out_conversations=len(held))
+    record.update(init=None if init is None else str(init), conversations=len(train_seqs), tokens=train_seqs.tokens, trained_positions=train_seqs.trained, held_out_conversations=len(held))
     return head.cpu(), record
 
 
@@ -236,12 +251,13 @@ def main() -> None:
     ap.add_argument("--train-minutes", type=float, default=None, help="fit the training into this time (at most --steps steps)")
     ap.add_argument("--deadline-minutes", type=float, default=None,
                     help="the whole run's time from its start: training gets what answering, the archive and the data left, less the held-out figures and the writing")
+    ap.add_argument("--init", type=Path, default=None, help="go on training the head saved in this folder (OUT/head of an earlier run) instead of a new one")
     ap.add_argument("--features-bf16", action="store_true",
                     help="earlier answers' features under bfloat16 autocast (a CPU: 2x faster; 0.9%% off float32's on SmolLM2, inside the training noise)")
     ap.add_argument("--relabel", type=int, default=0, help="give earlier answers with fewer top labels this many from their features' forward (shards rewritten)")
     ap.add_argument("--features-cache", type=Path, default=None, help="keep earlier answers' features (and labels) here as JOB.npz and read them back")
     ap.add_argument("--corpus-top", type=int, default=0, help="also write the answers with this many top labels as OUT/corpus.tar.xz (0: no)")
-    ap.add_argument("--split-mib", type=int, default=15, help="split written files larger than this into .part-NN pieces (the device call returns files of 16 MiB at most)")
+    ap.add_argument("--split-mib", type=int, default=15, help="split written files larger than this into .part-NN pieces (the device call returns files of 16 MiB at most; 0: whole)")
     args = ap.parse_args()
 
     from specdec.bench.report import provenance
@@ -270,7 +286,8 @@ def main() -> None:
     recipe = Recipe(steps=args.steps, batch=args.batch, window=args.window, windows=10**9, lr=args.lr, unroll=args.unroll,
                     draft_vocab=args.draft_vocab, bf16=args.bf16)  # fmt: skip
     deadline = None if args.deadline_minutes is None else t0 + 60 * args.deadline_minutes - FINISH_SECONDS
-    head, fitted = train(model, args.data, feats, recipe, args.device, report, None if args.train_minutes is None else 60 * args.train_minutes, deadline)
+    head, fitted = train(model, args.data, feats, recipe, args.device, report, None if args.train_minutes is None else 60 * args.train_minutes, deadline,
+                         args.init)  # fmt: skip
     record = {"provenance": {**provenance(), "command": " ".join(["python", "tools/gpu/drafter.py", *sys.argv[1:]])}, "device": args.device,
               "answering": answered, "earlier_answers": earlier, "corpus_archive": archive, "recipe": asdict(recipe), "corpus": str(args.data), **fitted, "seconds": round(time.perf_counter() - t0, 1)}  # fmt: skip
     if args.device == "cuda":
@@ -279,7 +296,7 @@ def main() -> None:
         record["gpu"] = torch.cuda.get_device_name()
     save_head(head, args.out / "head", record)
     (args.out / "drafter.json").write_text(json.dumps(record, indent=1))
-    for path in sorted((args.out / "head").iterdir()):
+    for path in sorted((args.out / "head").iterdir()) if args.split_mib else ():
         split(path, args.split_mib << 20)
     report(f"held-out α(T=1) / argmax agreement: {record['held_out']} -> {args.out / 'head'}")
 

@@ -1,0 +1,77 @@
+"""Held-out one-step figures of feature heads on the same conversations (issue 44's table of what was tried).
+
+    python tools/train/compare_heads.py --data DIR/corpus --features DIR/features --gguf G --heads models/smollm2-draft OUT/head
+
+DIR/corpus is a ``specdec distill`` folder, DIR/features the ``--features-cache`` of
+tools/gpu/drafter.py (each answer's features as JOB.npz). Every head is evaluated on the folder's
+held-out-topic conversations (export/head_data.py ``distilled``), by kind (chat, code) and
+temperature, as ``export/train_head.py evaluate`` does: α at T = 1 and argmax agreement, one step
+from the target's own features. Prints a JSON record.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", type=Path, required=True)
+    ap.add_argument("--features", type=Path, required=True)
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--gguf", type=Path, help="the target's GGUF")
+    src.add_argument("--model", type=Path, help="the target's transformers folder")
+    ap.add_argument("--heads", type=Path, nargs="+", required=True, help="folders with head_config.json and head.safetensors")
+    args = ap.parse_args()
+
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpu"))
+    from drafter import load_target
+
+    from specdec.bench.report import provenance
+    from specdec.distill.run import read_prompts
+    from specdec.distill.shards import answers
+    from specdec.export.head import load_head
+    from specdec.export.head_data import Sequences, held_out_topic
+    from specdec.export.train_head import evaluate
+
+    plan = json.loads((args.data / "plan.json").read_text())
+    reqs, temps = plan["requests"], plan["settings"]["temperatures"]
+    _, _, max_seq = read_prompts(args.data)
+    groups: dict[str, Sequences] = {}
+    for a in answers(args.data):
+        req = reqs[a.job // len(temps)]
+        if not held_out_topic(req["topic"]):
+            continue
+        with np.load(args.features / f"{a.job}.npz") as z:
+            f = z["f"]
+        ids = np.asarray(a.prompt + a.answer, np.int64)[:max_seq]
+        mask = np.zeros(len(ids), bool)
+        mask[len(a.prompt) - 1 : len(a.prompt) + len(a.answer) - 1] = True
+        for key in (f"{req['kind']} T={temps[a.job % len(temps)]:g}", "all"):
+            g = groups.setdefault(key, Sequences([], [], feats=[]))
+            g.ids.append(ids)
+            g.mask.append(mask)
+            g.feats.append(f[: len(ids)])
+    model = load_target(args.gguf, args.model, "cpu")
+    embed = model.get_input_embeddings().weight.detach().float()
+    head_t = model.get_output_embeddings().weight.detach().float().T.contiguous()
+    tied = bool(getattr(model.config, "tie_word_embeddings", False))
+    out = {"provenance": {**provenance(), "command": " ".join(["python", "tools/train/compare_heads.py", *sys.argv[1:]])},
+           "conversations": {k: len(g) for k, g in sorted(groups.items())}, "positions": {k: g.trained for k, g in sorted(groups.items())}, "heads": {}}  # fmt: skip
+    for folder in args.heads:
+        head, _ = load_head(folder, embed, head_t, tied)
+        with torch.no_grad():
+            out["heads"][str(folder)] = {k: evaluate(head.eval(), g) for k, g in sorted(groups.items())}
+        print(folder, out["heads"][str(folder)], flush=True, file=sys.stderr)
+    print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
