@@ -281,6 +281,8 @@ def test_a_plan_answered_by_transformers_is_the_targets_data(whole, chat_bundle,
     scored = json.loads(cmp.stdout)["heads"][str(tmp_path / "o" / "head")]
     assert scored["all"] == json.loads((tmp_path / "o" / "drafter.json").read_text())["held_out"]["after"]
     assert {k.split()[1] for k in scored if k != "all"} <= {"T=0", "T=1"}
+    row = json.loads(cmp.stdout)["head_rows"][0]
+    assert row["all"] == f"{scored['all']['alpha_t1']:.3f} / {scored['all']['argmax_t0']:.3f}" and len(row) > 2  # and a field per kind and temperature
     assert second["steps"] == train_head.CALIBRATE + 1
     assert second["conversations"] == record["conversations"] and second["tokens"] == record["tokens"]
     from specdec.export.head import load_head

@@ -19,6 +19,13 @@ from pathlib import Path
 import numpy as np
 
 
+def head_rows(heads: dict[str, dict[str, dict[str, float]]]) -> list[dict[str, str]]:
+    """A row per head for docs' bench_table: "α / argmax" per group, the group's name as a field
+    ("chat T=0" -> chat_T_0)."""
+    field = lambda k: "".join(c if c.isalnum() else "_" for c in k).replace("__", "_")  # noqa: E731
+    return [{"head": head, **{field(k): f"{v['alpha_t1']:.3f} / {v['argmax_t0']:.3f}" for k, v in groups.items()}} for head, groups in heads.items()]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", type=Path, required=True)
@@ -70,6 +77,7 @@ def main() -> None:
         with torch.no_grad():
             out["heads"][str(folder)] = {k: evaluate(head.eval(), g) for k, g in sorted(groups.items())}
         print(folder, out["heads"][str(folder)], flush=True, file=sys.stderr)
+    out["head_rows"] = head_rows(out["heads"])
     print(json.dumps(out, indent=1))
 
 
