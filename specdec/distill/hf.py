@@ -145,7 +145,8 @@ def features(model, answers: list[Answer], rows: int, top_k: int = 0, bf16: bool
         mask = torch.zeros_like(ids)
         for b, r in enumerate(seqs):
             ids[b, : len(r)], mask[b, : len(r)] = torch.from_numpy(r), 1
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+        done = []
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):  # left before yielding: the caller's ops stay its own
             out = model(input_ids=ids.to(device), attention_mask=mask.to(device), output_hidden_states=True, logits_to_keep=1)
             h = out.hidden_states[-1]  # [B, T, d]
             for b, (a, r) in enumerate(zip(batch, seqs)):
@@ -157,4 +158,5 @@ def features(model, answers: list[Answer], rows: int, top_k: int = 0, bf16: bool
                     labels = (top.indices.int().cpu().numpy(), top.values.half().cpu().numpy())
                 f = h[b, : len(r)].float().cpu().numpy().astype(np.float16)  # [P + A, d]
                 f[-1] = 0
-                yield a.job, f, labels
+                done.append((a.job, f, labels))
+        yield from done
