@@ -89,6 +89,15 @@ def held_out_topic(topic: str) -> bool:
     return int(hashlib.sha256(f"eval/{topic}".encode()).hexdigest(), 16) % 32 == 0
 
 
+def conversation(a, max_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """A distilled answer's prompt + answer ids [T] int64, cut to ``max_len``, and the mask [T] of
+    the positions trained on: those predicting an answer token."""
+    ids = np.asarray(a.prompt + a.answer, np.int64)[:max_len]
+    mask = np.zeros(len(a.prompt) + len(a.answer), bool)
+    mask[len(a.prompt) - 1 : len(a.prompt) + len(a.answer) - 1] = True
+    return ids, mask[: len(ids)]
+
+
 def distilled(folder: str, max_len: int, limit: int | None = None, features: dict[int, np.ndarray] | None = None) -> tuple[Sequences, Sequences]:
     """(training, held-out) conversations of a ``specdec distill`` folder, each cut to ``max_len``
     tokens; ``features``: job -> its features [T, d], where they were computed with the answers
@@ -101,12 +110,10 @@ def distilled(folder: str, max_len: int, limit: int | None = None, features: dic
     if features is not None:
         train.feats, held.feats = [], []
     for a in answers(Path(folder)):
-        ids = np.asarray(a.prompt + a.answer, np.int64)[:max_len]
-        mask = np.zeros(len(ids), bool)
-        mask[len(a.prompt) - 1 : len(a.prompt) + len(a.answer) - 1] = True  # positions predicting answer tokens
+        ids, mask = conversation(a, max_len)
         side = held if held_out_topic(reqs[a.job // len(temps)]["topic"]) else train
         side.ids.append(ids)
-        side.mask.append(mask[: len(ids)])
+        side.mask.append(mask)
         n = int(side.mask[-1].sum())
         side.top.append((a.top_id[:n], a.top_lp[:n]))
         if features is not None:

@@ -142,7 +142,7 @@ def features(model, answers: list[Answer], rows: int, top_k: int = 0, bf16: bool
         seqs = [np.asarray(a.prompt + a.answer, np.int64) for a in batch]
         # [B, T], right-padded: causal attention keeps the padding out of every real position
         ids = torch.zeros((len(seqs), max(map(len, seqs))), dtype=torch.long)
-        mask = torch.zeros_like(ids)
+        mask = torch.zeros_like(ids)  # [B, T]
         for b, r in enumerate(seqs):
             ids[b, : len(r)], mask[b, : len(r)] = torch.from_numpy(r), 1
         done = []

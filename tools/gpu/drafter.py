@@ -89,9 +89,11 @@ def earlier_features(model, data: Path, feats: dict[int, np.ndarray], rows: int,
     forward, their shards written again (a corpus that came back with its top-1 only).
     ``cache``: a folder of each answer's features (and labels) as ``JOB.npz``, read back by a run
     that was stopped or trains again, so the forwards are paid once (~830 tok/s on this 2-core CPU in bfloat16)."""
+    from tqdm import tqdm
+
+    from specdec.atomic import write_atomic
     from specdec.distill.hf import features
     from specdec.distill.shards import read_shard, shard_paths, write_shard
-    from tqdm import tqdm
 
     earlier = [a for path in shard_paths(data) for a in read_shard(path) if a.job not in feats]
     labels: dict[int, tuple] = {}
@@ -125,10 +127,8 @@ def earlier_features(model, data: Path, feats: dict[int, np.ndarray], rows: int,
             feats[job] = f
             if top is not None:
                 labels[job] = top
-            if cache is not None:
-                tmp = cache / f".{job}.tmp.npz"
-                np.savez(tmp, f=f, **({"top_id": top[0], "top_lp": top[1]} if top is not None else {}))
-                tmp.rename(cache / f"{job}.npz")  # whole files only: a stopped run resumes at the next answer
+            if cache is not None:  # whole files only: a stopped run resumes at the next answer
+                write_atomic(cache / f"{job}.npz", lambda fh: np.savez(fh, f=f, **({"top_id": top[0], "top_lp": top[1]} if top is not None else {})))
             bar.update(len(f))
     seconds = time.perf_counter() - t0
     if todo:
@@ -148,6 +148,13 @@ def earlier_features(model, data: Path, feats: dict[int, np.ndarray], rows: int,
     return {"answers": len(earlier), "computed": len(todo), "seconds": round(seconds, 1), "bf16": bf16, "relabeled": relabeled}
 
 
+def target_tables(model) -> tuple:
+    """(embed [V, d], head_t [d, V], tied): the target's tables a feature head drafts with, float32 on the CPU."""
+    embed = model.get_input_embeddings().weight.detach().float().cpu()  # [V, d]
+    head_t = model.get_output_embeddings().weight.detach().float().cpu().T.contiguous()  # [d, V]
+    return embed, head_t, bool(getattr(model.config, "tie_word_embeddings", False))
+
+
 def train(model, data: Path, feats: dict[int, np.ndarray], recipe, device: str, report, seconds: float | None = None,
           deadline: float | None = None, init: Path | None = None) -> tuple[object, dict]:  # fmt: skip
     """The feature head on the answers with features in ``feats`` (export/train_head.py ``fit``),
@@ -161,10 +168,8 @@ def train(model, data: Path, feats: dict[int, np.ndarray], recipe, device: str, 
     train_seqs, held = distilled(str(data), max_seq, features=feats)  # every answer there has its features (earlier_features)
     report(f"{len(train_seqs)} conversations ({train_seqs.tokens:,} tokens, {train_seqs.trained:,} trained positions), {len(held)} held out by topic")
     c = model.config
-    embed = model.get_input_embeddings().weight.detach().float().cpu()  # [V, d]
-    head_t = model.get_output_embeddings().weight.detach().float().cpu().T.contiguous()  # [d, V]
+    embed, head_t, tied = target_tables(model)
     attention = (c.num_attention_heads, c.num_key_value_heads, getattr(c, "head_dim", None) or embed.shape[1] // c.num_attention_heads)
-    tied = bool(getattr(c, "tie_word_embeddings", False))
     if init is None:
         head = new_head(recipe, train_seqs, embed, head_t, tied, attention, embed.shape[0], max_seq)
     else:  # a run that goes on from an earlier head (its draft vocabulary kept): training steps add up across runs

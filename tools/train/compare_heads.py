@@ -36,16 +36,14 @@ def main() -> None:
     ap.add_argument("--heads", type=Path, nargs="+", required=True, help="folders with head_config.json and head.safetensors")
     args = ap.parse_args()
 
-    import torch
-
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpu"))
-    from drafter import load_target
+    from drafter import load_target, target_tables
 
     from specdec.bench.report import provenance
     from specdec.distill.run import read_prompts
     from specdec.distill.shards import answers
     from specdec.export.head import load_head
-    from specdec.export.head_data import Sequences, held_out_topic
+    from specdec.export.head_data import Sequences, conversation, held_out_topic
     from specdec.export.train_head import evaluate
 
     plan = json.loads((args.data / "plan.json").read_text())
@@ -58,24 +56,19 @@ def main() -> None:
             continue
         with np.load(args.features / f"{a.job}.npz") as z:
             f = z["f"]
-        ids = np.asarray(a.prompt + a.answer, np.int64)[:max_seq]
-        mask = np.zeros(len(ids), bool)
-        mask[len(a.prompt) - 1 : len(a.prompt) + len(a.answer) - 1] = True
+        ids, mask = conversation(a, max_seq)
         for key in (f"{req['kind']} T={temps[a.job % len(temps)]:g}", "all"):
             g = groups.setdefault(key, Sequences([], [], feats=[]))
             g.ids.append(ids)
             g.mask.append(mask)
             g.feats.append(f[: len(ids)])
     model = load_target(args.gguf, args.model, "cpu")
-    embed = model.get_input_embeddings().weight.detach().float()
-    head_t = model.get_output_embeddings().weight.detach().float().T.contiguous()
-    tied = bool(getattr(model.config, "tie_word_embeddings", False))
+    embed, head_t, tied = target_tables(model)
     out = {"provenance": {**provenance(), "command": " ".join(["python", "tools/train/compare_heads.py", *sys.argv[1:]])},
            "conversations": {k: len(g) for k, g in sorted(groups.items())}, "positions": {k: g.trained for k, g in sorted(groups.items())}, "heads": {}}  # fmt: skip
     for folder in args.heads:
         head, _ = load_head(folder, embed, head_t, tied)
-        with torch.no_grad():
-            out["heads"][str(folder)] = {k: evaluate(head.eval(), g) for k, g in sorted(groups.items())}
+        out["heads"][str(folder)] = {k: evaluate(head, g) for k, g in sorted(groups.items())}
         print(folder, out["heads"][str(folder)], flush=True, file=sys.stderr)
     out["head_rows"] = head_rows(out["heads"])
     print(json.dumps(out, indent=1))
