@@ -111,6 +111,40 @@ def evaluate(head, held, device: str = "cpu") -> dict[str, float]:
     return {"alpha_t1": round(alpha / n, 4), "argmax_t0": round(agree / n, 4)}
 
 
+def chain_agreement(head, held, depth: int = 3, device: str = "cpu") -> dict:
+    """Greedy chains on held-out sequences, unrolled as training's test unrolls them: pass k reads
+    the features pass k - 1 made, so pass k at position s + k - 1 is the head's k-th draft after
+    the target's features up to s - 1. ``chain[k-1]`` is the share of trained positions s whose
+    first k drafts all equal the target's argmax (a chain leaving the answer counts as broken), and
+    ``tokens_per_call`` [γ = 1..depth] is 1 + Σ_{k ≤ γ} chain[k-1]: the greedy chain's tokens per
+    verify call, the head alone. Meaningful on greedy (T = 0) answers, whose next token is the
+    target's argmax. The head's attention over earlier positions reads its own features there too
+    (in decoding it reads the target's), so the figure compares heads; it does not replace a
+    decode."""
+    from specdec.export.head_data import collate
+
+    hits, n = np.zeros(depth), 0.0
+    with torch.no_grad():
+        for start in range(0, len(held), 4):
+            ids, mask, f = (torch.from_numpy(x).to(device) for x in collate(held, np.arange(start, min(start + 4, len(held))))[:3])
+            mask = mask.bool()
+            pos = torch.arange(ids.shape[1], device=device)[None].expand_as(ids)
+            want = (f @ head.full_head_t).argmax(-1)  # [B, T]: the target's next token after each position
+            intact = mask.clone()  # [B, T]: the chain from s still holds
+            ctx = contexts(f)
+            for k in range(depth):
+                logits, h = head(ids, pos, ctx)
+                ok = (logits.argmax(-1) == want) & mask  # [B, T]: pass k + 1 right at its position
+                shifted = torch.zeros_like(ok)
+                shifted[:, : ok.shape[1] - k] = ok[:, k:]  # [B, T]: at s, pass k + 1's verdict at s + k
+                intact &= shifted
+                hits[k] += float(intact.sum())
+                ctx = contexts(h)
+            n += float(mask.sum())
+    chain = hits / max(n, 1.0)
+    return {"chain": [round(float(c), 4) for c in chain], "tokens_per_call": [round(1 + float(chain[:g].sum()), 3) for g in range(1, depth + 1)]}
+
+
 def data(corpus: str, codec, manifest, recipe: Recipe, report: Callable[[str], None]):
     """(training, held-out) Sequences and a description: a distill folder's conversations, or corpus windows."""
     from specdec.export import head_data as D

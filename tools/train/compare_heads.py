@@ -6,7 +6,9 @@ DIR/corpus is a ``specdec distill`` folder, DIR/features the ``--features-cache`
 tools/gpu/drafter.py (each answer's features as JOB.npz). Every head is evaluated on the folder's
 held-out-topic conversations (export/head_data.py ``distilled``), by kind (chat, code) and
 temperature, as ``export/train_head.py evaluate`` does: α at T = 1 and argmax agreement, one step
-from the target's own features. Prints a JSON record.
+from the target's own features. On the greedy (T = 0) groups also the unrolled greedy chain
+(``chain_agreement``, ``--depth`` drafts): the share of positions whose first k drafts all equal
+the target's argmax, and the head's tokens per verify call at γ = 1..depth. Prints a JSON record.
 """
 
 from __future__ import annotations
@@ -26,6 +28,13 @@ def head_rows(heads: dict[str, dict[str, dict[str, float]]]) -> list[dict[str, s
     return [{"head": head, **{field(k): f"{v['alpha_t1']:.3f} / {v['argmax_t0']:.3f}" for k, v in groups.items()}} for head, groups in heads.items()]
 
 
+def chain_rows(chains: dict[str, dict[str, dict]]) -> list[dict[str, str]]:
+    """A row per head and greedy group for docs' bench_table: the chain's shares by depth and the
+    tokens per call at the deepest γ."""
+    return [{"head": head, "group": group, "chain": " / ".join(f"{c:.3f}" for c in v["chain"]), "tokens_per_call": f"{v['tokens_per_call'][-1]:.2f}"}
+            for head, groups in chains.items() for group, v in groups.items()]  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", type=Path, required=True)
@@ -34,6 +43,7 @@ def main() -> None:
     src.add_argument("--gguf", type=Path, help="the target's GGUF")
     src.add_argument("--model", type=Path, help="the target's transformers folder")
     ap.add_argument("--heads", type=Path, nargs="+", required=True, help="folders with head_config.json and head.safetensors")
+    ap.add_argument("--depth", type=int, default=3, help="drafts per greedy chain on the T = 0 groups (0: none)")
     args = ap.parse_args()
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpu"))
@@ -44,7 +54,7 @@ def main() -> None:
     from specdec.distill.shards import answers
     from specdec.export.head import load_head
     from specdec.export.head_data import Sequences, conversation, held_out_topic
-    from specdec.export.train_head import evaluate
+    from specdec.export.train_head import chain_agreement, evaluate
 
     plan = json.loads((args.data / "plan.json").read_text())
     reqs, temps = plan["requests"], plan["settings"]["temperatures"]
@@ -69,8 +79,12 @@ def main() -> None:
     for folder in args.heads:
         head, _ = load_head(folder, embed, head_t, tied)
         out["heads"][str(folder)] = {k: evaluate(head, g) for k, g in sorted(groups.items())}
+        if args.depth:
+            out.setdefault("chains", {})[str(folder)] = {k: chain_agreement(head, g, args.depth) for k, g in sorted(groups.items()) if k.endswith(" T=0")}
         print(folder, out["heads"][str(folder)], flush=True, file=sys.stderr)
     out["head_rows"] = head_rows(out["heads"])
+    if args.depth:
+        out["chain_rows"] = chain_rows(out["chains"])
     print(json.dumps(out, indent=1))
 
 
