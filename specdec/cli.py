@@ -123,7 +123,7 @@ def _plan_trees(rank_acceptance: str, cost: float, tree_cost: Path | None, max_d
                    "blocks are kept; exact decoding of the quantized target), or dynamic-int8 (quantize_dynamic: activations "
                    "scaled per call, so NOT exact).")
 @click.option("--draft-quantize", default=None, type=click.Choice(["none", "int8", "int4", "dynamic-int8"]),
-              help="The draft's weights, when they should differ from the target's [default: as --quantize; int8 under int4].")
+              help="The draft's weights, when they should differ from the target's [default: as --quantize; int8 under int4; a feature head's matrices int8 also in a float32 bundle, float32 with none].")
 @click.option("--portable", is_flag=True, help="Also write standard-op, static-shape verify/step graphs (run by the CPU engine).")
 @click.option("--max-batch", default=1, show_default=True, type=int, help="Requests the batched engine decodes together; > 1 adds batched graphs for 1..N rows.")
 @click.option("--batch-graphs", default="rows", show_default=True, type=click.Choice(["rows", "per-size"]),

@@ -216,8 +216,9 @@ def _draft_with_head(model: Path, head: Path, draft: Path, serve: dict) -> tuple
 def test_a_draft_folder_with_a_head_makes_it_the_bundles_default_drafter(feature_bundle, family_bundle, tmp_path):
     """``specdec-export --draft DIR`` where DIR holds a draft model and a saved head: the bundle
     carries both, its default drafter is the one the head's folder recommends (γ included), and
-    ``SpeculativeDecoder.load(B)`` decodes with it, exactly; a float16 or dynamic-int8 export
-    leaves it out, an int8/int4 one keeps it."""
+    ``SpeculativeDecoder.load(B)`` decodes with it, exactly; its matrices are int8 blocks in this
+    float32 bundle (float32 with --draft-quantize none); a float16 or dynamic-int8 export leaves
+    it out, an int8/int4 one keeps it."""
     from specdec.export.pipeline import ExportConfig
 
     target, _, _, root = feature_bundle
@@ -229,6 +230,8 @@ def test_a_draft_folder_with_a_head_makes_it_the_bundles_default_drafter(feature
     assert run.returncode == 0, run.stderr[-2000:]
     m = json.loads((out / "manifest.json").read_text())
     assert m["head"] is not None and m["drafter"] == {"name": "feature-lookup", "gamma": 2, "why": "measured best here"}
+    assert m["head"]["quantization"] == "int8", "a float32 bundle's head takes int8 blocks unless --draft-quantize none"
+    assert m["target"]["quantization"] is None and m["draft"]["quantization"] is None, "only the head's matrices are quantized"
     dec = SpeculativeDecoder.load(out)
     assert dec.drafter_spec == "feature-lookup"
     model = load_model(target)
@@ -243,6 +246,7 @@ def test_a_draft_folder_with_a_head_makes_it_the_bundles_default_drafter(feature
     assert ExportConfig(str(target), str(draft), tmp_path / "d", quantize="dynamic-int8").head() is None
     assert ExportConfig(str(target), str(draft), tmp_path / "q", quantize="int8").head() == draft, "an int8 bundle keeps it"
     assert ExportConfig(str(target), str(draft), tmp_path / "f").head() == draft
+    assert ExportConfig(str(target), str(draft), tmp_path / "n", draft_quantize="none").head_quantization() is None, "--draft-quantize none: float32"
 
 
 @LLAMA
