@@ -3,7 +3,8 @@
 each prompt decoded autoregressively and with the default drafter on each bundle, the
 configurations interleaved per prompt (the order turned each round), so that the machine's
 drift between runs does not decide. Used to pick a head's default precision (export/pipeline.py
-HEAD_DEFAULT): the same head in float32 and in int8 blocks.
+HEAD_DEFAULT): the same head in float32 and in int8 blocks. Times are whole requests, prefill
+included (the same prompts for every configuration).
 
     python tools/bench_head_precision.py A B --corpus chat --prompts 12 --tokens 128 --out docs/bench/head-precision/chat.json
 """
@@ -36,6 +37,9 @@ def main() -> None:
     from specdec.runtime import SpeculativeDecoder
 
     decs = {str(b): SpeculativeDecoder.load(b) for b in args.bundles}
+    for b, d in decs.items():
+        if d.manifest.head is None:
+            raise SystemExit(f"{b}: no feature head; export both bundles from a draft folder with one (head_config.json)")
     first = next(iter(decs.values()))
     prompts = chat_prompts(args.bundles[0], load_manifest(args.bundles[0]), first.codec, args.corpus, args.prompts)
     configs = [(b, g) for b in decs for g in (0, None)]  # (bundle, γ): 0 autoregressive, None the default drafter's
