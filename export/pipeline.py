@@ -425,13 +425,15 @@ def _feature_drafter(tmp: Path, manifest: Manifest, head_dir: Path, quantize: st
 
 
 def _recommended(folder: Path, cfg: ExportConfig, with_head: bool) -> dict | None:
-    """``head_config.json``'s recommendation for a bundle with the head ("serve") or without it
-    ("serve" → "without_head"), as a manifest ``drafter`` entry; None when it names nothing this
-    bundle runs (a drafter that needs a head it lacks, or not, a tree without --tree-nodes, a bad γ)."""
+    """``head_config.json``'s recommendation for a bundle with the head ("serve", its fields
+    overridden by "serve" → the ``--quantize`` name, e.g. "int8": {"gamma": 2, "why": ...}, for
+    a quantized target) or without it ("serve" → "without_head"), as a manifest ``drafter``
+    entry; None when it names nothing this bundle runs (a drafter that needs a head it lacks, or
+    not, a tree without --tree-nodes, a bad γ)."""
     from specdec.runtime.drafters import DRAFTERS
 
     serve = json.loads((folder / "head_config.json").read_text()).get("serve") or {}
-    entry = serve if with_head else serve.get("without_head") or {}
+    entry = {**serve, **(serve.get(cfg.quantize) or {})} if with_head else serve.get("without_head") or {}
     name, gamma = entry.get("drafter", "feature" if with_head else None), entry.get("gamma", 1 if with_head else cfg.gamma)
     reg = DRAFTERS.get(name)
     if reg is None or reg.needs_head != with_head or (reg.tree and not cfg.tree_nodes) or not isinstance(gamma, int) or gamma < 1:

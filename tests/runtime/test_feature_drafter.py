@@ -299,13 +299,15 @@ def test_a_quantized_export_keeps_the_head_in_int8_blocks(feature_bundle, family
     from specdec.export.pipeline import ExportConfig, export_bundle
 
     target, float_bundle, _, root = feature_bundle
-    draft, _ = _draft_with_head(family_bundle[2], root / "head", tmp_path / "draft", {"drafter": "feature-lookup", "gamma": 2, "why": "measured"})
+    draft, _ = _draft_with_head(family_bundle[2], root / "head", tmp_path / "draft",
+                                {"drafter": "feature-lookup", "gamma": 2, "why": "measured", "int8": {"gamma": 3, "why": "measured on int8"}})
     configs = {q: ExportConfig(str(target), str(draft), tmp_path / "c", quantize=q) for q in ("int8", "int4")}
     heads = {q: (c.head() is not None, c.head_quantization()) for q, c in configs.items()}
     assert heads == {"int8": (True, "int8"), "int4": (True, "int8")}, heads
     out = tmp_path / "int8"
     m = export_bundle(ExportConfig(str(target), str(draft), out, max_seq_len=128, quantize="int8", max_batch=2))
-    assert m.head is not None and m.head.quantization == "int8" and m.drafter["name"] == "feature-lookup"
+    assert m.head is not None and m.head.quantization == "int8"
+    assert m.drafter == {"name": "feature-lookup", "gamma": 3, "why": "measured on int8"}, "the folder's int8 entry overrides its γ"
     assert m.feature["check"]["max_abs_logits"] > 0, "the check compared the int8 head with the float one"
     proto = onnx.load(str(out / m.graphs["head_dynamic"].file), load_external_data=False)
     ops = Counter(n.op_type for n in proto.graph.node)
