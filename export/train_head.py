@@ -111,6 +111,12 @@ def evaluate(head, held, device: str = "cpu") -> dict[str, float]:
     return {"alpha_t1": round(alpha / n, 4), "argmax_t0": round(agree / n, 4)}
 
 
+def fit_steps(step: int, elapsed: float, seconds: float, rate: float, cap: int) -> int:
+    """The run's step count after ``step`` steps in ``elapsed`` s, for the rest of ``seconds``
+    at ``rate`` s a step: at least one more step, at most ``cap``."""
+    return max(step + 1, min(cap, step + int((seconds - elapsed) / rate)))
+
+
 def chain_agreement(head, held, depth: int = 3, device: str = "cpu") -> dict:
     """Greedy chains on held-out sequences, unrolled as training's test unrolls them: pass k reads
     the features pass k - 1 made, so pass k at position s + k - 1 is the head's k-th draft after
@@ -225,7 +231,7 @@ def new_head(recipe: Recipe, train_seqs, embed: torch.Tensor, head_t: torch.Tens
     return FeatureHead(cfg, embed, head_t, vocab_ids, tied)
 
 
-WARM, CALIBRATE = 10, 40  # a time-bounded fit times steps WARM..CALIBRATE, then sets its step count
+WARM, CALIBRATE, RECALIBRATE = 10, 40, 50  # a time-bounded fit times steps WARM..CALIBRATE, then sets its step count; again every RECALIBRATE steps
 
 
 def fit(head, train_seqs, held, recipe: Recipe, device: str = "cpu", report: Callable[[str], None] = print, seconds: float | None = None) -> dict:
@@ -235,7 +241,10 @@ def fit(head, train_seqs, held, recipe: Recipe, device: str = "cpu", report: Cal
 
     With ``seconds``, the run fits that time: after ``CALIBRATE`` steps the number of steps
     becomes what the rest of the time allows at the rate of the steps timed (at most ``recipe.steps``), and
-    the learning-rate schedule follows the new count."""
+    the learning-rate schedule follows the new count. Every ``RECALIBRATE`` steps after, the
+    count is fit again at the rate since the last fit (``fit_steps``): a rate measured while
+    something else ran beside the training (3.8 s a step for SmolLM2's stage 2, 2.7 s alone)
+    would otherwise end the run a quarter early."""
     from specdec.export.head_data import batches, collate
 
     rng = np.random.default_rng(recipe.seed)  # the batches' order
@@ -255,8 +264,13 @@ def fit(head, train_seqs, held, recipe: Recipe, device: str = "cpu", report: Cal
             t_warm = time.perf_counter()
         if seconds is not None and step == CALIBRATE:  # the rate of steps WARM..CALIBRATE: the first ones load kernels
             rate = (time.perf_counter() - t_warm) / (CALIBRATE - WARM)
-            steps = max(CALIBRATE + 1, min(recipe.steps, CALIBRATE + int((seconds - (time.perf_counter() - t0)) / rate)))
+            steps = fit_steps(step, time.perf_counter() - t0, seconds, rate, recipe.steps)
             report(f"{steps} steps fit {seconds:.0f} s at {1e3 * rate:.0f} ms a step")
+            t_mark = time.perf_counter()
+        elif seconds is not None and step > CALIBRATE and (step - CALIBRATE) % RECALIBRATE == 0:
+            now = time.perf_counter()
+            steps = fit_steps(step, now - t0, seconds, (now - t_mark) / RECALIBRATE, recipe.steps)
+            t_mark = now
         lr = recipe.lr * min(1.0, (step + 1) / 50) * 0.5 * (1 + math.cos(math.pi * step / steps))
         for group in opt.param_groups:
             group["lr"] = lr

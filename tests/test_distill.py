@@ -296,3 +296,17 @@ def test_a_plan_answered_by_transformers_is_the_targets_data(whole, chat_bundle,
     embed = model.get_input_embeddings().weight.detach().float()
     head, _ = load_head(tmp_path / "o" / "head", embed, torch.from_numpy(head_t.copy()), bool(model.config.tie_word_embeddings))
     assert head.cfg.draft_vocab == 64 and head.cfg.max_positions == 512
+
+
+def test_a_time_bounded_fit_refits_its_step_count_to_the_rate_it_sees():
+    """``--train-minutes``: the step count is the rest of the time over the rate of the latest
+    steps, bounded by one more step and the recipe's cap; a calibration on a busy machine (twice
+    the true step time) is corrected at the next refit instead of ending the run early."""
+    from specdec.export.train_head import fit_steps
+
+    assert fit_steps(40, 10.0, 100.0, 0.5, 10_000) == 40 + 180
+    assert fit_steps(40, 120.0, 100.0, 0.5, 10_000) == 41, "past the time: one more step, the one that ends it"
+    assert fit_steps(40, 10.0, 1e6, 0.01, 500) == 500, "the recipe's --steps caps it"
+    calibrated = fit_steps(40, 20.0, 100.0, 1.0, 10_000)  # steps 10..40 timed beside another job
+    refit = fit_steps(90, 45.0, 100.0, 0.5, 10_000)  # steps 40..90 alone: 25 s
+    assert (calibrated, refit) == (120, 200)
