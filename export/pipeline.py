@@ -36,7 +36,7 @@ QUANTIZATIONS = (None, "int8", "int4", "dynamic-int8")  # int8/int4: weight-only
 DRAFT_DEFAULT = {"int4": "int8"}
 # A feature head's matrices when neither --quantize nor --draft-quantize is given: int8 blocks.
 # Drafting reads them once a drafted token, at the bandwidth floor; q8_0 reads a quarter of the
-# bytes (SmolLM2-135M: c 0.034 against 0.067 a drafted token, acceptance unchanged, 5-10% faster
+# bytes (SmolLM2-135M: c 0.034 against 0.067 a drafted token, acceptance unchanged, 4-10% faster
 # end to end: docs/training-drafters.md), and the drafts stay proposals the target verifies, so
 # the output is the target's either way. --draft-quantize none keeps them float32.
 HEAD_DEFAULT = "int8"

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Two bundles of one target, differing only in their feature head, side by side in one process:
-each prompt decoded autoregressively and with the default drafter on each bundle, the
-configurations interleaved per prompt (the order turned each round), so that the machine's
-drift between runs does not decide. Used to pick a head's default precision (export/pipeline.py
-HEAD_DEFAULT): the same head in float32 and in int8 blocks. Times are whole requests, prefill
-included (the same prompts for every configuration).
+each prompt decoded autoregressively and with the default drafter on each bundle, interleaved
+as ``specdec bench`` interleaves its configurations (``specdec.bench.sweep.run``), so that the
+machine's drift between runs does not decide. Used to pick a head's default precision (export/pipeline.py
+HEAD_DEFAULT): the same head in float32 and in int8 blocks. α and the draft cost c per drafted
+token are read as ``specdec bench`` reads them.
 
     python tools/bench_head_precision.py A B --corpus chat --prompts 12 --tokens 128 --out docs/bench/head-precision/chat.json
 """
@@ -32,6 +32,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from specdec.bench.corpus import chat_prompts
+    from specdec.bench.sweep import Config, alpha_mle, run
     from specdec.bench.report import provenance
     from specdec.manifest import load_manifest
     from specdec.runtime import SpeculativeDecoder
@@ -42,31 +43,19 @@ def main() -> None:
             raise SystemExit(f"{b}: no feature head; export both bundles from a draft folder with one (head_config.json)")
     first = next(iter(decs.values()))
     prompts = chat_prompts(args.bundles[0], load_manifest(args.bundles[0]), first.codec, args.corpus, args.prompts)
-    configs = [(b, g) for b in decs for g in (0, None)]  # (bundle, γ): 0 autoregressive, None the default drafter's
+    # specdec bench's sweep, a "drafter" per bundle: γ = 0 and the bundle's default drafter at its own γ
+    cfgs = [Config(b, g) for b, d in decs.items() for g in (0, (d.manifest.drafter or {}).get("gamma", d.manifest.gamma))]
     rows = []
     for temp in (float(t) for t in args.temperatures.split(",")):
-        took = {c: [] for c in configs}
-        made = {c: 0 for c in configs}
-        kept = {c: [0, 0] for c in configs}  # (drafted, accepted)
-        for r in range(args.rounds):
-            for i, p in enumerate(prompts):
-                order = configs if (i + r) % 2 == 0 else configs[::-1]
-                for b, g in order:
-                    fields = dict(max_new_tokens=args.tokens, temperature=temp, seed=i)
-                    if g == 0:
-                        fields["gamma"] = 0
-                    t0 = time.perf_counter()
-                    res = decs[b].generate(p, **fields)
-                    took[(b, g)].append(time.perf_counter() - t0)
-                    made[(b, g)] += len(res.tokens)
-                    kept[(b, g)][0] += res.stats.drafted
-                    kept[(b, g)][1] += res.stats.accepted
-        for b, g in configs:
-            tok_s = made[(b, g)] / sum(took[(b, g)])
-            ar = made[(b, 0)] / sum(took[(b, 0)])
-            rows.append({"bundle": b, "head": decs[b].manifest.head.quantization or "float32", "T": temp,
-                         "drafter": "autoregressive" if g == 0 else decs[b].drafter_spec, "tok_s": round(tok_s, 1),
-                         "vs_own_ar": round(tok_s / ar, 3), "accepted_per_drafted": round(kept[(b, g)][1] / kept[(b, g)][0], 3) if kept[(b, g)][0] else None})
+        tallies = run(decs, cfgs, prompts, args.tokens, args.rounds, temp, ignore_eos=False)
+        for c, t in tallies.items():
+            ar = tallies[Config(c.drafter, 0)]
+            step = ar.target_seconds / ar.target_calls  # one 1-token target call
+            rows.append({"bundle": c.drafter, "head": decs[c.drafter].manifest.head.quantization or "float32", "T": temp,
+                         "drafter": "autoregressive" if c.gamma == 0 else f"{decs[c.drafter].drafter_spec} γ={c.gamma}",
+                         "tok_s": round(t.tokens / t.seconds, 1), "vs_own_ar": round((t.tokens / t.seconds) / (ar.tokens / ar.seconds), 3),
+                         "alpha": round(alpha_mle(t.accepted, t.rejected), 3) if c.gamma else None,
+                         "c": round(t.draft_seconds / t.drafted / step, 3) if t.drafted else None})
             print(rows[-1], flush=True)
     out = {"provenance": {**provenance(), "command": " ".join(["python", "tools/bench_head_precision.py", *sys.argv[1:]])},
            "corpus": args.corpus, "prompts": len(prompts), "tokens": args.tokens, "rounds": args.rounds, "rows": rows}
