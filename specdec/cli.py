@@ -263,11 +263,15 @@ def train_drafter_cmd(bundle: Path, corpus: str, steps: int, batch: int, window:
 @click.option("--max-new-tokens", default=256, show_default=True, type=click.IntRange(1), help="Longest answer.")
 @click.option("--temperatures", default="0,1", show_default=True, help="Comma-separated: each prompt is answered once at each.")
 @click.option("--docs", default=1500, show_default=True, type=click.IntRange(0), help="Coding requests made from installed packages' docstrings.")
+@click.option("--forms", default="templates", show_default=True, type=click.Choice(["templates", "questions"]),
+              help="Request forms: instructions about a topic ('Explain X to a beginner.'), or the direct questions of everyday chat "
+                   "('What should I know about X?', several self-instruct asks per topic); a second folder of the other kind adds to a corpus "
+                   "(tools/train/merge_corpus.py).")  # fmt: skip
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 @click.option("--plan-only", is_flag=True, help="Make the plan and write the prompts' ids (prompts.npz), then stop: for answering elsewhere (tools/gpu/drafter.py).")
 def distill_cmd(bundle: Path, out: Path, tokens: int | None, minutes: float | None, max_batch: int | None, max_new_tokens: int,
-                temperatures: str, docs: int, seed: int, no_progress: bool, plan_only: bool) -> None:  # fmt: skip
+                temperatures: str, docs: int, forms: str, seed: int, no_progress: bool, plan_only: bool) -> None:  # fmt: skip
     """Self-distillation: BUNDLE's target answers varied prompts (topics × forms, questions it
     writes itself, coding requests from installed docs) through its chat template; the answers
     and their top-20 log-probabilities go to --out for specdec train-drafter --corpus.
@@ -284,7 +288,7 @@ def distill_cmd(bundle: Path, out: Path, tokens: int | None, minutes: float | No
         raise ConfigError(f"--temperatures {temperatures!r}: expected comma-separated numbers, e.g. 0,1") from None
     if not temps or any(t < 0 for t in temps):
         raise ConfigError(f"--temperatures {temperatures!r}: expected numbers >= 0, e.g. 0,1")
-    settings = Settings(max_new_tokens=max_new_tokens, temperatures=temps, seed=seed, docs=docs)
+    settings = Settings(max_new_tokens=max_new_tokens, temperatures=temps, seed=seed, docs=docs, forms=forms)
     if plan_only:
         from specdec.distill.run import plan_only as make
 

@@ -310,3 +310,87 @@ def test_a_time_bounded_fit_refits_its_step_count_to_the_rate_it_sees():
     calibrated = fit_steps(40, 20.0, 100.0, 1.0, 10_000)  # steps 10..40 timed beside another job
     refit = fit_steps(90, 45.0, 100.0, 0.5, 10_000)  # steps 40..90 alone: 25 s
     assert (calibrated, refit) == (120, 200)
+
+
+def test_question_forms_keep_the_topic_split():
+    """--forms questions: direct questions and several self-instruct asks per topic, on the same
+    topic split as the templates (no held-out or benchmark topic on the training side); an unknown
+    set is refused by name."""
+    q = P.requests(held_out=False, docs=0, forms="questions")
+    t = P.requests(held_out=False, docs=0, forms="templates")
+    assert {r["topic"] for r in q} == {r["topic"] for r in t}
+    assert not {r["prompt"] for r in q if "prompt" in r} & {r["prompt"] for r in t if "prompt" in r}
+    per_topic = {}
+    for r in q:
+        per_topic[r["topic"]] = per_topic.get(r["topic"], 0) + ("instruct" in r)
+    assert set(per_topic.values()) >= {len(P.INSTRUCT_FORMS)}
+    asked = [r["prompt"] for r in q if "prompt" in r]
+    assert sum(x.endswith("?") for x in asked) > len(asked) // 2
+    assert not any(P.is_held_out(r["topic"]) for r in q) and not {r["topic"] for r in q} & P.BENCH_TOPICS
+    with pytest.raises(ConfigError, match="forms 'odd': expected one of templates, questions"):
+        P.requests(held_out=False, forms="odd")
+
+
+def test_a_plan_made_before_forms_resumes(whole, chat_bundle, tmp_path):
+    """A folder whose plan's settings predate --forms (the templates) resumes with the default settings."""
+    out = tmp_path / "old"
+    shutil.copytree(whole[0], out)
+    plan = json.loads((out / "plan.json").read_text())
+    del plan["settings"]["forms"]
+    (out / "plan.json").write_text(json.dumps(plan))
+    record = distill(chat_bundle[1], out, SETTINGS, max_batch=2, progress=False, report=lambda s: None)
+    assert record["this_run"]["answers"] == 0 and record["answers"] == record["jobs"]
+    with pytest.raises(ConfigError, match="other settings"):
+        distill(chat_bundle[1], out, Settings(max_new_tokens=12, seed=3, shard_size=3, requests=REQUESTS, forms="questions"), max_batch=2, progress=False)
+
+
+def test_merge_appends_answered_requests_and_keeps_the_first(whole, chat_bundle, tmp_path):
+    """tools/train/merge_corpus.py: the first folder's jobs keep their numbers and answers; the
+    second's answered requests are appended, each answer under (its new request, its temperature's
+    index among the first's); prompts.npz covers every request; train-drafter's reader takes the
+    result whole. Shapes that differ, temperatures outside the first's and an existing --out are refused."""
+    from specdec.distill.merge import merge
+    from specdec.distill.run import plan_only, read_prompts
+    from export.head_data import distilled
+
+    first = tmp_path / "first"
+    shutil.copytree(whole[0], first)
+    plan_only(chat_bundle[1], first, SETTINGS, max_batch=2, report=lambda s: None)  # the plan exists: adds prompts.npz
+    more = [{"topic": f"topic {i}", "kind": "chat", "prompt": f"Why is thing {i} so odd?"} for i in (11, 13, 15, 17, 19, 21)]
+    second = tmp_path / "second"
+    s2 = Settings(max_new_tokens=12, temperatures=(1.0,), seed=5, shard_size=2, requests=more)
+    rec2 = distill(chat_bundle[1], second, s2, max_batch=1, tokens=1, progress=False, report=lambda s: None)  # stops after the first answer
+    assert 0 < rec2["answers"] < len(more)  # some requests left unanswered: they are not carried over
+    out = tmp_path / "merged"
+    tool = subprocess.run([sys.executable, str(ROOT / "tools/train/merge_corpus.py"), str(first), str(second), "--out", str(out)],
+                          capture_output=True, text=True, cwd=ROOT)  # fmt: skip
+    assert tool.returncode == 0, tool.stderr
+    record = json.loads(tool.stdout)
+    plan0, merged = json.loads((first / "plan.json").read_text()), json.loads((out / "plan.json").read_text())
+    n0 = len(plan0["requests"])
+    assert merged["requests"][:n0] == plan0["requests"]
+    assert record["requests"] == len(merged["requests"]) == n0 + rec2["answers"] and record["added"][0]["answers"] == rec2["answers"]
+    got, ref0, ref2 = by_job(out), by_job(first), by_job(second)
+    assert {j: a.answer for j, a in got.items() if j < 2 * n0} == {j: a.answer for j, a in ref0.items()}
+    appended = {j: a for j, a in got.items() if j >= 2 * n0}
+    assert len(appended) == len(ref2) and all(j % 2 == 1 for j in appended)  # T = 1 is the first's second temperature
+    by_prompt = {merged["requests"][j // 2]["prompt"]: a.answer for j, a in appended.items()}
+    assert by_prompt == {more[j]["prompt"]: a.answer for j, a in ref2.items()}
+    ids, _, _ = read_prompts(out)
+    assert len(ids) == len(merged["requests"])
+    assert all(ids[j // 2].tolist() == a.prompt for j, a in got.items())
+    train, held = distilled(str(out), 64)
+    assert len(train) + len(held) == len(got)
+    assert json.loads((first / "plan.json").read_text()) == plan0 and by_job(first).keys() == ref0.keys()  # sources untouched
+    with pytest.raises(ConfigError, match="exists: expected a new folder"):
+        merge([first, second], out)
+    with pytest.raises(ConfigError, match=r"temperatures \[0.0\] are not among"):
+        merge([second, first], tmp_path / "m2")
+    odd = tmp_path / "odd"
+    shutil.copytree(second, odd)
+    p = json.loads((odd / "plan.json").read_text())
+    p["settings"]["max_new_tokens"] = 99
+    (odd / "plan.json").write_text(json.dumps(p))
+    with pytest.raises(ConfigError, match="max_new_tokens 99 where"):
+        merge([first, odd], tmp_path / "m3")
+    assert not (tmp_path / "m2").exists() and not (tmp_path / "m3").exists()

@@ -16,6 +16,8 @@ import random
 import sysconfig
 from pathlib import Path
 
+from specdec.errors import ConfigError
+
 # Everyday topics, by area (hand-written; the hub and its datasets are unreachable here).
 TOPICS = {
     "science": "black holes, photosynthesis, plate tectonics, the periodic table, DNA, electricity, magnets, rainbows, volcanoes, "
@@ -83,6 +85,32 @@ FORMS = (
 # The target writes a question of its own for a topic (self-instruct); its answer is kept only if it looks like one.
 SELF_INSTRUCT = "Write one question that a curious person might ask about {t}. Reply with the question only."
 
+# Forms "questions": the short, direct requests of everyday chat ("Why is ...?", "How can I ...?"), which the
+# templates above (instructions about a topic) leave out. On SmolLM2 the shipped head read ~2.0 tokens a call on
+# held-out prompts of the template forms and 1.7 on direct questions (docs/training-drafters.md); a corpus made
+# with --forms questions adds their kind. Several self-instruct asks per topic: the target's own phrasings.
+QUESTION_FORMS = (
+    "What should I know about {t}?",
+    "Why should I care about {t}?",
+    "How can I learn more about {t}?",
+    "Can you tell me about {t}?",
+    "What is the most surprising thing about {t}?",
+    "How would you explain {t} in simple words?",
+    "What are some tips for {t}?",
+    "Tell me something interesting about {t}.",
+    "Help me understand {t}.",
+    "Suggest a fun activity related to {t}.",
+    "Write a haiku about {t}.",
+    "What is the history of {t}?",
+)
+INSTRUCT_FORMS = (
+    SELF_INSTRUCT,
+    "Write one 'why' or 'how' question that a beginner might ask about {t}. Reply with the question only.",
+    "Write one practical question that someone might ask a friend about {t}. Reply with the question only.",
+    "Write one short question about {t} that a child might ask. Reply with the question only.",
+)
+CODE_QUESTION_FORMS = ("Can you write a Python function that {t}?", "Show me Python code that {t}.")
+
 CODE_TASKS = (
     "sorts a list of dictionaries by a given key", "counts the words in a text file", "checks whether a string is a palindrome",
     "finds the largest number in a list without using max", "converts Celsius to Fahrenheit", "flattens a nested list",
@@ -104,6 +132,7 @@ CODE_FORMS = (
     "Write a Python function that {t}.", "Write a Python function that {t}, with a docstring and an example call.",
     "How would you write Python code that {t}? Explain each step.", "Write a short Python script that {t} and prints the result.",
 )
+FORM_SETS = {"templates": (FORMS, (SELF_INSTRUCT,), CODE_FORMS), "questions": (QUESTION_FORMS, INSTRUCT_FORMS, CODE_QUESTION_FORMS)}
 
 
 def topics() -> list[str]:
@@ -144,19 +173,22 @@ def _docs_requests(limit: int, seed: int) -> list[tuple[str, str]]:
     return out
 
 
-def requests(held_out: bool, seed: int = 0, docs: int = 1500) -> list[dict]:
+def requests(held_out: bool, seed: int = 0, docs: int = 1500, forms: str = "templates") -> list[dict]:
     """Every templated request of the chosen side of the topic split, shuffled: dicts with
     ``topic``, ``kind`` ("chat"/"code") and ``prompt`` (or ``instruct``: a self-instruct request
-    whose question the target writes first)."""
+    whose question the target writes first). ``forms``: a key of FORM_SETS."""
+    if forms not in FORM_SETS:
+        raise ConfigError(f"forms {forms!r}: expected one of {', '.join(FORM_SETS)}")
+    chat, instruct, code = FORM_SETS[forms]
     out = []
     for t in topics():
         if is_held_out(t) != held_out:
             continue
-        out += [{"topic": t, "kind": "chat", "prompt": f.format(t=t)} for f in FORMS]
-        out.append({"topic": t, "kind": "chat", "instruct": SELF_INSTRUCT.format(t=t)})
+        out += [{"topic": t, "kind": "chat", "prompt": f.format(t=t)} for f in chat]
+        out += [{"topic": t, "kind": "chat", "instruct": f.format(t=t)} for f in instruct]
     for task in CODE_TASKS:
         if is_held_out(task) == held_out:
-            out += [{"topic": task, "kind": "code", "prompt": f.format(t=task)} for f in CODE_FORMS]
+            out += [{"topic": task, "kind": "code", "prompt": f.format(t=task)} for f in code]
     for topic, prompt in _docs_requests(docs, seed):
         if is_held_out(topic) == held_out:
             out.append({"topic": topic, "kind": "code", "prompt": prompt})
@@ -170,7 +202,8 @@ def looks_like_question(text: str) -> bool:
     return "\n" not in text and text.endswith("?") and 3 <= len(text.split()) <= 40
 
 
-def held_out(kind: str, count: int, seed: int = 0) -> list[str]:
+def held_out(kind: str, count: int, seed: int = 0, forms: str = "templates") -> list[str]:
     """``count`` held-out prompts of ``kind`` ("chat" or "code"), from held-out topics only."""
-    pool = [r["prompt"] for r in requests(held_out=True, seed=seed, docs=300 if kind == "code" else 0) if r["kind"] == kind and "prompt" in r]
+    pool = [r["prompt"] for r in requests(held_out=True, seed=seed, docs=300 if kind == "code" else 0, forms=forms)
+            if r["kind"] == kind and "prompt" in r]  # fmt: skip
     return pool[:count]

@@ -40,6 +40,7 @@ class Settings:
     top_k: int = 20  # log-probabilities kept per answer position (the runtime's logprobs bound)
     seed: int = 0
     docs: int = 1500  # coding requests made from installed docstrings
+    forms: str = "templates"  # the request forms (specdec/distill/prompts.py FORM_SETS)
     shard_size: int = 64
     max_prompt_tokens: int = 512
     requests: list[dict] = field(default_factory=list, compare=False)  # given: these instead of the topic split's (tests)
@@ -75,11 +76,11 @@ def make_plan(folder: Path, bundle: Path, engine, s: Settings, report: Callable[
     path = folder / PLAN
     if path.is_file():
         plan = json.loads(path.read_text())
-        if plan["settings"] != _settings_record(s):
+        if {"forms": "templates", **plan["settings"]} != _settings_record(s):  # a plan made before forms existed used the templates
             raise ConfigError(f"{folder} holds a run with other settings ({plan['settings']}); resume it with those or use another --out")
         return plan
     encode = _chat(bundle, engine)
-    reqs = s.requests or P.requests(held_out=False, seed=s.seed, docs=s.docs)
+    reqs = s.requests or P.requests(held_out=False, seed=s.seed, docs=s.docs, forms=s.forms)
     instruct = [(i, r) for i, r in enumerate(reqs) if "instruct" in r]
     written: dict[int, str] = {}
 

@@ -111,6 +111,9 @@ def earlier_features(model, data: Path, feats: dict[int, np.ndarray], rows: int,
             todo.append(a)
             continue
         with np.load(hit) as z:
+            if z["f"].shape[0] != len(a.prompt) + len(a.answer):  # another answer's features under this job's number: made again
+                todo.append(a)
+                continue
             top = (z["top_id"], z["top_lp"]) if "top_id" in z.files else None
             if relabel and a.top_id.shape[1] < relabel and (top is None or top[0].shape[1] < relabel):
                 todo.append(a)  # cached without the labels asked for: its forward again
