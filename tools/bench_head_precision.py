@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Two bundles of one target, differing only in their feature head, side by side in one process:
+"""Two bundles of one target, differing only in their feature head (its precision, or its training), side by side in one process:
 each prompt decoded autoregressively and with the default drafter on each bundle, interleaved
 as ``specdec bench`` interleaves its configurations (``specdec.bench.sweep.run``), so that the
 machine's drift between runs does not decide. Used to pick a head's default precision (export/pipeline.py
