@@ -59,6 +59,17 @@ def merge(sources: list[Path], out: Path, shard_size: int = 64) -> dict:
     tmp = out.with_name(f".{out.name}.merging")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
+    try:
+        record = _write(sources, plans, temps, tmp, shard_size)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # nothing half-written is left behind
+        raise
+    tmp.rename(out)
+    return {"out": str(out), **record}
+
+
+def _write(sources: list[Path], plans: list[dict], temps: list[float], tmp: Path, shard_size: int) -> dict:
+    """The merged folder's files into ``tmp``; returns the record's counts."""
     requests = list(plans[0]["requests"])
     shard = 0
     for path in shard_paths(sources[0]):  # the first's shards unchanged: hard links where the file system allows
@@ -98,5 +109,4 @@ def merge(sources: list[Path], out: Path, shard_size: int = 64) -> dict:
         ids = ids + extra_prompts
         write_atomic(tmp / PROMPTS, lambda fh: np.savez_compressed(
             fh, prompt=np.concatenate(ids), prompt_at=offsets([len(x) for x in ids]), eos=np.asarray(eos, np.int32), max_seq_len=np.int64(max_seq)))  # fmt: skip
-    tmp.rename(out)
-    return {"out": str(out), "requests": len(requests), "shards": shard, "added": [{k: v for k, v in a.items() if k != "settings"} for a in added]}
+    return {"requests": len(requests), "shards": shard, "added": [{k: v for k, v in a.items() if k != "settings"} for a in added]}
