@@ -86,7 +86,7 @@ FORMS = (
 SELF_INSTRUCT = "Write one question that a curious person might ask about {t}. Reply with the question only."
 
 # Forms "questions": the short, direct requests of everyday chat ("Why is ...?", "How can I ...?"), which the
-# templates above (instructions about a topic) leave out. On SmolLM2 the shipped head read ~2.0 tokens a call on
+# templates above (instructions about a topic) leave out. On SmolLM2 the stage-2 head read ~2.0 tokens a call on
 # held-out prompts of the template forms and 1.7 on direct questions (docs/training-drafters.md); a corpus made
 # with --forms questions adds their kind. Several self-instruct asks per topic: the target's own phrasings.
 QUESTION_FORMS = (
