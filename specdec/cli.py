@@ -18,6 +18,7 @@ from specdec import __version__
 from specdec.bench.corpus import CHAT_CORPORA
 from specdec.bench.peers.cli import bench_peers_cmd
 from specdec.bench.serve import bench_serve_cmd
+from specdec.distill.prompts import FORM_SETS
 from specdec.errors import ConfigError, SpecDecError
 from specdec.runtime.drafters import DRAFTERS
 
@@ -263,7 +264,7 @@ def train_drafter_cmd(bundle: Path, corpus: str, steps: int, batch: int, window:
 @click.option("--max-new-tokens", default=256, show_default=True, type=click.IntRange(1), help="Longest answer.")
 @click.option("--temperatures", default="0,1", show_default=True, help="Comma-separated: each prompt is answered once at each.")
 @click.option("--docs", default=1500, show_default=True, type=click.IntRange(0), help="Coding requests made from installed packages' docstrings.")
-@click.option("--forms", default="templates", show_default=True, type=click.Choice(["templates", "questions"]),
+@click.option("--forms", default="templates", show_default=True, type=click.Choice(list(FORM_SETS)),
               help="Request forms: instructions about a topic ('Explain X to a beginner.'), or the direct questions of everyday chat "
                    "('What should I know about X?', several self-instruct asks per topic); a second folder of the other kind adds to a corpus "
                    "(tools/train/merge_corpus.py).")  # fmt: skip

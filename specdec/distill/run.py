@@ -76,7 +76,7 @@ def make_plan(folder: Path, bundle: Path, engine, s: Settings, report: Callable[
     path = folder / PLAN
     if path.is_file():
         plan = json.loads(path.read_text())
-        if {"forms": "templates", **plan["settings"]} != _settings_record(s):  # a plan made before forms existed used the templates
+        if {**_settings_record(Settings()), **plan["settings"]} != _settings_record(s):  # a setting newer than the plan: its default then
             raise ConfigError(f"{folder} holds a run with other settings ({plan['settings']}); resume it with those or use another --out")
         return plan
     encode = _chat(bundle, engine)
