@@ -351,7 +351,7 @@ def test_merge_appends_answered_requests_and_keeps_the_first(whole, chat_bundle,
     result whole. Shapes that differ, temperatures outside the first's and an existing --out are refused."""
     from specdec.distill.merge import merge
     from specdec.distill.run import plan_only, read_prompts
-    from export.head_data import distilled
+    from specdec.export.head_data import distilled
 
     first = tmp_path / "first"
     shutil.copytree(whole[0], first)

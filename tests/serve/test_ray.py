@@ -19,6 +19,10 @@ from ray import serve  # noqa: E402
 
 from specdec.serve.server import ServeConfig, free_port  # noqa: E402
 
+# Every test here starts or needs the only Ray on the machine (the SIGTERM tests assert none is
+# running): one worker runs them all, in turn, under --dist loadgroup.
+pytestmark = pytest.mark.xdist_group("ray")
+
 ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = ["def add(a, b):", "class Stack:\n", "import os\n"]
 
