@@ -55,6 +55,16 @@ def contexts(f: torch.Tensor) -> torch.Tensor:
     return torch.cat([torch.zeros_like(f[:, :1]), f[:, :-1]], dim=1)
 
 
+def first_contexts(head, f: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the target's features [B, T, d] the head's output is pulled to, the contexts [B, T, d] its
+    first pass reads) from f [B, T, d] or, for a head with a ``fuse`` module (EAGLE-3's fused
+    features, tools/train/fused_features.py), f [B, T, k·d]: the LM head's input, then the
+    earlier layers' hidden states, which ``fuse`` maps to d."""
+    d = head.full_head_t.shape[0]
+    fuse = getattr(head, "fuse", None)
+    return f[..., :d], contexts(f[..., :d] if fuse is None else fuse(f))
+
+
 def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Mean of x [B, T] over mask [B, T]."""
     return (x * mask).sum() / mask.sum().clamp(min=1)
@@ -70,6 +80,7 @@ def losses(head, ids: torch.Tensor, mask: torch.Tensor, f: torch.Tensor, recipe:
     pos = torch.arange(ids.shape[1], device=ids.device)[None].expand_as(ids)
     m = mask.float()
     with torch.autocast(ids.device.type, dtype=torch.bfloat16, enabled=recipe.bf16):
+        f, ctx = first_contexts(head, f)
         if top is None:
             with torch.no_grad():
                 p = torch.softmax((f @ head.full_head_t).float(), dim=-1)[..., head.vocab_ids]  # [B, T, N]: the target's mass on the draft vocabulary
@@ -77,7 +88,6 @@ def losses(head, ids: torch.Tensor, mask: torch.Tensor, f: torch.Tensor, recipe:
             col = index[top[0].clamp(min=0)]  # [B, T, K]: draft-vocabulary columns
             p_top = top[1] * ((top[0] >= 0) & (col >= 0))  # mass the head can draft
             col = col.clamp(min=0)
-        ctx = contexts(f)
         if noise and recipe.noise:
             scale = recipe.noise * f.pow(2).mean().sqrt()
             ctx = ctx + (torch.rand_like(ctx) * 2 - 1) * scale
@@ -102,7 +112,8 @@ def evaluate(head, held, device: str = "cpu") -> dict[str, float]:
     with torch.no_grad():
         for start in range(0, len(held), 4):
             ids, mask, f = (torch.from_numpy(x).to(device) for x in collate(held, np.arange(start, min(start + 4, len(held))))[:3])
-            logits, _ = head(ids, torch.arange(ids.shape[1], device=device)[None].expand_as(ids), contexts(f))
+            f, ctx = first_contexts(head, f)
+            logits, _ = head(ids, torch.arange(ids.shape[1], device=device)[None].expand_as(ids), ctx)
             p = torch.softmax(f @ head.full_head_t, -1)
             q = torch.softmax(logits, -1)
             alpha += float((torch.minimum(p, q).sum(-1) * mask).sum())
@@ -135,9 +146,9 @@ def chain_agreement(head, held, depth: int = 3, device: str = "cpu") -> dict:
             ids, mask, f = (torch.from_numpy(x).to(device) for x in collate(held, np.arange(start, min(start + 4, len(held))))[:3])
             mask = mask.bool()
             pos = torch.arange(ids.shape[1], device=device)[None].expand_as(ids)
+            f, ctx = first_contexts(head, f)
             want = (f @ head.full_head_t).argmax(-1)  # [B, T]: the target's next token after each position
             intact = mask.clone()  # [B, T]: the chain from s still holds
-            ctx = contexts(f)
             for k in range(depth):
                 logits, h = head(ids, pos, ctx)
                 ok = (logits.argmax(-1) == want) & mask  # [B, T]: pass k + 1 right at its position

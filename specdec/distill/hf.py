@@ -124,7 +124,7 @@ def answer_all(model, prompts: list[np.ndarray], temperatures: list[float], eos:
 
 
 @torch.no_grad()
-def features(model, answers: list[Answer], rows: int, top_k: int = 0, bf16: bool = False) -> Iterator[tuple[int, np.ndarray, tuple | None]]:
+def features(model, answers: list[Answer], rows: int, top_k: int = 0, bf16: bool = False, layers: tuple[int, ...] = ()) -> Iterator[tuple[int, np.ndarray, tuple | None]]:
     """(job, features [P + A, d] float16, labels) for answers made earlier or elsewhere (a corpus
     brought back from another machine): the LM head's input at every position of prompt + answer,
     from one forward per batch, zeros at the last position as ``answer_batch`` leaves it.
@@ -133,7 +133,9 @@ def features(model, answers: list[Answer], rows: int, top_k: int = 0, bf16: bool
     each answer position from the same forward, for a corpus that came back with fewer (else None).
     ``bf16``: the forward under bfloat16 autocast, for a CPU (2x faster on 2 AVX-512 cores; on
     SmolLM2-135M the features are 0.9% off float32's in norm and give the same top token at 99.1%
-    of answer positions, well inside the 10%-of-RMS noise the head trains with)."""
+    of answer positions, well inside the 10%-of-RMS noise the head trains with).
+    ``layers``: the hidden states after these decoder layers follow the LM head's input, f [P + A, (1 + len(layers)) d]
+    (EAGLE-3's fused features: tools/train/fused_features.py)."""
     device = next(model.parameters()).device
     lm_head = model.get_output_embeddings()
     order = sorted(range(len(answers)), key=lambda i: len(answers[i].prompt) + len(answers[i].answer))  # similar lengths together
@@ -156,7 +158,7 @@ def features(model, answers: list[Answer], rows: int, top_k: int = 0, bf16: bool
                     logp = torch.log_softmax(lm_head(h[b, p - 1 : len(r) - 1]).float(), -1)  # [A, V]: what predicted each answer token
                     top = logp.topk(top_k, -1)
                     labels = (top.indices.int().cpu().numpy(), top.values.half().cpu().numpy())
-                f = h[b, : len(r)].float().cpu().numpy().astype(np.float16)  # [P + A, d]
+                f = torch.cat([h[b, : len(r)], *(out.hidden_states[l][b, : len(r)] for l in layers)], -1).float().cpu().numpy().astype(np.float16)  # [P + A, d (1 + len(layers))]
                 f[-1] = 0
                 done.append((a.job, f, labels))
         yield from done

@@ -1,0 +1,54 @@
+"""tools/train/fused_features.py: a head with EAGLE-3's fused features starts exactly as the head
+it goes on from, and training reaches the earlier layers' block of its fusion."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools" / "train"))
+from fused_features import Fuse  # noqa: E402
+
+from specdec.export.head import FeatureHead, HeadConfig  # noqa: E402
+from specdec.export.head_data import Sequences  # noqa: E402
+from specdec.export.train_head import Recipe, chain_agreement, evaluate, fit, losses  # noqa: E402
+
+D, V, K = 32, 64, 3  # feature width, vocabulary, fused blocks (f and two layers)
+
+
+def _head(seed: int = 0) -> FeatureHead:
+    g = torch.Generator().manual_seed(seed)
+    embed, head_t = torch.randn(V, D, generator=g), 4 * torch.randn(D, V, generator=g)  # peaked next-token distributions
+    torch.manual_seed(seed)
+    return FeatureHead(HeadConfig(D, 64, 4, 2, 8, V, 64), embed, head_t).eval()
+
+
+def _seqs(n: int, rng: np.random.Generator) -> Sequences:
+    lengths = rng.integers(12, 24, n)
+    feats = [rng.standard_normal((t, K * D)).astype(np.float16) * np.repeat([1.0, 30.0, 200.0], D).astype(np.float16) for t in lengths]  # the layers' scales apart, as a residual stream's are
+    return Sequences([rng.integers(0, V, t) for t in lengths], [np.arange(t) >= 4 for t in lengths], feats)
+
+
+def test_a_fused_head_starts_as_the_head_and_trains_its_layer_block():
+    rng = np.random.default_rng(0)
+    held = _seqs(6, rng)
+    plain, fused = _head(), _head()
+    fused.fuse = Fuse(D, K)
+    assert evaluate(plain, held) == evaluate(fused, held)
+    assert chain_agreement(plain, held, 2) == chain_agreement(fused, held, 2)
+    ids = torch.from_numpy(np.stack([s[:12] for s in held.ids]))
+    mask = torch.from_numpy(np.stack([m[:12] for m in held.mask]))
+    f = torch.from_numpy(np.stack([x[:12] for x in held.feats]).astype(np.float32))
+    recipe = Recipe(unroll=2, noise=0.0)
+    a, _ = losses(plain, ids, mask, f, recipe, noise=False)
+    b, _ = losses(fused, ids, mask, f, recipe, noise=False)
+    assert torch.allclose(a, b)
+    torch.manual_seed(1)
+    fit(fused, _seqs(16, rng), held, Recipe(steps=20, batch=4, window=24, lr=3e-3), report=lambda s: None)
+    w = fused.fuse.w.weight.detach()
+    assert w[:, D:].abs().max() > 1e-3  # the earlier layers now reach the first pass
+    assert not torch.allclose(w[:, :D], torch.eye(D))
