@@ -137,10 +137,16 @@ def chain_agreement(head, held, depth: int = 3, device: str = "cpu") -> dict:
     verify call, the head alone. Meaningful on greedy (T = 0) answers, whose next token is the
     target's argmax. The head's attention over earlier positions reads its own features there too
     (in decoding it reads the target's), so the figure compares heads; it does not replace a
-    decode."""
+    decode.
+
+    ``decoded_tokens_per_call`` [γ = 1..depth] counts the same chains where decoding meets them
+    (``decoded_calls``): a call at s keeps its run of right drafts (at most γ) and the target's
+    token, and the next call starts after them, so positions just after a rejection are counted
+    and those inside a kept run are not."""
     from specdec.export.head_data import collate
 
     hits, n = np.zeros(depth), 0.0
+    decoded = np.zeros((depth, 2))  # [γ, (tokens, calls)]
     with torch.no_grad():
         for start in range(0, len(held), 4):
             ids, mask, f = (torch.from_numpy(x).to(device) for x in collate(held, np.arange(start, min(start + 4, len(held))))[:3])
@@ -149,6 +155,7 @@ def chain_agreement(head, held, depth: int = 3, device: str = "cpu") -> dict:
             f, ctx = first_contexts(head, f)
             want = (f @ head.full_head_t).argmax(-1)  # [B, T]: the target's next token after each position
             intact = mask.clone()  # [B, T]: the chain from s still holds
+            run = torch.zeros_like(ids)  # [B, T]: right drafts in a row from s
             for k in range(depth):
                 logits, h = head(ids, pos, ctx)
                 ok = (logits.argmax(-1) == want) & mask  # [B, T]: pass k + 1 right at its position
@@ -156,10 +163,31 @@ def chain_agreement(head, held, depth: int = 3, device: str = "cpu") -> dict:
                 shifted[:, : ok.shape[1] - k] = ok[:, k:]  # [B, T]: at s, pass k + 1's verdict at s + k
                 intact &= shifted
                 hits[k] += float(intact.sum())
+                run += intact
                 ctx = contexts(h)
             n += float(mask.sum())
+            for r, m in zip(run.cpu().numpy(), mask.cpu().numpy()):
+                for g in range(1, depth + 1):
+                    decoded[g - 1] += decoded_calls(np.minimum(r, g), m)
     chain = hits / max(n, 1.0)
-    return {"chain": [round(float(c), 4) for c in chain], "tokens_per_call": [round(1 + float(chain[:g].sum()), 3) for g in range(1, depth + 1)]}
+    return {"chain": [round(float(c), 4) for c in chain], "tokens_per_call": [round(1 + float(chain[:g].sum()), 3) for g in range(1, depth + 1)],
+            "decoded_tokens_per_call": [round(float(t / max(c, 1.0)), 3) for t, c in decoded]}  # fmt: skip
+
+
+def decoded_calls(run: np.ndarray, mask: np.ndarray) -> tuple[int, int]:
+    """(tokens, calls) of greedy decoding over one answer: ``run`` [T] the right drafts a call at
+    position s keeps (already capped at γ), ``mask`` [T] the answer's positions. A call at s
+    yields run[s] drafts and the target's own token; the next call starts after them."""
+    at = np.flatnonzero(mask)
+    if not len(at):
+        return 0, 0
+    s, end, tokens, calls = int(at[0]), int(at[-1]), 0, 0
+    while s <= end:
+        kept = min(int(run[s]), end - s)  # the answer's last token ends it
+        tokens += kept + 1
+        calls += 1
+        s += kept + 1
+    return tokens, calls
 
 
 def data(corpus: str, codec, manifest, recipe: Recipe, report: Callable[[str], None]):

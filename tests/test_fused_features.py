@@ -52,3 +52,23 @@ def test_a_fused_head_starts_as_the_head_and_trains_its_layer_block():
     w = fused.fuse.w.weight.detach()
     assert w[:, D:].abs().max() > 1e-3  # the earlier layers now reach the first pass
     assert not torch.allclose(w[:, :D], torch.eye(D))
+
+
+@pytest.mark.parametrize(
+    "run, mask, want",
+    [
+        # answer positions 1..6: a call at 1 keeps 2 drafts (+ the target's token), at 4 one, at 6 none
+        ([0, 2, 0, 0, 1, 0, 0, 0], [0, 1, 1, 1, 1, 1, 1, 0], (6, 3)),
+        # a run past the answer's end keeps only what the answer has
+        ([3, 3, 0, 0], [1, 1, 1, 0], (3, 1)),
+        # nothing kept: a call per token
+        ([0, 0, 0], [1, 1, 1], (3, 3)),
+        ([], [], (0, 0)),
+    ],
+)
+def test_decoded_calls_count_where_decoding_starts_its_calls(run, mask, want):
+    """export/train_head.py ``decoded_calls``: every answer token counted once, a call per
+    rejection; positions inside a kept run start no call."""
+    from specdec.export.train_head import decoded_calls
+
+    assert decoded_calls(np.asarray(run, int), np.asarray(mask, bool)) == want

@@ -8,7 +8,13 @@ held-out-topic conversations (export/head_data.py ``distilled``), by kind (chat,
 temperature, as ``export/train_head.py evaluate`` does: α at T = 1 and argmax agreement, one step
 from the target's own features. On the greedy (T = 0) groups also the unrolled greedy chain
 (``chain_agreement``, ``--depth`` drafts): the share of positions whose first k drafts all equal
-the target's argmax, and the head's tokens per verify call at γ = 1..depth. Prints a JSON record.
+the target's argmax, the head's tokens per verify call at γ = 1..depth, and the same counted
+where decoding starts its calls (``decoded_tokens_per_call``: what `specdec bench` measures).
+
+``--bundle B --bench chat,code`` adds the benchmark's own prompts (`specdec bench --corpus
+chat|chat-code`, through B's chat template) as groups "bench chat" / "bench code": their greedy
+answers (``--bench-tokens``, transformers) and features, so a head's figures on the corpus's
+held-out topics and on the prompts it is benchmarked on sit side by side. Prints a JSON record.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -35,6 +42,35 @@ def chain_rows(chains: dict[str, dict[str, dict]]) -> list[dict[str, str]]:
             for head, groups in chains.items() for group, v in groups.items()]  # fmt: skip
 
 
+def bench_group(model, bundle: Path, kind: str, tokens: int):
+    """The benchmark's prompts of ``kind`` (specdec.bench.corpus ``chat_prompts``), each with
+    its greedy answer (transformers, up to ``tokens``) and features: Sequences trained on the answer."""
+    import torch
+
+    from specdec.bench.corpus import CHAT_CORPORA, chat_prompts
+    from specdec.distill.hf import features
+    from specdec.export.head_data import Sequences, conversation
+    from specdec.manifest import load_manifest
+    from specdec.runtime.text import TextCodec
+
+    manifest = load_manifest(bundle)
+    count = {"chat": 12, "code": 8}.get(kind)
+    if kind not in CHAT_CORPORA.values() or count is None:
+        sys.exit(f"--bench {kind}: expected chat or code")
+    answers = []
+    for job, p in enumerate(chat_prompts(bundle, manifest, TextCodec.from_bundle(bundle, manifest), kind, count)):
+        out = model.generate(torch.tensor([p]), max_new_tokens=tokens, do_sample=False)
+        answers.append(SimpleNamespace(job=job, prompt=list(p), answer=out[0, len(p) :].tolist()))
+    feats = {job: f for job, f, _ in features(model, answers, 4)}
+    group = Sequences([], [], feats=[])
+    for a in answers:
+        ids, mask = conversation(a, manifest.max_seq_len)
+        group.ids.append(ids)
+        group.mask.append(mask)
+        group.feats.append(feats[a.job][: len(ids)])
+    return group
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", type=Path, required=True)
@@ -44,7 +80,12 @@ def main() -> None:
     src.add_argument("--model", type=Path, help="the target's transformers folder")
     ap.add_argument("--heads", type=Path, nargs="+", required=True, help="folders with head_config.json and head.safetensors")
     ap.add_argument("--depth", type=int, default=3, help="drafts per greedy chain on the T = 0 groups (0: none)")
+    ap.add_argument("--bundle", type=Path, help="a bundle of the target (its chat template) for --bench")
+    ap.add_argument("--bench", default="", help="also the benchmark's prompts of these kinds: chat, code (comma-separated)")
+    ap.add_argument("--bench-tokens", type=int, default=128)
     args = ap.parse_args()
+    if args.bench and args.bundle is None:
+        ap.error("--bench needs --bundle (the prompts go through its chat template)")
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpu"))
     from drafter import load_target, target_tables
@@ -73,6 +114,8 @@ def main() -> None:
             g.mask.append(mask)
             g.feats.append(f[: len(ids)])
     model = load_target(args.gguf, args.model, "cpu")
+    for kind in filter(None, args.bench.split(",")):
+        groups[f"bench {kind} T=0"] = bench_group(model, args.bundle, kind, args.bench_tokens)
     embed, head_t, tied = target_tables(model)
     out = {"provenance": {**provenance(), "command": " ".join(["python", "tools/train/compare_heads.py", *sys.argv[1:]])},
            "conversations": {k: len(g) for k, g in sorted(groups.items())}, "positions": {k: g.trained for k, g in sorted(groups.items())}, "heads": {}}  # fmt: skip
