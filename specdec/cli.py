@@ -266,8 +266,8 @@ def train_drafter_cmd(bundle: Path, corpus: str, steps: int, batch: int, window:
 @click.option("--docs", default=1500, show_default=True, type=click.IntRange(0), help="Coding requests made from installed packages' docstrings.")
 @click.option("--forms", default="templates", show_default=True, type=click.Choice(list(FORM_SETS)),
               help="Request forms: instructions about a topic ('Explain X to a beginner.'), or the direct questions of everyday chat "
-                   "('What should I know about X?', several self-instruct asks per topic); a second folder of the other kind adds to a corpus "
-                   "(tools/train/merge_corpus.py).")  # fmt: skip
+                   "('What should I know about X?', several self-instruct asks per topic), or user turns the target writes whole from its "
+                   "chat template (user-turns, Magpie); a second folder of another kind adds to a corpus (tools/train/merge_corpus.py).")  # fmt: skip
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 @click.option("--plan-only", is_flag=True, help="Make the plan and write the prompts' ids (prompts.npz), then stop: for answering elsewhere (tools/gpu/drafter.py).")

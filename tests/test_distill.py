@@ -331,6 +331,45 @@ def test_question_forms_keep_the_topic_split():
         P.requests(held_out=False, forms="odd")
 
 
+def test_user_turn_forms_and_what_is_kept_of_them():
+    """--forms user-turns: USER_TURNS requests per training topic whose user turn the target
+    writes, the same topic split, code questions beside them; a written turn is kept when it
+    reads as one request (one paragraph, a sentence's end, no role marker, not a benchmark prompt)."""
+    u = P.requests(held_out=False, docs=0, forms="user-turns")
+    turns = [r for r in u if r.get("user_turn")]
+    assert len(turns) == P.USER_TURNS["user-turns"] * len({r["topic"] for r in turns}) and not any(P.is_held_out(r["topic"]) for r in u)
+    assert {r["kind"] for r in u if "prompt" in r} == {"code"}
+    assert P.looks_like_request("Can you recommend a healthy and balanced meal plan for a toddler?")
+    assert P.looks_like_request("I'm planning a dinner party tonight. Can you help me with the menu?")
+    for bad in ("Why is the sky blue?", "SMOLLM: Welcome to our team, how can I help you?", "Plan my trip.\nDay one: Paris.", "Hi there.",
+                "Tell me about the Great Lakes and why they"):
+        assert not P.looks_like_request(bad), bad
+
+
+def test_a_user_turn_plan_asks_the_target_from_its_template(chat_bundle, tmp_path):
+    """The target is asked with its chat template cut where the user's text begins (the ids that
+    open every rendered user turn), and the plan keeps only the turns that read as requests."""
+    from types import SimpleNamespace
+
+    from specdec.distill.run import _user_prefix, plan_only
+    from specdec.manifest import load_manifest
+    from specdec.runtime.text import TextCodec
+    from specdec.serve.chat import bundle_template
+
+    b = chat_bundle[1]
+    m = load_manifest(b)
+    codec = TextCodec.from_bundle(b, m)
+    prefix = _user_prefix(b, SimpleNamespace(manifest=m, codec=codec))
+    whole = codec.encode(bundle_template(b, m, codec).render([{"role": "user", "content": "Hello there"}]))
+    assert 0 < len(prefix) < len(whole) and list(whole[: len(prefix)]) == list(prefix)
+    reqs = [{"topic": f"topic {i}", "kind": "chat", "user_turn": True} for i in (3, 5, 7, 9)] + REQUESTS[:1]
+    plan_only(b, tmp_path / "p", Settings(max_new_tokens=12, seed=3, shard_size=3, requests=reqs, forms="user-turns"), max_batch=2, report=lambda s: None)
+    plan = json.loads((tmp_path / "p" / "plan.json").read_text())
+    kept = [r for r in plan["requests"] if r.get("self_instruct")]
+    assert plan["self_instruct"] == {"asked": 4, "kept": len(kept)} and REQUESTS[0] in plan["requests"]
+    assert all(P.looks_like_request(r["prompt"]) for r in kept)
+
+
 def test_a_plan_made_before_forms_resumes(whole, chat_bundle, tmp_path):
     """A folder whose plan's settings predate --forms (the templates) resumes with the default settings."""
     out = tmp_path / "old"

@@ -132,7 +132,14 @@ CODE_FORMS = (
     "Write a Python function that {t}.", "Write a Python function that {t}, with a docstring and an example call.",
     "How would you write Python code that {t}? Explain each step.", "Write a short Python script that {t} and prints the result.",
 )
-FORM_SETS = {"templates": (FORMS, (SELF_INSTRUCT,), CODE_FORMS), "questions": (QUESTION_FORMS, INSTRUCT_FORMS, CODE_QUESTION_FORMS)}
+FORM_SETS = {"templates": (FORMS, (SELF_INSTRUCT,), CODE_FORMS), "questions": (QUESTION_FORMS, INSTRUCT_FORMS, CODE_QUESTION_FORMS),
+             "user-turns": ((), (), CODE_QUESTION_FORMS)}  # fmt: skip
+# Forms "user-turns" (Magpie: Xu et al., 2024): the target writes the whole user turn, sampled from its chat
+# template cut where the user's text would begin, so the requests are the kind its own chat tuning saw, not our
+# templates over topics. On SmolLM2 the head's first draft was right at 0.63 of held-out positions of the template
+# forms and at 0.49 on the benchmark's everyday questions (docs/training-drafters.md). The topic only splits them
+# (held out by its hash, as the others); it is not in the prompt.
+USER_TURNS = {"user-turns": 8}  # requests per topic whose user turn the target writes
 
 
 def topics() -> list[str]:
@@ -176,7 +183,8 @@ def _docs_requests(limit: int, seed: int) -> list[tuple[str, str]]:
 def requests(held_out: bool, seed: int = 0, docs: int = 1500, forms: str = "templates") -> list[dict]:
     """Every templated request of the chosen side of the topic split, shuffled: dicts with
     ``topic``, ``kind`` ("chat"/"code") and ``prompt`` (or ``instruct``: a self-instruct request
-    whose question the target writes first). ``forms``: a key of FORM_SETS."""
+    whose question the target writes first; or ``user_turn``: the target writes the whole user
+    turn). ``forms``: a key of FORM_SETS."""
     if forms not in FORM_SETS:
         raise ConfigError(f"forms {forms!r}: expected one of {', '.join(FORM_SETS)}")
     chat, instruct, code = FORM_SETS[forms]
@@ -186,6 +194,7 @@ def requests(held_out: bool, seed: int = 0, docs: int = 1500, forms: str = "temp
             continue
         out += [{"topic": t, "kind": "chat", "prompt": f.format(t=t)} for f in chat]
         out += [{"topic": t, "kind": "chat", "instruct": f.format(t=t)} for f in instruct]
+        out += [{"topic": t, "kind": "chat", "user_turn": True} for _ in range(USER_TURNS.get(forms, 0))]
     for task in CODE_TASKS:
         if is_held_out(task) == held_out:
             out += [{"topic": task, "kind": "code", "prompt": f.format(t=task)} for f in code]
@@ -200,6 +209,17 @@ def looks_like_question(text: str) -> bool:
     """A self-instruct answer kept as a prompt: one line of 3 to 40 words ending in '?'."""
     text = text.strip().strip('"')
     return "\n" not in text and text.endswith("?") and 3 <= len(text.split()) <= 40
+
+
+def looks_like_request(text: str) -> bool:
+    """A user turn the target wrote, kept as a prompt: one paragraph of 4 to 60 words ending as a
+    sentence does, with no role marker of a dialogue it went on to write, and none of the
+    benchmark's own requests (specdec.bench.corpus)."""
+    from specdec.bench.corpus import HELD_OUT, HELD_OUT_CODE
+
+    text = text.strip()
+    return ("\n" not in text and text[-1:] in "?.!" and 4 <= len(text.split()) <= 60 and ":" not in text.split()[0]
+            and text.lower() not in {t.lower() for t in HELD_OUT + HELD_OUT_CODE})  # fmt: skip
 
 
 def held_out(kind: str, count: int, seed: int = 0, forms: str = "templates") -> list[str]:

@@ -55,6 +55,16 @@ def _chat(bundle: Path, engine):
     return lambda text: engine.codec.encode(chat.render([{"role": "user", "content": text}]))
 
 
+def _user_prefix(bundle: Path, engine) -> list[int]:
+    """The chat template's ids up to where a user turn's text begins (Magpie): what the target
+    continues with a user request of its own."""
+    from specdec.serve.chat import bundle_template
+
+    mark = "\x00user-turn\x00"
+    text = bundle_template(bundle, engine.manifest, engine.codec).render([{"role": "user", "content": mark}])
+    return engine.codec.encode(text[: text.index(mark)])
+
+
 def _wait_all(engine, jobs: list[tuple[int, list[int], dict]], on_done: Callable) -> None:
     """Submit (key, prompt ids, params) to ``engine`` keeping 2 × ``max_batch`` in flight (a queued
     request takes a slot as soon as one frees), calling on_done(key, prompt ids, result) in submission order."""
@@ -81,18 +91,23 @@ def make_plan(folder: Path, bundle: Path, engine, s: Settings, report: Callable[
         return plan
     encode = _chat(bundle, engine)
     reqs = s.requests or P.requests(held_out=False, seed=s.seed, docs=s.docs, forms=s.forms)
-    instruct = [(i, r) for i, r in enumerate(reqs) if "instruct" in r]
+    instruct = [(i, r) for i, r in enumerate(reqs) if "instruct" in r or "user_turn" in r]
     written: dict[int, str] = {}
 
     def keep(i, _, res):
-        if P.looks_like_question(res.text or ""):
+        looks = P.looks_like_request if "user_turn" in reqs[i] else P.looks_like_question
+        if looks(res.text or ""):
             written[i] = res.text.strip().strip('"')
 
-    report(f"self-instruct: the target writes {len(instruct)} questions")
-    _wait_all(engine, [(i, encode(r["instruct"]), dict(max_new_tokens=48, temperature=1.0, seed=s.seed + i, gamma=0)) for i, r in instruct], keep)
+    prefix = _user_prefix(bundle, engine) if any("user_turn" in r for _, r in instruct) else None
+    asked = lambda r: encode(r["instruct"]) if "instruct" in r else prefix  # noqa: E731  # a user turn: the template up to its text
+
+    report(f"self-instruct: the target writes {len(instruct)} questions or user turns")
+    _wait_all(engine, [(i, asked(r), dict(max_new_tokens=64 if "user_turn" in r else 48, temperature=1.0, seed=s.seed + i, gamma=0))
+                       for i, r in instruct], keep)  # fmt: skip
     final = []
     for i, r in enumerate(reqs):
-        if "instruct" in r:
+        if "instruct" in r or "user_turn" in r:
             if i in written:
                 final.append({"topic": r["topic"], "kind": r["kind"], "prompt": written[i], "self_instruct": True})
         else:
