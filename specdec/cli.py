@@ -267,7 +267,8 @@ def train_drafter_cmd(bundle: Path, corpus: str, steps: int, batch: int, window:
 @click.option("--forms", default="templates", show_default=True, type=click.Choice(list(FORM_SETS)),
               help="Request forms: instructions about a topic ('Explain X to a beginner.'), or the direct questions of everyday chat "
                    "('What should I know about X?', several self-instruct asks per topic), or user turns the target writes whole from its "
-                   "chat template (user-turns, Magpie); a second folder of another kind adds to a corpus (tools/train/merge_corpus.py).")  # fmt: skip
+                   "chat template (user-turns, Magpie), or everyday requests of many shapes (everyday: 'Make a checklist for X.', 'Write a "
+                   "limerick about X.', 'How does X work?'); a second folder of another kind adds to a corpus (tools/train/merge_corpus.py).")  # fmt: skip
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 @click.option("--plan-only", is_flag=True, help="Make the plan and write the prompts' ids (prompts.npz), then stop: for answering elsewhere (tools/gpu/drafter.py).")

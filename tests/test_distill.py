@@ -22,6 +22,7 @@ import pytest
 
 pytest.importorskip("torch")
 
+from specdec.bench.corpus import HELD_OUT, HELD_OUT_CODE  # noqa: E402
 from specdec.distill import prompts as P  # noqa: E402
 from specdec.distill.run import Settings, distill  # noqa: E402
 from specdec.distill.shards import answers, shard_paths  # noqa: E402
@@ -329,6 +330,20 @@ def test_question_forms_keep_the_topic_split():
     assert not any(P.is_held_out(r["topic"]) for r in q) and not {r["topic"] for r in q} & P.BENCH_TOPICS
     with pytest.raises(ConfigError, match="forms 'odd': expected one of templates, questions"):
         P.requests(held_out=False, forms="odd")
+
+
+def test_everyday_forms_widen_the_shapes_on_the_same_split():
+    """--forms everyday: request shapes none of the other sets has, every one filled for every
+    training topic, none a benchmark prompt, on the same topic split."""
+    e = P.requests(held_out=False, docs=0, forms="everyday")
+    chat = [r for r in e if r["kind"] == "chat"]
+    topics = {r["topic"] for r in chat}
+    assert topics == {r["topic"] for r in P.requests(held_out=False, docs=0, forms="templates") if r["kind"] == "chat"}
+    assert len(chat) == len(P.EVERYDAY_FORMS) * len(topics) and len({r["prompt"] for r in chat}) == len(chat)
+    assert not set(P.EVERYDAY_FORMS) & set(P.FORMS + P.QUESTION_FORMS)
+    assert not {r["prompt"].lower() for r in e} & {t.lower() for t in HELD_OUT + HELD_OUT_CODE}
+    assert not any(P.is_held_out(r["topic"]) for r in e) and not topics & P.BENCH_TOPICS
+    assert {r["prompt"] for r in P.requests(held_out=True, docs=0, forms="everyday")}.isdisjoint({r["prompt"] for r in e})
 
 
 def test_user_turn_forms_and_what_is_kept_of_them():

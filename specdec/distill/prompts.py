@@ -110,6 +110,25 @@ INSTRUCT_FORMS = (
     "Write one short question about {t} that a child might ask. Reply with the question only.",
 )
 CODE_QUESTION_FORMS = ("Can you write a Python function that {t}?", "Show me Python code that {t}.")
+# Forms "everyday": the many shapes of a person's everyday request, written here to widen what the templates and
+# questions cover (lists, plans, comparisons, advice, creative pieces, opinions, step-by-step help, rewrites).
+# Stage 3's direct questions moved the benchmark's chat prompts little (1.71 -> 1.75 tokens a call): the forms
+# seen in training were still few. None of these is a benchmark prompt's wording, and its topics stay excluded.
+EVERYDAY_FORMS = (
+    "How does {t} work?", "Why do people like {t}?", "Is {t} worth the effort? Be honest.", "What do I need to get started with {t}?",
+    "Give me a step-by-step guide to {t}.", "Make a checklist for {t}.", "What are the benefits of {t}?",
+    "What are the main problems with {t}, and how can they be solved?", "Explain {t} in one paragraph.",
+    "What do most people get wrong about {t}?", "Plan a weekend around {t}.", "Write a limerick about {t}.",
+    "Write a four-line rhyme about {t} for a birthday card.", "Describe {t} using only simple words.",
+    "What would the world be like without {t}?", "Give me a fun fact about {t} that I can share at dinner.",
+    "Write a short dialogue between two friends talking about {t}.", "What is the best advice you have about {t}?",
+    "How has {t} changed over the years?", "What are five words that describe {t}, and why?",
+    "My friend says {t} is boring. How can I change their mind?", "Create a short quiz with three questions about {t}.",
+    "What should a beginner avoid when it comes to {t}?", "Write a motivational message about {t}.",
+    "How would you teach {t} to a group of adults?", "What are the first three things to do about {t}?",
+    "Explain why {t} matters in everyday life.", "Write a tweet about {t}.", "Give me an analogy that explains {t}.",
+    "What are some good books or resources about {t}?",
+)
 
 CODE_TASKS = (
     "sorts a list of dictionaries by a given key", "counts the words in a text file", "checks whether a string is a palindrome",
@@ -133,7 +152,7 @@ CODE_FORMS = (
     "How would you write Python code that {t}? Explain each step.", "Write a short Python script that {t} and prints the result.",
 )
 FORM_SETS = {"templates": (FORMS, (SELF_INSTRUCT,), CODE_FORMS), "questions": (QUESTION_FORMS, INSTRUCT_FORMS, CODE_QUESTION_FORMS),
-             "user-turns": ((), (), CODE_QUESTION_FORMS)}  # fmt: skip
+             "user-turns": ((), (), CODE_QUESTION_FORMS), "everyday": (EVERYDAY_FORMS, (), CODE_QUESTION_FORMS)}  # fmt: skip
 # Forms "user-turns" (Magpie: Xu et al., 2024): the target writes the whole user turn, sampled from its chat
 # template cut where the user's text would begin, so the requests are the kind its own chat tuning saw, not our
 # templates over topics. On SmolLM2 the head's first draft was right at 0.63 of held-out positions of the template
