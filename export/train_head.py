@@ -104,11 +104,14 @@ def losses(head, ids: torch.Tensor, mask: torch.Tensor, f: torch.Tensor, recipe:
     return total, parts
 
 
-def evaluate(head, held, device: str = "cpu") -> dict[str, float]:
-    """Teacher-forced one-step figures on held-out sequences (their trained positions): α at T=1 and argmax agreement at T=0."""
+def evaluate(head, held, device: str = "cpu", draft_temperatures: tuple[float, ...] = ()) -> dict[str, float]:
+    """Teacher-forced one-step figures on held-out sequences (their trained positions): α at T=1
+    and argmax agreement at T=0; for each τ of ``draft_temperatures`` also α at T=1 when the head
+    drafts from softmax(logits / τ) ("alpha_t1@τ"; the runtime's head_config "draft_temperature")."""
     from specdec.export.head_data import collate
 
     alpha = agree = n = 0.0
+    scaled = dict.fromkeys(draft_temperatures, 0.0)
     with torch.no_grad():
         for start in range(0, len(held), 4):
             ids, mask, f = (torch.from_numpy(x).to(device) for x in collate(held, np.arange(start, min(start + 4, len(held))))[:3])
@@ -117,9 +120,11 @@ def evaluate(head, held, device: str = "cpu") -> dict[str, float]:
             p = torch.softmax(f @ head.full_head_t, -1)
             q = torch.softmax(logits, -1)
             alpha += float((torch.minimum(p, q).sum(-1) * mask).sum())
+            for tau in scaled:
+                scaled[tau] += float((torch.minimum(p, torch.softmax(logits / tau, -1)).sum(-1) * mask).sum())
             agree += float(((p.argmax(-1) == q.argmax(-1)) & mask).sum())
             n += float(mask.sum())
-    return {"alpha_t1": round(alpha / n, 4), "argmax_t0": round(agree / n, 4)}
+    return {"alpha_t1": round(alpha / n, 4), "argmax_t0": round(agree / n, 4), **{f"alpha_t1@{tau:g}": round(a / n, 4) for tau, a in scaled.items()}}
 
 
 def fit_steps(step: int, elapsed: float, seconds: float, rate: float, cap: int) -> int:

@@ -1,5 +1,6 @@
 """tools/train/fused_features.py: a head with EAGLE-3's fused features starts exactly as the head
-it goes on from, and training reaches the earlier layers' block of its fusion."""
+it goes on from, and training reaches the earlier layers' block of its fusion; and the
+held-out figures those heads are scored by (evaluate at a draft temperature, the decoded chain)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from fused_features import Fuse  # noqa: E402
 
 from specdec.export.head import FeatureHead, HeadConfig  # noqa: E402
 from specdec.export.head_data import Sequences  # noqa: E402
-from specdec.export.train_head import Recipe, chain_agreement, evaluate, fit, losses  # noqa: E402
+from specdec.export.head_data import collate  # noqa: E402
+from specdec.export.train_head import Recipe, chain_agreement, evaluate, first_contexts, fit, losses  # noqa: E402
 
 D, V, K = 32, 64, 3  # feature width, vocabulary, fused blocks (f and two layers)
 
@@ -52,6 +54,23 @@ def test_a_fused_head_starts_as_the_head_and_trains_its_layer_block():
     w = fused.fuse.w.weight.detach()
     assert w[:, D:].abs().max() > 1e-3  # the earlier layers now reach the first pass
     assert not torch.allclose(w[:, :D], torch.eye(D))
+
+
+def test_evaluate_at_a_draft_temperature():
+    """α at T = 1 when the head drafts from softmax(logits / τ): τ = 1 is the plain figure, and a
+    near-zero τ drafts the head's argmax, so α becomes the target's probability of that token."""
+    held = _seqs(5, np.random.default_rng(2))
+    head = _head(3)
+    r = evaluate(head, held, draft_temperatures=(1.0, 0.01))
+    assert r["alpha_t1@1"] == r["alpha_t1"]
+    ids, mask, f = (torch.from_numpy(x) for x in collate(held, np.arange(len(held)))[:3])
+    with torch.no_grad():
+        f, ctx = first_contexts(head, f)
+        logits, _ = head(ids, torch.arange(ids.shape[1])[None].expand_as(ids), ctx)
+        p = torch.softmax(f @ head.full_head_t, -1)
+    want = float((p.gather(-1, logits.argmax(-1, keepdim=True))[..., 0] * mask).sum() / mask.sum())
+    assert abs(r["alpha_t1@0.01"] - want) < 2e-4  # evaluate rounds to 4 places
+    assert r["alpha_t1@0.01"] != r["alpha_t1"]
 
 
 @pytest.mark.parametrize(

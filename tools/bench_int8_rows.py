@@ -12,6 +12,10 @@ caches, as a real call's are) at M = 1..5 rows, and reports each M's cost over M
                     ``--quantize int8/int4`` exports (export/quantize.py)
     per-column int8 DynamicQuantizeMatMul (one scale per output column, activations with one
                     scale per call): ``--quantize dynamic-int8``'s kernel
+    per-row int8    per-column int8 weights, activations quantized per row by ONNX ops, then
+                    MatMulInteger (u8 x s8): row-independent, as a verify call must be
+    q8_0 int8 GEMM  q8_0's blocks as one batched MatMulInteger per block of 32, activations per
+                    block and row (llama.cpp's Q8_0 x Q8_0 arithmetic in ONNX ops)
 
     python tools/bench_int8_rows.py --out docs/bench/real-model/int8-rows
 """
@@ -28,8 +32,62 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-FORMATS = ("float32", "q8_0", "q4_0", "per-column int8")
+FORMATS = ("float32", "q8_0", "q4_0", "per-column int8", "per-row int8", "q8_0 int8 GEMM")
 ROWS = (1, 2, 3, 4, 5)
+
+
+def _quantize_rows(x: str, axis: int, p: str) -> tuple[list, str, str]:
+    """Symmetric 8-bit codes of x with one scale per slice along ``axis``, stored as uint8 + 128
+    (MatMulInteger's u8 x s8 kernel; its s8 x s8 one is ~6x slower here): nodes, codes, scale."""
+    from onnx import helper
+
+    return [helper.make_node("Abs", [x], [f"{p}a"]), helper.make_node("ReduceMax", [f"{p}a"], [f"{p}m"], axes=[axis], keepdims=1),
+            helper.make_node("Max", [f"{p}m", f"{p}eps"], [f"{p}m2"]), helper.make_node("Div", [f"{p}m2", f"{p}127"], [f"{p}s"]),
+            helper.make_node("Div", [x, f"{p}s"], [f"{p}d"]), helper.make_node("Round", [f"{p}d"], [f"{p}r"]),
+            helper.make_node("Add", [f"{p}r", f"{p}128"], [f"{p}u"]), helper.make_node("Cast", [f"{p}u"], [f"{p}q"], to=2),
+            helper.make_node("Constant", [], [f"{p}128"], value=_f(128.0)),
+            helper.make_node("Constant", [], [f"{p}eps"], value=_f(1e-30)),
+            helper.make_node("Constant", [], [f"{p}127"], value=_f(127.0))], f"{p}q", f"{p}s"  # fmt: skip
+
+
+def onnx_u8(v):
+    from onnx import numpy_helper
+
+    return numpy_helper.from_array(np.array(v, np.uint8))
+
+
+def _ints(v):
+    from onnx import numpy_helper
+
+    return numpy_helper.from_array(np.array(v, np.int64))
+
+
+def _f(v):
+    from onnx import numpy_helper
+
+    return numpy_helper.from_array(np.array(v, np.float32))
+
+
+def rowwise_int8(x: str, w: str, s: str, out: str, p: str) -> list:
+    from onnx import helper
+
+    nodes, q, xs = _quantize_rows(x, -1, p)
+    return nodes + [helper.make_node("MatMulInteger", [q, w, f"{p}zp"], [f"{p}i"]),
+                    helper.make_node("Constant", [], [f"{p}zp"], value=onnx_u8(128)), helper.make_node("Cast", [f"{p}i"], [f"{p}f"], to=1),
+                    helper.make_node("Mul", [f"{p}f", xs], [f"{p}g"]), helper.make_node("Mul", [f"{p}g", s], [out])]  # fmt: skip
+
+
+def blocked_int8(x: str, w: str, s: str, out: str, p: str, k: int) -> list:
+    from onnx import helper
+
+    nodes = [helper.make_node("Constant", [], [f"{p}shape"], value=_ints([-1, k // 32, 32])),
+             helper.make_node("Reshape", [x, f"{p}shape"], [f"{p}xb"]), helper.make_node("Transpose", [f"{p}xb"], [f"{p}xt"], perm=[1, 0, 2])]
+    qn, q, xs = _quantize_rows(f"{p}xt", -1, p)  # [k/32, M, 32] codes, [k/32, M, 1] scales
+    return nodes + qn + [helper.make_node("MatMulInteger", [q, w, f"{p}zp"], [f"{p}i"]),
+                    helper.make_node("Constant", [], [f"{p}zp"], value=onnx_u8(128)), helper.make_node("Cast", [f"{p}i"], [f"{p}f"], to=1),
+                         helper.make_node("Mul", [f"{p}f", xs], [f"{p}g"]), helper.make_node("Mul", [f"{p}g", s], [f"{p}h"]),
+                         helper.make_node("Constant", [], [f"{p}z"], value=_ints([0])),
+                         helper.make_node("ReduceSum", [f"{p}h", f"{p}z"], [out], keepdims=0)]  # fmt: skip
 
 
 def stack(fmt: str, layers: int, width: int, inner: int, rows: int, seed: int = 0) -> bytes:
@@ -54,6 +112,17 @@ def stack(fmt: str, layers: int, width: int, inner: int, rows: int, seed: int = 
             inits += [onnx.numpy_helper.from_array(codes, f"w{i}"), onnx.numpy_helper.from_array(scale.reshape(-1), f"s{i}")]
             nodes.append(helper.make_node("MatMulNBits", [x, f"w{i}", f"s{i}"], [out], domain="com.microsoft", K=k, N=n,
                                           bits=8 if fmt == "q8_0" else 4, block_size=32, accuracy_level=4))  # fmt: skip
+        elif fmt == "per-row int8":
+            scale = np.abs(w).max(axis=0) / 127
+            codes = np.clip(np.rint(w / scale), -127, 127).astype(np.int8)
+            inits += [onnx.numpy_helper.from_array(codes, f"w{i}"), onnx.numpy_helper.from_array(scale.astype(np.float32), f"s{i}")]
+            nodes += rowwise_int8(x, f"w{i}", f"s{i}", out, f"r{i}")
+        elif fmt == "q8_0 int8 GEMM":
+            codes, scale = blocks.q8_0(w)  # codes [n, k/32, 32] uint8 (+128), scale [n, k/32]
+            wq = (codes.astype(np.int16) - 128).astype(np.int8).transpose(1, 2, 0).copy()  # [k/32, 32, n]
+            ws = scale.reshape(n, k // 32).T.reshape(k // 32, 1, n).astype(np.float32)  # [k/32, 1, n]
+            inits += [onnx.numpy_helper.from_array(wq, f"w{i}"), onnx.numpy_helper.from_array(ws, f"s{i}")]
+            nodes += blocked_int8(x, f"w{i}", f"s{i}", out, f"r{i}", k)
         else:
             scale = np.abs(w).max(axis=0) / 127
             codes = np.clip(np.rint(w / scale), -127, 127).astype(np.int8)

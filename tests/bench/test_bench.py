@@ -257,3 +257,23 @@ def test_results_name_the_command_as_typed():
     assert command_line([main, "bench", "B", "--tokens", "8"]) == "python -m specdec bench B --tokens 8"
     assert command_line(["/usr/bin/specdec", "bench", "B"]) == "specdec bench B"
     assert command_line([str(REPO / "tools" / "bench_int8_rows.py"), "--calls", "5"]) == "python tools/bench_int8_rows.py --calls 5"
+
+
+@pytest.mark.parametrize("fmt", ["per-row int8", "q8_0 int8 GEMM", "q8_0"])
+def test_int8_rows_formats_keep_each_row_its_own(fmt):
+    """tools/bench_int8_rows.py's row-quantized formats (ONNX ops before MatMulInteger): a row's
+    result in a 3-row call equals its 1-row call bit for bit, as a verify call needs, and stays
+    within 8-bit rounding of float32 (2 %: 127 levels per row or block, two layers)."""
+    import sys
+
+    import onnxruntime as ort
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+    from bench_int8_rows import stack
+
+    x = np.random.default_rng(0).standard_normal((3, 64)).astype(np.float32)
+    run = lambda f, rows, feed: ort.InferenceSession(stack(f, 1, 64, 128, rows), providers=["CPUExecutionProvider"]).run(None, {"x": feed})[0]  # noqa: E731
+    three, one = run(fmt, 3, x), run(fmt, 1, x[1:2])
+    assert np.array_equal(three[1], one[0])
+    ref = run("float32", 3, x)
+    assert np.abs(three - ref).max() < 0.02 * np.abs(ref).max()

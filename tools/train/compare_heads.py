@@ -83,6 +83,7 @@ def main() -> None:
     ap.add_argument("--bundle", type=Path, help="a bundle of the target (its chat template) for --bench")
     ap.add_argument("--bench", default="", help="also the benchmark's prompts of these kinds: chat, code (comma-separated)")
     ap.add_argument("--bench-tokens", type=int, default=128)
+    ap.add_argument("--draft-temperatures", default="", help="also α at T = 1 when the head drafts at these temperatures τ (comma-separated)")
     args = ap.parse_args()
     if args.bench and args.bundle is None:
         ap.error("--bench needs --bundle (the prompts go through its chat template)")
@@ -121,7 +122,8 @@ def main() -> None:
            "conversations": {k: len(g) for k, g in sorted(groups.items())}, "positions": {k: g.trained for k, g in sorted(groups.items())}, "heads": {}}  # fmt: skip
     for folder in args.heads:
         head, _ = load_head(folder, embed, head_t, tied)
-        out["heads"][str(folder)] = {k: evaluate(head, g) for k, g in sorted(groups.items())}
+        taus = tuple(float(t) for t in args.draft_temperatures.split(",") if t)
+        out["heads"][str(folder)] = {k: evaluate(head, g, draft_temperatures=taus) for k, g in sorted(groups.items())}
         if args.depth:
             out.setdefault("chains", {})[str(folder)] = {k: chain_agreement(head, g, args.depth) for k, g in sorted(groups.items()) if k.endswith(" T=0")}
         print(folder, out["heads"][str(folder)], flush=True, file=sys.stderr)
