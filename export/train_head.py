@@ -107,7 +107,7 @@ def losses(head, ids: torch.Tensor, mask: torch.Tensor, f: torch.Tensor, recipe:
 def evaluate(head, held, device: str = "cpu", draft_temperatures: tuple[float, ...] = ()) -> dict[str, float]:
     """Teacher-forced one-step figures on held-out sequences (their trained positions): α at T=1
     and argmax agreement at T=0; for each τ of ``draft_temperatures`` also α at T=1 when the head
-    drafts from softmax(logits / τ) ("alpha_t1@τ"; the runtime's head_config "draft_temperature")."""
+    drafts from softmax(logits / τ) ("alpha_t1@τ"), to see whether a head should draft sharper or flatter than the target."""
     from specdec.export.head_data import collate
 
     alpha = agree = n = 0.0

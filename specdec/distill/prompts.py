@@ -111,7 +111,7 @@ INSTRUCT_FORMS = (
 )
 CODE_QUESTION_FORMS = ("Can you write a Python function that {t}?", "Show me Python code that {t}.")
 # Forms "everyday": the many shapes of a person's everyday request, written here to widen what the templates and
-# questions cover (lists, plans, comparisons, advice, creative pieces, opinions, step-by-step help, rewrites).
+# questions cover (checklists, plans, advice, rhymes, dialogues, opinions, step-by-step help, quizzes, analogies).
 # Stage 3's direct questions moved the benchmark's chat prompts little (1.71 -> 1.75 tokens a call): the forms
 # seen in training were still few. None of these is a benchmark prompt's wording, and its topics stay excluded.
 EVERYDAY_FORMS = (

@@ -87,6 +87,12 @@ def main() -> None:
     args = ap.parse_args()
     if args.bench and args.bundle is None:
         ap.error("--bench needs --bundle (the prompts go through its chat template)")
+    try:
+        taus = tuple(float(t) for t in args.draft_temperatures.split(",") if t)
+    except ValueError:
+        taus = (0.0,)
+    if any(t <= 0 for t in taus):
+        ap.error(f"--draft-temperatures {args.draft_temperatures!r}: expected positive numbers, comma-separated (e.g. 0.8,0.9)")
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpu"))
     from drafter import load_target, target_tables
@@ -122,7 +128,6 @@ def main() -> None:
            "conversations": {k: len(g) for k, g in sorted(groups.items())}, "positions": {k: g.trained for k, g in sorted(groups.items())}, "heads": {}}  # fmt: skip
     for folder in args.heads:
         head, _ = load_head(folder, embed, head_t, tied)
-        taus = tuple(float(t) for t in args.draft_temperatures.split(",") if t)
         out["heads"][str(folder)] = {k: evaluate(head, g, draft_temperatures=taus) for k, g in sorted(groups.items())}
         if args.depth:
             out.setdefault("chains", {})[str(folder)] = {k: chain_agreement(head, g, args.depth) for k, g in sorted(groups.items()) if k.endswith(" T=0")}
