@@ -364,8 +364,6 @@ def test_user_turn_forms_and_what_is_kept_of_them():
 def test_a_user_turn_plan_asks_the_target_from_its_template(chat_bundle, tmp_path):
     """The target is asked with its chat template cut where the user's text begins (the ids that
     open every rendered user turn), and the plan keeps only the turns that read as requests."""
-    from types import SimpleNamespace
-
     from specdec.distill.run import _user_prefix, plan_only
     from specdec.manifest import load_manifest
     from specdec.runtime.text import TextCodec
@@ -374,8 +372,9 @@ def test_a_user_turn_plan_asks_the_target_from_its_template(chat_bundle, tmp_pat
     b = chat_bundle[1]
     m = load_manifest(b)
     codec = TextCodec.from_bundle(b, m)
-    prefix = _user_prefix(b, SimpleNamespace(manifest=m, codec=codec))
-    whole = codec.encode(bundle_template(b, m, codec).render([{"role": "user", "content": "Hello there"}]))
+    chat = bundle_template(b, m, codec)
+    prefix = _user_prefix(chat, codec)
+    whole = codec.encode(chat.render([{"role": "user", "content": "Hello there"}]))
     assert 0 < len(prefix) < len(whole) and list(whole[: len(prefix)]) == list(prefix)
     reqs = [{"topic": f"topic {i}", "kind": "chat", "user_turn": True} for i in (3, 5, 7, 9)] + REQUESTS[:1]
     plan_only(b, tmp_path / "p", Settings(max_new_tokens=12, seed=3, shard_size=3, requests=reqs, forms="user-turns"), max_batch=2, report=lambda s: None)

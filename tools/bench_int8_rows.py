@@ -36,58 +36,43 @@ FORMATS = ("float32", "q8_0", "q4_0", "per-column int8", "per-row int8", "q8_0 i
 ROWS = (1, 2, 3, 4, 5)
 
 
-def _quantize_rows(x: str, axis: int, p: str) -> tuple[list, str, str]:
-    """Symmetric 8-bit codes of x with one scale per slice along ``axis``, stored as uint8 + 128
-    (MatMulInteger's u8 x s8 kernel; its s8 x s8 one is ~6x slower here): nodes, codes, scale."""
-    from onnx import helper
+def _const(name: str, value, dtype) -> "onnx.NodeProto":  # noqa: F821
+    from onnx import helper, numpy_helper
 
-    return [helper.make_node("Abs", [x], [f"{p}a"]), helper.make_node("ReduceMax", [f"{p}a"], [f"{p}m"], axes=[axis], keepdims=1),
-            helper.make_node("Max", [f"{p}m", f"{p}eps"], [f"{p}m2"]), helper.make_node("Div", [f"{p}m2", f"{p}127"], [f"{p}s"]),
-            helper.make_node("Div", [x, f"{p}s"], [f"{p}d"]), helper.make_node("Round", [f"{p}d"], [f"{p}r"]),
-            helper.make_node("Add", [f"{p}r", f"{p}128"], [f"{p}u"]), helper.make_node("Cast", [f"{p}u"], [f"{p}q"], to=2),
-            helper.make_node("Constant", [], [f"{p}128"], value=_f(128.0)),
-            helper.make_node("Constant", [], [f"{p}eps"], value=_f(1e-30)),
-            helper.make_node("Constant", [], [f"{p}127"], value=_f(127.0))], f"{p}q", f"{p}s"  # fmt: skip
-
-
-def onnx_u8(v):
-    from onnx import numpy_helper
-
-    return numpy_helper.from_array(np.array(v, np.uint8))
-
-
-def _ints(v):
-    from onnx import numpy_helper
-
-    return numpy_helper.from_array(np.array(v, np.int64))
-
-
-def _f(v):
-    from onnx import numpy_helper
-
-    return numpy_helper.from_array(np.array(v, np.float32))
+    return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(np.array(value, dtype)))
 
 
 def rowwise_int8(x: str, w: str, s: str, out: str, p: str) -> list:
+    """out = x @ w (x [.., M, K], w [.., K, N] int8) with x's last axis quantized per row (symmetric 8-bit codes stored as uint8 +
+    128: MatMulInteger's u8 x s8 kernel; its s8 x s8 one is ~6x slower here), w int8 codes, s
+    the weights' scales (broadcast over out)."""
     from onnx import helper
 
-    nodes, q, xs = _quantize_rows(x, -1, p)
-    return nodes + [helper.make_node("MatMulInteger", [q, w, f"{p}zp"], [f"{p}i"]),
-                    helper.make_node("Constant", [], [f"{p}zp"], value=onnx_u8(128)), helper.make_node("Cast", [f"{p}i"], [f"{p}f"], to=1),
-                    helper.make_node("Mul", [f"{p}f", xs], [f"{p}g"]), helper.make_node("Mul", [f"{p}g", s], [out])]  # fmt: skip
+    node = lambda op, ins, o, **kw: helper.make_node(op, ins, [p + o], **kw)  # noqa: E731
+    return [_const(p + "eps", 1e-30, np.float32), _const(p + "127", 127.0, np.float32), _const(p + "128", 128.0, np.float32),
+            _const(p + "zp", 128, np.uint8),
+            node("Abs", [x], "abs"), node("ReduceMax", [p + "abs"], "max", axes=[-1], keepdims=1),
+            node("Max", [p + "max", p + "eps"], "max2"), node("Div", [p + "max2", p + "127"], "scale"),  # [.., 1]: one scale per row
+            node("Div", [x, p + "scale"], "x"), node("Round", [p + "x"], "round"), node("Add", [p + "round", p + "128"], "u"),
+            node("Cast", [p + "u"], "codes", to=2), node("MatMulInteger", [p + "codes", w, p + "zp"], "int"),
+            node("Cast", [p + "int"], "f", to=1), node("Mul", [p + "f", p + "scale"], "g"), helper.make_node("Mul", [p + "g", s], [out])]  # fmt: skip
 
 
 def blocked_int8(x: str, w: str, s: str, out: str, p: str, k: int) -> list:
+    """x [M, K] @ q8_0 blocks: w [K/32, 32, N] int8, s [K/32, 1, N]; x quantized per row and block
+    of 32, one batched product per block, summed over blocks."""
     from onnx import helper
 
-    nodes = [helper.make_node("Constant", [], [f"{p}shape"], value=_ints([-1, k // 32, 32])),
-             helper.make_node("Reshape", [x, f"{p}shape"], [f"{p}xb"]), helper.make_node("Transpose", [f"{p}xb"], [f"{p}xt"], perm=[1, 0, 2])]
-    qn, q, xs = _quantize_rows(f"{p}xt", -1, p)  # [k/32, M, 32] codes, [k/32, M, 1] scales
-    return nodes + qn + [helper.make_node("MatMulInteger", [q, w, f"{p}zp"], [f"{p}i"]),
-                    helper.make_node("Constant", [], [f"{p}zp"], value=onnx_u8(128)), helper.make_node("Cast", [f"{p}i"], [f"{p}f"], to=1),
-                         helper.make_node("Mul", [f"{p}f", xs], [f"{p}g"]), helper.make_node("Mul", [f"{p}g", s], [f"{p}h"]),
-                         helper.make_node("Constant", [], [f"{p}z"], value=_ints([0])),
-                         helper.make_node("ReduceSum", [f"{p}h", f"{p}z"], [out], keepdims=0)]  # fmt: skip
+    return [_const(f"{p}shape", [-1, k // 32, 32], np.int64), _const(f"{p}axis0", [0], np.int64),
+            helper.make_node("Reshape", [x, f"{p}shape"], [f"{p}xb"]), helper.make_node("Transpose", [f"{p}xb"], [f"{p}xt"], perm=[1, 0, 2]),
+            *rowwise_int8(f"{p}xt", w, s, f"{p}blocks", p),  # [K/32, M, N]
+            helper.make_node("ReduceSum", [f"{p}blocks", f"{p}axis0"], [out], keepdims=0)]  # fmt: skip
+
+
+def per_column(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """w [K, N] -> int8 codes [K, N] and float32 scales [N], one per output column."""
+    scale = (np.abs(w).max(axis=0) / 127).astype(np.float32)
+    return np.clip(np.rint(w / scale), -127, 127).astype(np.int8), scale
 
 
 def stack(fmt: str, layers: int, width: int, inner: int, rows: int, seed: int = 0) -> bytes:
@@ -113,9 +98,8 @@ def stack(fmt: str, layers: int, width: int, inner: int, rows: int, seed: int = 
             nodes.append(helper.make_node("MatMulNBits", [x, f"w{i}", f"s{i}"], [out], domain="com.microsoft", K=k, N=n,
                                           bits=8 if fmt == "q8_0" else 4, block_size=32, accuracy_level=4))  # fmt: skip
         elif fmt == "per-row int8":
-            scale = np.abs(w).max(axis=0) / 127
-            codes = np.clip(np.rint(w / scale), -127, 127).astype(np.int8)
-            inits += [onnx.numpy_helper.from_array(codes, f"w{i}"), onnx.numpy_helper.from_array(scale.astype(np.float32), f"s{i}")]
+            codes, scale = per_column(w)
+            inits += [onnx.numpy_helper.from_array(codes, f"w{i}"), onnx.numpy_helper.from_array(scale, f"s{i}")]
             nodes += rowwise_int8(x, f"w{i}", f"s{i}", out, f"r{i}")
         elif fmt == "q8_0 int8 GEMM":
             codes, scale = blocks.q8_0(w)  # codes [n, k/32, 32] uint8 (+128), scale [n, k/32]
@@ -124,9 +108,8 @@ def stack(fmt: str, layers: int, width: int, inner: int, rows: int, seed: int = 
             inits += [onnx.numpy_helper.from_array(wq, f"w{i}"), onnx.numpy_helper.from_array(ws, f"s{i}")]
             nodes += blocked_int8(x, f"w{i}", f"s{i}", out, f"r{i}", k)
         else:
-            scale = np.abs(w).max(axis=0) / 127
-            codes = np.clip(np.rint(w / scale), -127, 127).astype(np.int8)
-            inits += [onnx.numpy_helper.from_array(codes, f"w{i}"), onnx.numpy_helper.from_array(scale.astype(np.float32), f"s{i}"),
+            codes, scale = per_column(w)
+            inits += [onnx.numpy_helper.from_array(codes, f"w{i}"), onnx.numpy_helper.from_array(scale, f"s{i}"),
                       onnx.numpy_helper.from_array(np.zeros(n, np.int8), f"z{i}")]  # fmt: skip
             nodes.append(helper.make_node("DynamicQuantizeMatMul", [x, f"w{i}", f"s{i}", f"z{i}"], [out], domain="com.microsoft"))
         x = out

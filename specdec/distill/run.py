@@ -46,23 +46,28 @@ class Settings:
     requests: list[dict] = field(default_factory=list, compare=False)  # given: these instead of the topic split's (tests)
 
 
-def _chat(bundle: Path, engine):
+def _template(bundle: Path, engine):
+    """The bundle's chat template; self-distillation asks the target through it."""
     from specdec.serve.chat import bundle_template
 
     chat = bundle_template(bundle, engine.manifest, engine.codec)
     if chat is None:
         raise ConfigError(f"bundle {bundle} has no chat template; self-distillation asks the target through it: export a tokenizer that has one")
+    return chat
+
+
+def _chat(bundle: Path, engine, chat=None):
+    """text -> the ids of a user turn holding it, through ``chat`` (default: the bundle's template)."""
+    chat = chat or _template(bundle, engine)
     return lambda text: engine.codec.encode(chat.render([{"role": "user", "content": text}]))
 
 
-def _user_prefix(bundle: Path, engine) -> list[int]:
+def _user_prefix(chat, codec) -> list[int]:
     """The chat template's ids up to where a user turn's text begins (Magpie): what the target
     continues with a user request of its own."""
-    from specdec.serve.chat import bundle_template
-
     mark = "\x00user-turn\x00"
-    text = bundle_template(bundle, engine.manifest, engine.codec).render([{"role": "user", "content": mark}])
-    return engine.codec.encode(text[: text.index(mark)])
+    text = chat.render([{"role": "user", "content": mark}])
+    return codec.encode(text[: text.index(mark)])
 
 
 def _wait_all(engine, jobs: list[tuple[int, list[int], dict]], on_done: Callable) -> None:
@@ -89,7 +94,8 @@ def make_plan(folder: Path, bundle: Path, engine, s: Settings, report: Callable[
         if {**_settings_record(Settings()), **plan["settings"]} != _settings_record(s):  # a setting newer than the plan: its default then
             raise ConfigError(f"{folder} holds a run with other settings ({plan['settings']}); resume it with those or use another --out")
         return plan
-    encode = _chat(bundle, engine)
+    chat = _template(bundle, engine)
+    encode = _chat(bundle, engine, chat)
     reqs = s.requests or P.requests(held_out=False, seed=s.seed, docs=s.docs, forms=s.forms)
     instruct = [(i, r) for i, r in enumerate(reqs) if "instruct" in r or "user_turn" in r]
     written: dict[int, str] = {}
@@ -99,7 +105,7 @@ def make_plan(folder: Path, bundle: Path, engine, s: Settings, report: Callable[
         if looks(res.text or ""):
             written[i] = res.text.strip().strip('"')
 
-    prefix = _user_prefix(bundle, engine) if any("user_turn" in r for _, r in instruct) else None
+    prefix = _user_prefix(chat, engine.codec) if any("user_turn" in r for _, r in instruct) else None
     asked = lambda r: encode(r["instruct"]) if "instruct" in r else prefix  # noqa: E731  # a user turn: the template up to its text
 
     report(f"self-instruct: the target writes {len(instruct)} questions or user turns")
