@@ -428,8 +428,9 @@ def _recommended(folder: Path, cfg: ExportConfig, with_head: bool) -> dict | Non
     """``head_config.json``'s recommendation for a bundle with the head ("serve", its fields
     overridden by "serve" → the ``--quantize`` name, e.g. "int8": {"gamma": 2, "why": ...}, for
     a quantized target) or without it ("serve" → "without_head"), as a manifest ``drafter``
-    entry; None when it names nothing this bundle runs (a drafter that needs a head it lacks, or
-    not, a tree without --tree-nodes, a bad γ)."""
+    entry (with its "stop_below" for the head's chain: ``runtime.proposers.FeatureHead``); None
+    when it names nothing this bundle runs (a drafter that needs a head it lacks, or not, a tree
+    without --tree-nodes, a bad γ or stop_below)."""
     from specdec.runtime.drafters import DRAFTERS
 
     serve = json.loads((folder / "head_config.json").read_text()).get("serve") or {}
@@ -439,7 +440,10 @@ def _recommended(folder: Path, cfg: ExportConfig, with_head: bool) -> dict | Non
     if reg is None or reg.needs_head != with_head or (reg.tree and not cfg.tree_nodes) or not isinstance(gamma, int) or gamma < 1:
         return None
     why = entry.get("why", f"recommended{'' if with_head else ' without the head'} by {folder / 'head_config.json'}")
-    return {"name": name, "gamma": min(gamma, cfg.gamma), "why": why}
+    stop = entry.get("stop_below", 0.0) if reg.needs_head and not reg.tree else 0.0
+    if isinstance(stop, bool) or not isinstance(stop, (int, float)) or not 0 <= stop < 1:
+        return None
+    return {"name": name, "gamma": min(gamma, cfg.gamma), "why": why, **({"stop_below": float(stop)} if stop else {})}
 
 
 def default_drafter(head: Path, cfg: ExportConfig) -> dict:

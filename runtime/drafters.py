@@ -336,13 +336,13 @@ def _feature(ctx: DrafterContext, tree: bool = False):
 
     if tree:
         return FeatureTree(ctx.head, ctx.target, ctx.manifest.graph("target", "tree")[1].tokens - 1, ctx.manifest.vocab_size)  # the root takes one node
-    return FeatureHead(ctx.head, ctx.target)
+    return FeatureHead(ctx.head, ctx.target, ctx.manifest.draft_stop())
 
 
 def _feature_lookup(ctx: DrafterContext):
     from specdec.runtime.proposers import FeatureLookup
 
-    return FeatureLookup(ctx.head, ctx.target)
+    return FeatureLookup(ctx.head, ctx.target, stop_below=ctx.manifest.draft_stop())
 
 
 def bundle_default(manifest) -> str:

@@ -175,14 +175,21 @@ class FeatureHead:
 
     Rows are drafted one at a time (no batched head graph yet); every token is drawn from the
     head's distribution with the row's sampling settings, so acceptance is Algorithm 1's.
+
+    ``stop_below`` (the manifest drafter's "stop_below", 0: off) ends a row's chain early: after
+    a draft whose probability under the head (q of the token drawn; greedy, the top token's
+    softmax) is below it, the row drafts no further this call, so γ is the most a call drafts.
+    Where the head is unsure its later drafts rarely hold, and each costs a head call and a
+    verify row. Whether to stop depends on the head's own draws alone, so every draft is still
+    kept with probability min(1, p/q) and the output keeps the target's law.
     """
 
     name = "feature"
 
-    def __init__(self, head: Executor, target: Executor):
+    def __init__(self, head: Executor, target: Executor, stop_below: float = 0.0):
         if target.store is None:
             raise ValueError("the feature drafter needs a target whose graphs return features (specdec train-drafter adds them)")
-        self.head, self.target = head, target
+        self.head, self.target, self.stop_below = head, target, stop_below
         self.support: np.ndarray | None = None  # [V'] the head's draft vocabulary, read off its first logits row
         self.learned = False
 
@@ -194,10 +201,8 @@ class FeatureHead:
         self.head.reset(row.slot)
 
     def propose(self, rows: Sequence[Row], gammas: Sequence[int]) -> list[int]:
-        for r, g in zip(rows, gammas):
-            if g:
-                self.chain(r, g, lambda j, logits, r=r: self.draw(logits, r, r.q[j]))
-        return list(gammas)
+        return [self.chain(r, g, lambda j, logits, r=r: self.draw(logits, r, r.q[j]), self.stop_below) if g else 0
+                for r, g in zip(rows, gammas)]  # fmt: skip
 
     def draw(self, logits: np.ndarray, r: Row, q: np.ndarray) -> int:
         """Row ``r``'s token from the head's logits [V], q [V] what it was drawn from; over the
@@ -206,9 +211,10 @@ class FeatureHead:
             return draw(logits, r.req.sampling, r.rng, q)
         return draw_within(logits, self.support, r.req.sampling, r.rng, q)
 
-    def chain(self, r: Row, depth: int, choose) -> None:
-        """Draft ``depth`` tokens at seq[L:L+depth] of row ``r``: ``choose(j, logits [V])`` picks
-        token L + j from the head's logits, and the head is fed it for the next."""
+    def chain(self, r: Row, depth: int, choose, stop_below: float = 0.0) -> int:
+        """Draft up to ``depth`` tokens at seq[L:L+depth] of row ``r``: ``choose(j, logits [V])``
+        picks token L + j from the head's logits, and the head is fed it for the next; a draft
+        whose ``confidence`` is below ``stop_below`` is the last. Returns how many it drafted."""
         head, store = self.head, self.target.store
         s, L, done = r.slot, r.length, head.length(r.slot)
         logits = head.forward([s], [r.seq[done:L]], store[s, done:L])[0, L - done - 1]  # [V]: token L
@@ -216,10 +222,22 @@ class FeatureHead:
         if not self.learned:  # the draft vocabulary is the graph's: the same in every row it returns
             self.support, self.learned = support_of(logits), True
         for j in range(depth):
-            r.seq[L + j] = choose(j, r.req.transform(logits[None], r.seq, L + j)[0])  # with the penalties of seq[:L + j]
-            if j + 1 < depth:
-                logits = head.forward([s], [r.seq[L + j : L + j + 1]], head.features[-1:])[0, 0]  # context: the head's last h
-                head.commit(s, 1)
+            row = r.req.transform(logits[None], r.seq, L + j)[0]  # [V]: with the penalties of seq[:L + j]
+            r.seq[L + j] = choose(j, row)
+            if j + 1 == depth or stop_below and self.confidence(row, r, j) < stop_below:
+                return j + 1
+            logits = head.forward([s], [r.seq[L + j : L + j + 1]], head.features[-1:])[0, 0]  # context: the head's last h
+            head.commit(s, 1)
+        return depth
+
+    def confidence(self, logits: np.ndarray, r: Row, j: int) -> float:
+        """The head's probability of row ``r``'s draft j, drawn from ``logits`` [V]: q of it when
+        sampled (``draw`` wrote q), the top token's softmax when greedy (over the draft vocabulary)."""
+        if not r.req.sampling.greedy:
+            return float(r.q[j, r.seq[r.length + j]])
+        x = logits if self.support is None else logits[self.support]  # [V']
+        top = x.max()
+        return 1.0 / float(np.exp(x - top).sum()) if np.isfinite(top) else 1.0
 
     def commit(self, rows: Sequence[Row], accepted: Sequence[int], logits: np.ndarray | None) -> None:
         for r in rows:
@@ -296,8 +314,8 @@ class FeatureLookup(FeatureHead):
 
     name = "feature-lookup"
 
-    def __init__(self, head: Executor, target: Executor, min_ngram: int = 2, max_ngram: int = 3):
-        super().__init__(head, target)
+    def __init__(self, head: Executor, target: Executor, min_ngram: int = 2, max_ngram: int = 3, stop_below: float = 0.0):
+        super().__init__(head, target, stop_below)
         self.min_ngram, self.max_ngram = min_ngram, max_ngram
 
     def propose(self, rows: Sequence[Row], gammas: Sequence[int]) -> list[int]:
@@ -311,8 +329,7 @@ class FeatureLookup(FeatureHead):
                 if not r.req.sampling.greedy:
                     one_hot(r.q, r.seq[L : L + k])
             elif g:
-                k = g
-                self.chain(r, g, lambda j, logits, r=r: self.draw(logits, r, r.q[j]))
+                k = self.chain(r, g, lambda j, logits, r=r: self.draw(logits, r, r.q[j]), self.stop_below)
             else:
                 k = 0
             ks.append(k)

@@ -182,7 +182,8 @@ def summary(out: Path, m, size: int) -> str:
     lines.append(f"  eos {list(m.eos_token_ids)}  bos {m.bos_token_id}  tokenizer {'yes' if m.tokenizer else 'no'}")
     name, gamma = m.default_drafter()
     why = f" ({m.drafter['why']})" if m.drafter and m.drafter.get("why") else ""
-    lines.append(f"  default drafter {name}, gamma {gamma}{why}")
+    stop = f", the head's chain stops below p = {m.draft_stop():g}" if m.draft_stop() else ""
+    lines.append(f"  default drafter {name}, gamma {gamma}{stop}{why}")
     if m.export_log:
         lines.append(f"  export log {out / m.export_log} (what torch, transformers and onnxscript printed)")
     if m.seq2seq:

@@ -187,7 +187,7 @@ class Manifest:
     integrity: dict[str, Any] | None = None  # {"algorithm", "files": {path: {"size", "digest"}}}; None: an older bundle
     head: ModelSpec | None = None  # the feature drafter (specdec train-drafter): one decoder layer over the target's features
     feature: dict[str, Any] | None = None  # {"width", "training": {...}}: how the head was trained, and the feature width d
-    drafter: dict[str, Any] | None = None  # {"name", "gamma", "why"}: the bundle's default drafter and γ; None: the draft model at gamma
+    drafter: dict[str, Any] | None = None  # {"name", "gamma", "why"[, "stop_below"]}: the bundle's default drafter and γ; None: the draft model at gamma
     export_log: str | None = None  # relative path of what the libraries printed during export (not hashed: a bundle loads without it)
     schema_version: int = SCHEMA_VERSION
 
@@ -203,10 +203,18 @@ class Manifest:
         if d is not None and not (isinstance(d, dict) and isinstance(d.get("name"), str)
                                   and isinstance(d.get("gamma"), int) and 1 <= d["gamma"] <= self.gamma):  # fmt: skip
             raise BundleError(f"manifest drafter={d!r}: expected {{'name': a drafter, 'gamma': 1..{self.gamma}}}; re-export the bundle")
+        stop = (d or {}).get("stop_below", 0.0)
+        if isinstance(stop, bool) or not isinstance(stop, (int, float)) or not 0 <= stop < 1:
+            raise BundleError(f"manifest drafter stop_below={stop!r}: expected a probability in [0, 1) (0: off); fix the manifest or re-export the bundle")
 
     def default_drafter(self) -> tuple[str, int]:
         """(name, γ): what decodes a request that names neither (``specdec-export`` chooses it)."""
         return (self.drafter["name"], self.drafter["gamma"]) if self.drafter else ("model", self.gamma)
+
+    def draft_stop(self) -> float:
+        """The feature head's chain stops after a draft it gives less than this probability
+        (``runtime.proposers.FeatureHead``; the drafter entry's "stop_below", 0: off)."""
+        return float((self.drafter or {}).get("stop_below", 0.0))
 
     @property
     def seq2seq(self) -> bool:

@@ -150,6 +150,10 @@ def test_a_bad_default_drafter_in_the_manifest_is_refused_by_name(bundle_copy):
     with pytest.raises(BundleError, match="default drafter 'medusa' is not one this specdec runs"):
         SpeculativeDecoder.load(bundle_copy)
     assert SpeculativeDecoder.load(bundle_copy, drafter="lookup").generate([1, 2, 3], max_new_tokens=4).tokens, "naming a drafter still loads it"
+    for bad in (1.0, -0.1, "0.3", True):
+        edit_manifest(bundle_copy, lambda m, bad=bad: m.update(drafter={"name": "lookup", "gamma": 1, "stop_below": bad}))
+        with pytest.raises(BundleError, match=r"manifest drafter stop_below=.*expected a probability in \[0, 1\)"):
+            load_manifest(bundle_copy)
 
 
 def test_corrupt_graph_is_refused(bundle_copy):

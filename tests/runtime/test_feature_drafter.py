@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -200,6 +201,73 @@ def test_feature_lookup_is_the_target_token_for_token_through_both_paths(feature
         assert res.tokens == torch_greedy(model, prompt, NEW), f"batched prompt={prompt}"
 
 
+def with_stop(bundle: Path, out: Path, stop: float) -> Path:
+    """A copy of ``bundle`` (its files hard-linked) whose manifest's drafter entry stops the
+    head's chain after a draft the head gives less than ``stop``."""
+    for src in bundle.rglob("*"):
+        dst = out / src.relative_to(bundle)
+        if src.is_dir():
+            dst.mkdir(parents=True, exist_ok=True)
+        elif src.name != "manifest.json":
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            os.link(src, dst)
+    m = json.loads((bundle / "manifest.json").read_text())
+    m["drafter"] = {"name": "feature", "gamma": m["gamma"], "why": "test", "stop_below": stop}
+    (out / "manifest.json").write_text(json.dumps(m))
+    return out
+
+
+STOP = 0.6  # the tiny head's top-token probability crosses it both ways on these prompts (asserted below)
+
+
+@LLAMA
+def test_a_chain_stopped_where_the_head_is_unsure_keeps_greedy_exact(feature_bundle, tmp_path):
+    """With the manifest's "stop_below", the head drafts fewer tokens a call where it is unsure,
+    and greedy output is still the target's, for both head drafters, alone and in a batch."""
+    target, bundle, _, _ = feature_bundle
+    model = load_model(target)
+    stopped = with_stop(bundle, tmp_path / "stop", STOP)
+    prompts = [PROMPTS[0], *corpus_prompts(SpeculativeDecoder.load(bundle, drafter="lookup"))]
+    short = full = 0
+    for drafter in ("feature", "feature-lookup"):
+        plain, dec = SpeculativeDecoder.load(bundle, drafter=drafter), SpeculativeDecoder.load(stopped, drafter=drafter)
+        assert dec.drafter.stop_below == STOP and plain.drafter.stop_below == 0
+        for prompt in prompts:
+            ref = torch_greedy(model, prompt, NEW)
+            res, before = dec.generate(prompt, max_new_tokens=NEW, gamma=4, ignore_eos=True), plain.generate(prompt, max_new_tokens=NEW, gamma=4, ignore_eos=True)
+            assert res.tokens == ref and before.tokens == ref, f"{drafter} prompt={prompt}"
+            short, full = short + res.stats.drafted_at[0] - res.stats.drafted_at[3], full + res.stats.drafted_at[3]
+    assert short >= 10 and full >= 10, f"{short} calls stopped early, {full} drafted all 4: both must be crossed"
+    with BatchEngine(stopped, max_batch=4, drafter="feature") as engine:
+        results = engine.generate_many(prompts, max_new_tokens=NEW, ignore_eos=True, gamma=4)
+    for prompt, res in zip(prompts, results):
+        assert res.tokens == torch_greedy(model, prompt, NEW), f"batched prompt={prompt}"
+    shown = subprocess.run([sys.executable, "-m", "specdec", "inspect", str(stopped)], capture_output=True, text=True)
+    assert f"the head's chain stops below p = {STOP:g}" in shown.stdout, shown.stdout + shown.stderr
+
+
+@LLAMA
+def test_a_chain_stopped_by_the_heads_own_draws_keeps_the_targets_law(feature_bundle, tmp_path):
+    """Sampled: whether a chain goes on depends on q of the token the head drew, so the first two
+    tokens still follow the target's law (chi-square), with both early stops and full chains."""
+    target, bundle, _, _ = feature_bundle
+    prompt, cfg = PROMPTS[2], SamplingConfig(1.0, None, None)
+    p1, p2 = exact_first_two(load_model(target), prompt, cfg)
+    dec = SpeculativeDecoder.load(with_stop(bundle, tmp_path / "stop", 0.01), drafter="feature")  # the tiny head's q is flat at T = 1 (top ~0.1-0.2)
+    counts = np.zeros((2, len(p1)), dtype=np.int64)
+    first = second = 0
+    for seed in range(3000):
+        res = dec.generate(prompt, max_new_tokens=5, seed=seed, ignore_eos=True, gamma=4, temperature=1.0)
+        counts[0, res.tokens[0]] += 1
+        counts[1, res.tokens[1]] += 1
+        first, second = first + res.stats.drafted_at[0], second + res.stats.drafted_at[1]
+    assert 0.05 < second / first < 0.95, f"{second} of {first} first drafts went on: the stop must both hold and not"
+    for i, p in enumerate((p1, p2)):
+        assert counts[i][p == 0].sum() == 0, f"token {i + 1}: a token the target cannot produce"
+        assert chi_square_p(counts[i], p) > 1e-4, f"token {i + 1}: differs from the target"
+        assert chi_square_p(counts[i], np.full(len(p), 1 / len(p))) < 1e-6
+
+
 def _draft_with_head(model: Path, head: Path, draft: Path, serve: dict) -> tuple[Path, dict]:
     """``draft``: a copy of the draft model folder with the saved head beside it, its
     head_config.json's "serve" entry set to ``serve``; returns the folder and that config."""
@@ -215,7 +283,8 @@ def _draft_with_head(model: Path, head: Path, draft: Path, serve: dict) -> tuple
 @LLAMA
 def test_a_draft_folder_with_a_head_makes_it_the_bundles_default_drafter(feature_bundle, family_bundle, tmp_path):
     """``specdec-export --draft DIR`` where DIR holds a draft model and a saved head: the bundle
-    carries both, its default drafter is the one the head's folder recommends (γ included), and
+    carries both, its default drafter is the one the head's folder recommends (γ and the head's
+    stop included), and
     ``SpeculativeDecoder.load(B)`` decodes with it, exactly; its matrices are int8 blocks in this
     float32 bundle (float32 with --draft-quantize none); a float16 or dynamic-int8 export leaves
     it out, an int8/int4 one keeps it."""
@@ -223,17 +292,17 @@ def test_a_draft_folder_with_a_head_makes_it_the_bundles_default_drafter(feature
 
     target, _, _, root = feature_bundle
     draft, config = _draft_with_head(family_bundle[2], root / "head", tmp_path / "draft",
-                                     {"drafter": "feature-lookup", "gamma": 2, "why": "measured best here"})
+                                     {"drafter": "feature-lookup", "gamma": 2, "stop_below": 0.5, "why": "measured best here"})
     out = tmp_path / "bundle"
     run = subprocess.run([sys.executable, "-c", "from specdec.cli import export_main; export_main()", "--target", str(target), "--draft", str(draft), "--out", str(out),
                           "--max-seq-len", "128"], capture_output=True, text=True)  # fmt: skip
     assert run.returncode == 0, run.stderr[-2000:]
     m = json.loads((out / "manifest.json").read_text())
-    assert m["head"] is not None and m["drafter"] == {"name": "feature-lookup", "gamma": 2, "why": "measured best here"}
+    assert m["head"] is not None and m["drafter"] == {"name": "feature-lookup", "gamma": 2, "why": "measured best here", "stop_below": 0.5}
     assert m["head"]["quantization"] == "int8", "a float32 bundle's head takes int8 blocks unless --draft-quantize none"
     assert m["target"]["quantization"] is None and m["draft"]["quantization"] is None, "only the head's matrices are quantized"
     dec = SpeculativeDecoder.load(out)
-    assert dec.drafter_spec == "feature-lookup"
+    assert dec.drafter_spec == "feature-lookup" and dec.drafter.stop_below == 0.5
     model = load_model(target)
     for prompt in [PROMPTS[0], *corpus_prompts(dec)]:
         res = dec.generate(prompt, max_new_tokens=NEW, ignore_eos=True)
@@ -241,7 +310,7 @@ def test_a_draft_folder_with_a_head_makes_it_the_bundles_default_drafter(feature
     assert SpeculativeDecoder.load(out, drafter="model").generate(PROMPTS[0], max_new_tokens=4).stats.gamma == m["gamma"], \
         "another drafter keeps the bundle's gamma"  # fmt: skip
     shown = subprocess.run([sys.executable, "-m", "specdec", "inspect", str(out)], capture_output=True, text=True)
-    assert "default drafter feature-lookup, gamma 2 (measured best here)" in shown.stdout, shown.stdout + shown.stderr
+    assert "default drafter feature-lookup, gamma 2, the head's chain stops below p = 0.5 (measured best here)" in shown.stdout, shown.stdout + shown.stderr
     assert ExportConfig(str(target), str(draft), tmp_path / "h", dtype="float16").head() is None, "a float16 bundle leaves the head out"
     assert ExportConfig(str(target), str(draft), tmp_path / "d", quantize="dynamic-int8").head() is None
     assert ExportConfig(str(target), str(draft), tmp_path / "q", quantize="int8").head() == draft, "an int8 bundle keeps it"
