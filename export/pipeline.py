@@ -431,6 +431,7 @@ def _recommended(folder: Path, cfg: ExportConfig, with_head: bool) -> dict | Non
     entry (with its "stop_below" for the head's chain: ``runtime.proposers.FeatureHead``); None
     when it names nothing this bundle runs (a drafter that needs a head it lacks, or not, a tree
     without --tree-nodes, a bad γ or stop_below)."""
+    from specdec.manifest import is_stop
     from specdec.runtime.drafters import DRAFTERS
 
     serve = json.loads((folder / "head_config.json").read_text()).get("serve") or {}
@@ -441,7 +442,7 @@ def _recommended(folder: Path, cfg: ExportConfig, with_head: bool) -> dict | Non
         return None
     why = entry.get("why", f"recommended{'' if with_head else ' without the head'} by {folder / 'head_config.json'}")
     stop = entry.get("stop_below", 0.0) if reg.needs_head and not reg.tree else 0.0
-    if isinstance(stop, bool) or not isinstance(stop, (int, float)) or not 0 <= stop < 1:
+    if not is_stop(stop):
         return None
     return {"name": name, "gamma": min(gamma, cfg.gamma), "why": why, **({"stop_below": float(stop)} if stop else {})}
 

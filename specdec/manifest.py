@@ -161,6 +161,11 @@ class ModelSpec:
     quantization: str | None = None  # None (float weights), "int8"/"int4" (MatMulNBits) or "dynamic-int8"
 
 
+def is_stop(value) -> bool:
+    """A drafter entry's "stop_below": a probability in [0, 1) (0: the head's chain is not stopped)."""
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and 0 <= value < 1
+
+
 @dataclass(frozen=True)
 class Manifest:
     """Everything the runtime needs to know about a bundle."""
@@ -204,7 +209,7 @@ class Manifest:
                                   and isinstance(d.get("gamma"), int) and 1 <= d["gamma"] <= self.gamma):  # fmt: skip
             raise BundleError(f"manifest drafter={d!r}: expected {{'name': a drafter, 'gamma': 1..{self.gamma}}}; re-export the bundle")
         stop = (d or {}).get("stop_below", 0.0)
-        if isinstance(stop, bool) or not isinstance(stop, (int, float)) or not 0 <= stop < 1:
+        if not is_stop(stop):
             raise BundleError(f"manifest drafter stop_below={stop!r}: expected a probability in [0, 1) (0: off); fix the manifest or re-export the bundle")
 
     def default_drafter(self) -> tuple[str, int]:
