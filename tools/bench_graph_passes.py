@@ -27,6 +27,21 @@ from specdec.export.optimize import drop_attention_reshapes, pack_qkv_into_atten
 PASSES = {"packed_qkv_attention": pack_qkv_into_attention, "attention_reshapes": drop_attention_reshapes}
 
 
+def _inline_small(proto: onnx.ModelProto, base: Path, most: int = 1 << 16) -> None:
+    """Small external initializers (biases a pass concatenates, shapes it reads) read into the graph;
+    the weight matrices stay in the bundle's files. Read by offset here: onnx's own reader refuses a
+    file with several hard links, which the copies below make."""
+    for t in proto.graph.initializer:
+        if t.data_location != onnx.TensorProto.EXTERNAL or int(np.prod(t.dims)) > most:
+            continue
+        info = {e.key: e.value for e in t.external_data}
+        with open(base / info["location"], "rb") as f:
+            f.seek(int(info.get("offset", 0)))
+            t.raw_data = f.read(int(info["length"]))
+        t.data_location = onnx.TensorProto.DEFAULT
+        del t.external_data[:]
+
+
 def rewritten(bundle: Path, work: Path) -> tuple[Path, dict[str, dict[str, int]]]:
     """A copy of ``bundle`` under ``work`` with PASSES applied to every graph; per graph, what each pass did."""
     from specdec import integrity
@@ -43,6 +58,7 @@ def rewritten(bundle: Path, work: Path) -> tuple[Path, dict[str, dict[str, int]]
         dst.parent.mkdir(parents=True, exist_ok=True)
         if src.suffix == ".onnx":
             proto = onnx.load(str(src), load_external_data=False)
+            _inline_small(proto, src.parent)
             counts[src.name] = {name: fn(proto) for name, fn in PASSES.items()}
             onnx.save(proto, str(dst))
         elif src.name != MANIFEST_NAME:

@@ -13,6 +13,9 @@ variant changes the graph's output (its tokens are not the model's): it only pri
 - ``no-residual`` (int4 bundles): the q4_1 minimum's residual (block sums, their MatMul and
   the Add, export/quantize.py) goes; MatMulNBits' output is used as it is.
 
+Variants compose with ``+``: ``no-norms+no-attention+no-activation`` leaves the weight MatMuls, the
+residual Adds and the embedding's Gather, so its saving is what everything else costs together.
+
 Creation order moves a session's speed by a few percent on some machines (its weights' memory),
 so every graph is opened twice, in forward and reverse order, and each figure is the median
 over both sessions and all rounds.
@@ -131,16 +134,17 @@ VARIANTS = {"no-norms": no_norms, "no-attention": no_attention, "no-activation":
 
 def variant(src: Path, dst: Path, name: str) -> None:
     model = onnx.load(str(src), load_external_data=False)
-    nodes = _sorted(model.graph, VARIANTS[name](model.graph))
-    del model.graph.node[:]
-    model.graph.node.extend(nodes)
+    for part in name.split("+"):  # e.g. no-norms+no-attention: each taken out in turn
+        nodes = _sorted(model.graph, VARIANTS[part](model.graph))
+        del model.graph.node[:]
+        model.graph.node.extend(nodes)
     onnx.save(model, str(dst))  # the weights stay in the bundle's files, read through the relative location
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("bundle", type=Path)
-    ap.add_argument("--variants", default="no-norms,no-attention,no-activation", help=f"comma-separated, of {sorted(VARIANTS)}")
+    ap.add_argument("--variants", default="no-norms,no-attention,no-activation", help=f"comma-separated, of {sorted(VARIANTS)}, or several joined by +")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--calls", type=int, default=100, help="1-token calls timed per round and session")
     ap.add_argument("--context", type=int, default=128, help="KV rows before the timed calls")
