@@ -42,12 +42,12 @@ def _inline_small(proto: onnx.ModelProto, base: Path, most: int = 1 << 16) -> No
         del t.external_data[:]
 
 
-def rewritten(bundle: Path, work: Path) -> tuple[Path, dict[str, dict[str, int]]]:
-    """A copy of ``bundle`` under ``work`` with PASSES applied to every graph; per graph, what each pass did."""
+def rewritten(bundle: Path, work: Path, passes: dict = PASSES, suffix: str = "-passes") -> tuple[Path, dict[str, dict[str, int]]]:
+    """A copy of ``bundle`` under ``work`` with ``passes`` applied to every graph; per graph, what each pass did."""
     from specdec import integrity
     from specdec.manifest import MANIFEST_NAME
 
-    out = work / (bundle.name + "-passes")
+    out = work / (bundle.name + suffix)
     shutil.rmtree(out, ignore_errors=True)
     counts = {}
     for src in bundle.rglob("*"):
@@ -59,7 +59,7 @@ def rewritten(bundle: Path, work: Path) -> tuple[Path, dict[str, dict[str, int]]
         if src.suffix == ".onnx":
             proto = onnx.load(str(src), load_external_data=False)
             _inline_small(proto, src.parent)
-            counts[src.name] = {name: fn(proto) for name, fn in PASSES.items()}
+            counts[src.name] = {name: fn(proto) for name, fn in passes.items()}
             onnx.save(proto, str(dst))
         elif src.name != MANIFEST_NAME:
             os.link(src, dst)
