@@ -57,3 +57,46 @@ def test_every_subpackage_is_packaged():
             if "__pycache__" not in rel.parts:
                 found.add(".".join([name, *rel.parts]))
     assert found and found <= listed, f"not in [tool.setuptools] packages: {sorted(found - listed)}"
+
+
+def test_install_lines_were_checked_with_these_pins():
+    """tools/check_install.py resolved every Quick-start line and every extra in a clean venv, at
+    once, with the test extra's pins as they are now (a pin changed, or an extra added, without
+    running it again fails here)."""
+    import json
+    import tomllib
+
+    record = json.loads((ROOT / "docs" / "bench" / "install" / "results.json").read_text())
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    pins = {d.split("==")[0]: d.split("==")[1] for d in extras["test"] if "==" in d}
+    assert pins == record["test_pins"], "the test extra's pins changed: run python tools/check_install.py --out docs/bench/install"
+    for family in ("fsspec", "s3fs", "gcsfs", "adlfs", "aiobotocore", "botocore", "boto3"):
+        assert family in pins, f"{family}: unpinned in the test extra (pip backtracks through it for half an hour)"
+    lines = record["lines"]
+    assert {f"[{e}]" for e in extras if e != "test"} <= set(lines), "an extra that tools/check_install.py never resolved"
+    import shlex
+
+    given = [" ".join(shlex.split(c.split("&&")[0])[2:]) for c in quick_start_commands()]  # after `pip install`
+    assert [lines[f"quick-start-{i + 1}"]["args"] for i in range(2)] == given, "the Quick start changed: run tools/check_install.py again"
+    for name, line in lines.items():
+        assert line["ok"] and line["seconds"] <= record["limit_s"] and line["extra_candidates"] <= record["max_extra"], name
+
+
+def test_backtracking_is_seen_in_pips_log():
+    """The check's detector counts the versions of one project pip looked at, whichever way it got them."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tools"))
+    from check_install import candidates
+
+    log = """Processing /opt/wheels/torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl
+Collecting s3fs>=2023.6 (from specdec==0.1.0)
+  Downloading s3fs-2026.9.0-py3-none-any.whl (33 kB)
+INFO: pip is looking at multiple versions of s3fs to determine which version is compatible
+  Downloading s3fs-2026.7.0-py3-none-any.whl (32 kB)
+  Using cached s3fs-2026.6.0-py3-none-any.whl (32 kB)
+  Downloading Aio_Botocore-2.5.4.tar.gz (100 kB)
+  Link requires a different Python (3.11.7 not in: '>=3.12'): https://x/networkx-3.7-py3-none-any.whl
+"""
+    seen = candidates(log)
+    assert seen == {"torch": {"2.13.0+cpu"}, "s3fs": {"2026.9.0", "2026.7.0", "2026.6.0"}, "aio-botocore": {"2.5.4"}}
