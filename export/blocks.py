@@ -105,3 +105,39 @@ def dequantize_q8_0(codes: np.ndarray, scale: np.ndarray) -> np.ndarray:
     """Back to w [K, N] float32."""
     b = (codes.astype(np.float32) - 128) * scale[..., None]
     return b.reshape(b.shape[0], -1).T
+
+
+def gguf_blocks(w: np.ndarray, recipe: str, block: int = 32) -> np.ndarray:
+    """w [K, N] -> GGUF's own blocks [N, K/block * bytes] uint8 for specdec's ``MatMulBlocks``:
+    Q8_0 {fp16 d, int8 q[32]}, Q4_0 {fp16 d, 16 bytes}, Q4_1 {fp16 d, fp16 m, 16 bytes}, a 4-bit
+    block's byte j holding element j (low nibble) and element j + 16 (high). The scales are rounded
+    to float16 as llama.cpp stores them (exact for weights that came from a GGUF)."""
+    if recipe == "q8_0":
+        codes, scale = q8_0(w, block)
+        parts = [scale.astype(np.float16)[..., None].view(np.uint8), (codes.astype(np.int16) - 128).astype(np.int8).view(np.uint8)]
+    elif recipe in ("q4_0", "q4_1"):
+        codes, scale, *minimum = q4_1(w, block) if recipe == "q4_1" else q4_0(w, block)
+        half = block // 2
+        nibbles = (codes[..., :half] | (codes[..., half:] << 4)).astype(np.uint8)  # [N, nb, block/2]
+        parts = [scale.astype(np.float16)[..., None].view(np.uint8)]
+        parts += [minimum[0].astype(np.float16)[..., None].view(np.uint8)] if minimum else []
+        parts.append(nibbles)
+    else:
+        raise ValueError(f"unknown block recipe {recipe!r}; expected q4_0, q4_1 or q8_0")
+    out = np.concatenate(parts, axis=-1)  # [N, nb, bytes]
+    return np.ascontiguousarray(out.reshape(out.shape[0], -1))
+
+
+def dequantize_gguf_blocks(blob: np.ndarray, recipe: str, k: int, block: int = 32) -> np.ndarray:
+    """GGUF blocks [N, K/block * bytes] -> w [K, N] float32 (what ``gguf_blocks`` stored)."""
+    n, nb = blob.shape[0], k // block
+    b = blob.reshape(n, nb, -1)
+    d = b[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)  # [N, nb]
+    if recipe == "q8_0":
+        w = d[..., None] * b[..., 2:].view(np.int8).astype(np.float32)
+    else:
+        qs = b[..., 4:] if recipe == "q4_1" else b[..., 2:]
+        codes = np.concatenate([qs & 15, qs >> 4], axis=-1).astype(np.float32)  # [N, nb, block]
+        m = b[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32) if recipe == "q4_1" else -8 * d
+        w = d[..., None] * codes + m[..., None]
+    return w.reshape(n, k).T

@@ -1,0 +1,92 @@
+"""specdec's block-quantized products for ONNX Runtime: the ``MatMulBlocks`` op of the ``ai.specdec``
+domain, a C library built with the package (engines/csrc/; blocks.c says what it computes).
+
+Each row's result is bit-identical whatever other rows share the call, so a verify call of γ + 1
+rows gives each row what a 1-row call gives it. This module finds the library, registers it with a
+session's options, and offers the product through ctypes for tests and benchmarks.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import importlib.util
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+DOMAIN, OP = "ai.specdec", "MatMulBlocks"
+FORMATS = {"q8_0": 0, "q4_0": 1, "q4_1": 2}  # the op's ``format`` attribute
+BLOCK = 32
+BLOCK_BYTES = {"q8_0": 34, "q4_0": 18, "q4_1": 20}  # GGUF's own block layouts
+ISAS = {"portable": 0, "avx2": 1, "avx512-vnni": 2}
+
+
+@functools.cache
+def library() -> Path | None:
+    """The built library, or None where the install had no C compiler."""
+    spec = importlib.util.find_spec("specdec.engines._kernels")
+    return Path(spec.origin) if spec is not None and spec.origin else None
+
+
+@functools.cache
+def _lib() -> ctypes.CDLL | None:
+    path = library()
+    if path is None:
+        return None
+    lib = ctypes.CDLL(str(path))
+    lib.sd_matmul.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+                              ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]  # fmt: skip
+    lib.sd_isa_available.argtypes = [ctypes.c_int]
+    lib.specdec_kernel_isa.restype = ctypes.c_char_p
+    return lib
+
+
+def isa() -> str | None:
+    """The instruction set the products run on here (``avx512-vnni``, ``avx2``, ``portable``), or None
+    without the library."""
+    lib = _lib()
+    return lib.specdec_kernel_isa().decode() if lib is not None else None
+
+
+def isas() -> list[str]:
+    """Every instruction set this CPU can run the products on."""
+    lib = _lib()
+    return [name for name, i in ISAS.items() if lib is not None and lib.sd_isa_available(i)]
+
+
+@functools.cache
+def _warn_missing() -> None:
+    warnings.warn("specdec's block kernels are not built here (no C compiler at install?): quantized graphs run on ONNX Runtime's "
+                  "MatMulNBits, whose verify rows can differ from a 1-row call; reinstall specdec with gcc or clang present",
+                  RuntimeWarning, stacklevel=3)  # fmt: skip
+
+
+def register(options) -> bool:
+    """Register the op library with ``options`` (an ``onnxruntime.SessionOptions``); False, with one
+    warning per process, where it is missing."""
+    path = library()
+    if path is None:
+        _warn_missing()
+        return False
+    options.register_custom_ops_library(str(path))
+    return True
+
+
+def matmul(a: np.ndarray, blocks: np.ndarray, n: int, fmt: str, isa_name: str | None = None) -> np.ndarray:
+    """a [M, K] float32 @ the blocks' [N, K] weights -> [M, N] float32, on one thread (the op splits
+    the columns over ONNX Runtime's threads; the bits are the same)."""
+    lib = _lib()
+    if lib is None:
+        raise RuntimeError("specdec's block kernels are not built here; reinstall specdec with a C compiler present")
+    a = np.ascontiguousarray(a, dtype=np.float32)
+    blocks = np.ascontiguousarray(blocks, dtype=np.uint8)
+    m, k = a.shape
+    y = np.empty((m, n), np.float32)  # [M, N]
+    chosen = ISAS[isa_name] if isa_name is not None else ISAS[isa()]
+    rc = lib.sd_matmul(FORMATS[fmt], chosen, a.ctypes.data, m, k, blocks.ctypes.data, n, y.ctypes.data)
+    if rc:
+        raise ValueError(f"sd_matmul refused {fmt} with M={m}, K={k}, N={n} on {isa_name} (code {rc}): K must be a multiple of "
+                         f"{BLOCK} and the instruction set available here")  # fmt: skip
+    return y

@@ -1,0 +1,30 @@
+/* Block-quantized matrix products, row-invariant (blocks.c says how). */
+#ifndef SPECDEC_BLOCKS_H
+#define SPECDEC_BLOCKS_H
+#include <stdint.h>
+
+#define SD_QK 32 /* weights and activations are quantized in blocks of 32 along K */
+
+enum { SD_Q8_0 = 0, SD_Q4_0 = 1, SD_Q4_1 = 2, SD_FORMATS = 3 };        /* the manifest's format numbers */
+enum { SD_ISA_PORTABLE = 0, SD_ISA_AVX2 = 1, SD_ISA_VNNI = 2, SD_ISAS = 3 };
+enum { SD_ERR_FORMAT = 1, SD_ERR_K = 2, SD_ERR_SHAPE = 3, SD_ERR_ISA = 4, SD_ERR_MEMORY = 5 };
+
+typedef struct {
+    int format, isa;
+    int64_t m, k, n;
+    const int8_t *qa;   /* [m, k] activations' codes */
+    const float *da;    /* [m, k / 32] their scales */
+    const float *sa;    /* [m, k / 32] scale * sum of codes (Q4_1's minimum term) */
+    const uint8_t *w;   /* [n, k / 32] blocks */
+    float *y;           /* [m, n] */
+} sd_args;
+
+int sd_block_bytes(int format);
+int sd_check(int format, int64_t m, int64_t k, int64_t n);
+int sd_isa_available(int isa);
+int sd_best_isa(void);
+const char *sd_isa_name(int isa);
+void sd_quantize_rows(const float *a, int64_t m, int64_t k, int8_t *qa, float *da, float *sa);
+void sd_matmul_cols(const sd_args *x, int64_t n0, int64_t n1);
+int sd_matmul(int format, int isa, const float *a, int64_t m, int64_t k, const uint8_t *w, int64_t n, float *y);
+#endif

@@ -1,0 +1,213 @@
+/* specdec's custom-op library for ONNX Runtime: op "MatMulBlocks" in domain "ai.specdec".
+ *
+ *   MatMulBlocks(A: float32 [..., K], B: uint8 [N, K / 32 * block bytes]) -> Y: float32 [..., N]
+ *   attributes: K, N, format (blocks.h: 0 Q8_0, 1 Q4_0, 2 Q4_1)
+ *
+ * ONNX Runtime's Python wheel ships no C headers, so the few parts of its C ABI this library uses
+ * are declared here: OrtApiBase, the OrtCustomOp struct as of API version 8, and the OrtApi
+ * functions it calls, by their slot in OrtApi. ONNX Runtime only ever appends to both structs
+ * (never reorders), so a slot number holds in every release that has it; ParallelFor is asked for
+ * by the API version that added it and used only when the runtime has it (else one thread).
+ */
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "blocks.h"
+
+#define EXPORT __attribute__((visibility("default")))
+
+typedef struct OrtStatus OrtStatus;
+typedef struct OrtApi OrtApi;  /* read as an array of function pointers, by slot */
+typedef struct OrtSessionOptions OrtSessionOptions;
+typedef struct OrtCustomOpDomain OrtCustomOpDomain;
+typedef struct OrtKernelInfo OrtKernelInfo;
+typedef struct OrtKernelContext OrtKernelContext;
+typedef struct OrtValue OrtValue;
+typedef struct OrtTensorTypeAndShapeInfo OrtShape;
+
+typedef struct {
+    const OrtApi *(*GetApi)(uint32_t version);
+    const char *(*GetVersionString)(void);
+} OrtApiBase;
+
+typedef struct OrtCustomOp {
+    uint32_t version;
+    void *(*CreateKernel)(const struct OrtCustomOp *op, const OrtApi *api, const OrtKernelInfo *info);
+    const char *(*GetName)(const struct OrtCustomOp *op);
+    const char *(*GetExecutionProviderType)(const struct OrtCustomOp *op);
+    int (*GetInputType)(const struct OrtCustomOp *op, size_t index);
+    size_t (*GetInputTypeCount)(const struct OrtCustomOp *op);
+    int (*GetOutputType)(const struct OrtCustomOp *op, size_t index);
+    size_t (*GetOutputTypeCount)(const struct OrtCustomOp *op);
+    void (*KernelCompute)(void *kernel, OrtKernelContext *context);
+    void (*KernelDestroy)(void *kernel);
+    int (*GetInputCharacteristic)(const struct OrtCustomOp *op, size_t index);
+    int (*GetOutputCharacteristic)(const struct OrtCustomOp *op, size_t index);
+} OrtCustomOp;
+
+enum { OP_VERSION = 8, API_BASE = 8, API_PARALLEL = 17 };
+enum { T_FLOAT = 1, T_UINT8 = 2, ORT_FAIL = 1 };
+
+/* OrtApi slots (zero-based) and their signatures */
+#define FN(api, slot, type) ((type)((void *const *)(api))[slot])
+#define CREATE_STATUS(api) FN(api, 0, OrtStatus *(*)(int, const char *))
+#define CREATE_DOMAIN(api) FN(api, 26, OrtStatus *(*)(const char *, OrtCustomOpDomain **))
+#define DOMAIN_ADD(api) FN(api, 27, OrtStatus *(*)(OrtCustomOpDomain *, const OrtCustomOp *))
+#define ADD_DOMAIN(api) FN(api, 28, OrtStatus *(*)(OrtSessionOptions *, OrtCustomOpDomain *))
+#define MUTABLE_DATA(api) FN(api, 51, OrtStatus *(*)(OrtValue *, void **))
+#define DIMS_COUNT(api) FN(api, 61, OrtStatus *(*)(const OrtShape *, size_t *))
+#define DIMS(api) FN(api, 62, OrtStatus *(*)(const OrtShape *, int64_t *, size_t))
+#define TYPE_AND_SHAPE(api) FN(api, 65, OrtStatus *(*)(const OrtValue *, OrtShape **))
+#define ATTR_INT64(api) FN(api, 86, OrtStatus *(*)(const OrtKernelInfo *, const char *, int64_t *))
+#define GET_INPUT(api) FN(api, 90, OrtStatus *(*)(const OrtKernelContext *, size_t, const OrtValue **))
+#define GET_OUTPUT(api) FN(api, 91, OrtStatus *(*)(OrtKernelContext *, size_t, const int64_t *, size_t, OrtValue **))
+#define RELEASE_STATUS(api) FN(api, 93, void (*)(OrtStatus *))
+#define RELEASE_SHAPE(api) FN(api, 99, void (*)(OrtShape *))
+#define PARALLEL_FOR(api) FN(api, 274, OrtStatus *(*)(const OrtKernelContext *, void (*)(void *, size_t), size_t, size_t, void *))
+
+static const OrtApi *API;          /* version 8: every slot below 170 */
+static const OrtApi *API_THREADS;  /* the version with ParallelFor, or NULL */
+static int ISA;
+
+typedef struct {
+    int64_t k, n;
+    int format;
+    pthread_mutex_t lock;  /* guards the scratch below (a session may run calls concurrently) */
+    int8_t *qa;
+    float *da, *sa;
+    int64_t capacity;  /* rows of K the scratch holds */
+} Kernel;
+
+#define CHECK(call) do { OrtStatus *st_ = (call); if (st_) { RELEASE_STATUS(API)(st_); return -1; } } while (0)
+
+static void *create_kernel(const OrtCustomOp *op, const OrtApi *api, const OrtKernelInfo *info) {
+    (void)op; (void)api;
+    Kernel *kr = calloc(1, sizeof(Kernel));
+    int64_t fmt = -1;
+    if (!kr) return NULL;
+    if (ATTR_INT64(API)(info, "K", &kr->k) || ATTR_INT64(API)(info, "N", &kr->n) || ATTR_INT64(API)(info, "format", &fmt)) {
+        free(kr);  /* a missing attribute: the graph was not made by specdec-export */
+        return NULL;
+    }
+    kr->format = (int)fmt;
+    pthread_mutex_init(&kr->lock, NULL);
+    return kr;
+}
+
+static void destroy_kernel(void *p) {
+    Kernel *kr = p;
+    if (!kr) return;
+    pthread_mutex_destroy(&kr->lock);
+    free(kr->qa); free(kr->da); free(kr->sa);
+    free(kr);
+}
+
+static int reserve(Kernel *kr, int64_t m) {
+    if (m <= kr->capacity) return 0;
+    int64_t nb = kr->k / SD_QK;
+    int8_t *qa = realloc(kr->qa, (size_t)(m * kr->k));
+    if (qa) kr->qa = qa;
+    float *da = realloc(kr->da, sizeof(float) * (size_t)(m * nb));
+    if (da) kr->da = da;
+    float *sa = realloc(kr->sa, sizeof(float) * (size_t)(m * nb));
+    if (sa) kr->sa = sa;
+    if (!qa || !da || !sa) return -1;
+    kr->capacity = m;
+    return 0;
+}
+
+typedef struct { const sd_args *x; int64_t chunk; } Split;
+
+static void run_chunk(void *p, size_t i) {
+    const Split *s = p;
+    int64_t n0 = (int64_t)i * s->chunk, n1 = n0 + s->chunk < s->x->n ? n0 + s->chunk : s->x->n;
+    sd_matmul_cols(s->x, n0, n1);
+}
+
+/* Y = A @ B; -1 where ONNX Runtime refused a call (its status is dropped: KernelCompute of
+ * version 8 returns nothing), -2 where A's last axis is not K. */
+static int compute(Kernel *kr, OrtKernelContext *ctx) {
+    const OrtValue *a, *b;
+    OrtValue *y;
+    OrtShape *shape;
+    int64_t dims[8];
+    size_t rank;
+    CHECK(GET_INPUT(API)(ctx, 0, &a));
+    CHECK(GET_INPUT(API)(ctx, 1, &b));
+    CHECK(TYPE_AND_SHAPE(API)(a, &shape));
+    OrtStatus *st = DIMS_COUNT(API)(shape, &rank);
+    if (!st && (rank < 1 || rank > 8)) rank = 0;
+    if (!st && rank) st = DIMS(API)(shape, dims, rank);
+    RELEASE_SHAPE(API)(shape);
+    if (st) { RELEASE_STATUS(API)(st); return -1; }
+    if (!rank || dims[rank - 1] != kr->k) return -2;
+    int64_t m = 1;
+    for (size_t i = 0; i + 1 < rank; i++) m *= dims[i];
+    dims[rank - 1] = kr->n;
+    CHECK(GET_OUTPUT(API)(ctx, 0, dims, rank, &y));
+    void *pa, *pb, *py;
+    CHECK(MUTABLE_DATA(API)((OrtValue *)a, &pa));
+    CHECK(MUTABLE_DATA(API)((OrtValue *)b, &pb));
+    CHECK(MUTABLE_DATA(API)(y, &py));
+    if (m == 0) return 0;
+
+    pthread_mutex_lock(&kr->lock);
+    int err = reserve(kr, m);
+    if (!err) {
+        sd_quantize_rows(pa, m, kr->k, kr->qa, kr->da, kr->sa);
+        sd_args x = {kr->format, ISA, m, kr->k, kr->n, kr->qa, kr->da, kr->sa, pb, py};
+        /* column chunks of 64: each thread streams its columns' blocks once for all m rows */
+        Split s = {&x, 64};
+        size_t chunks = (size_t)((kr->n + s.chunk - 1) / s.chunk);
+        OrtStatus *pst = API_THREADS && chunks > 1 ? PARALLEL_FOR(API_THREADS)(ctx, run_chunk, chunks, 0, &s) : NULL;
+        if (pst || !API_THREADS || chunks <= 1) {
+            if (pst) RELEASE_STATUS(API)(pst);
+            sd_matmul_cols(&x, 0, kr->n);
+        }
+    }
+    pthread_mutex_unlock(&kr->lock);
+    return err;
+}
+
+static void kernel_compute(void *p, OrtKernelContext *ctx) {
+    Kernel *kr = p;
+    int err = kr ? compute(kr, ctx) : -1;
+    (void)err;  /* nothing to return it through; specdec's load check catches a bundle this fails on */
+}
+
+static const char *op_name(const OrtCustomOp *op) { (void)op; return "MatMulBlocks"; }
+static const char *op_provider(const OrtCustomOp *op) { (void)op; return NULL; }  /* the CPU provider */
+static int input_type(const OrtCustomOp *op, size_t i) { (void)op; return i == 0 ? T_FLOAT : T_UINT8; }
+static size_t two(const OrtCustomOp *op) { (void)op; return 2; }
+static int output_type(const OrtCustomOp *op, size_t i) { (void)op; (void)i; return T_FLOAT; }
+static size_t one(const OrtCustomOp *op) { (void)op; return 1; }
+static int required(const OrtCustomOp *op, size_t i) { (void)op; (void)i; return 0; }
+
+static OrtCustomOp MATMUL_BLOCKS = {
+    OP_VERSION, create_kernel, op_name, op_provider, input_type, two, output_type, one,
+    kernel_compute, destroy_kernel, required, required,
+};
+
+/* What ONNX Runtime calls when a session registers this library. */
+EXPORT OrtStatus *RegisterCustomOps(OrtSessionOptions *options, const OrtApiBase *base) {
+    static OrtCustomOpDomain *domain;  /* one for the process: sessions share it, it outlives them */
+    static pthread_mutex_t once = PTHREAD_MUTEX_INITIALIZER;
+    OrtStatus *st = NULL;
+    pthread_mutex_lock(&once);
+    if (!domain) {
+        API = base->GetApi(API_BASE);
+        API_THREADS = base->GetApi(API_PARALLEL);  /* ORT >= 1.17; else one thread */
+        ISA = sd_best_isa();
+        if (API && !(st = CREATE_DOMAIN(API)("ai.specdec", &domain)) && (st = DOMAIN_ADD(API)(domain, &MATMUL_BLOCKS)))
+            domain = NULL;
+    }
+    pthread_mutex_unlock(&once);
+    if (!API) return NULL;  /* older than version 8: nothing can be said through it */
+    return st ? st : ADD_DOMAIN(API)(options, domain);
+}
+
+/* For specdec's load check and `specdec check`: which instruction set the products run on. */
+EXPORT const char *specdec_kernel_isa(void) { return sd_isa_name(sd_best_isa()); }
