@@ -11,12 +11,15 @@ from __future__ import annotations
 import ctypes
 import functools
 import importlib.util
-import warnings
+import os
 from pathlib import Path
 
 import numpy as np
 
 DOMAIN, OP = "ai.specdec", "MatMulBlocks"
+LIBRARY = "specdec.engines._kernels"  # the built library, as Python names it
+WITHOUT = ("nothing: these graphs load only with specdec's kernel library, built with the package where a C compiler was present "
+           "(re-install specdec with gcc or clang, or re-export with --kernel nbits for ONNX Runtime's MatMulNBits, which is not row-invariant)")
 FORMATS = {"q8_0": 0, "q4_0": 1, "q4_1": 2}  # the op's ``format`` attribute
 BLOCK = 32
 BLOCK_BYTES = {"q8_0": 34, "q4_0": 18, "q4_1": 20}  # GGUF's own block layouts
@@ -25,8 +28,10 @@ ISAS = {"portable": 0, "avx2": 1, "avx512-vnni": 2}
 
 @functools.cache
 def library() -> Path | None:
-    """The built library, or None where the install had no C compiler."""
-    spec = importlib.util.find_spec("specdec.engines._kernels")
+    """The built library, or None where the install had no C compiler (or ``SPECDEC_KERNELS=off``)."""
+    if os.environ.get("SPECDEC_KERNELS", "").lower() in ("0", "off", "no"):
+        return None
+    spec = importlib.util.find_spec(LIBRARY)
     return Path(spec.origin) if spec is not None and spec.origin else None
 
 
@@ -56,19 +61,11 @@ def isas() -> list[str]:
     return [name for name, i in ISAS.items() if lib is not None and lib.sd_isa_available(i)]
 
 
-@functools.cache
-def _warn_missing() -> None:
-    warnings.warn("specdec's block kernels are not built here (no C compiler at install?): quantized graphs run on ONNX Runtime's "
-                  "MatMulNBits, whose verify rows can differ from a 1-row call; reinstall specdec with gcc or clang present",
-                  RuntimeWarning, stacklevel=3)  # fmt: skip
-
-
 def register(options) -> bool:
-    """Register the op library with ``options`` (an ``onnxruntime.SessionOptions``); False, with one
-    warning per process, where it is missing."""
+    """Register the op library with ``options`` (an ``onnxruntime.SessionOptions``); False where it
+    is missing."""
     path = library()
     if path is None:
-        _warn_missing()
         return False
     options.register_custom_ops_library(str(path))
     return True

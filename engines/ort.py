@@ -21,6 +21,7 @@ from typing import Sequence
 import numpy as np
 import onnxruntime as ort
 
+from specdec.engines import blocks_op
 from specdec.engines.binding import CUDA_ATTENTION_DTYPES, Binding, stale_memories
 from specdec.engines.kv import NP_DTYPES, CrossKV, KVCache
 from specdec.engines.threads import ThreadPolicy
@@ -372,7 +373,13 @@ def open_session(
         options.enable_cpu_mem_arena = False
     # a rows graph's bodies sit in If nodes, which ORT does not capture: that session runs as on "cuda"
     providers = PROVIDERS["cuda" if provider in CAPTURE and spec.rows else provider]
-    session = ort.InferenceSession(str(bundle / spec.file), options, providers=providers)
+    try:
+        session = ort.InferenceSession(str(bundle / spec.file), options, providers=providers)
+    except Exception as e:  # ONNX Runtime raises its own exception types
+        if blocks_op.DOMAIN not in str(e) or blocks_op.library() is not None:
+            raise
+        raise EngineError(f"graph {name} uses specdec's row-invariant kernels ({blocks_op.DOMAIN}), and their library was not built "
+                          "with this install: re-install specdec where gcc or clang is present, or re-export with --kernel nbits") from None  # fmt: skip
     if first not in session.get_providers():  # ORT logs the failed load and goes on with the CPU alone
         raise EngineError(
             f"provider {provider!r}: ONNX Runtime could not start {first} for graph {name} (its log above names the missing library, "

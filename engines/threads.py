@@ -29,6 +29,8 @@ from dataclasses import dataclass
 
 import onnxruntime as ort
 
+from specdec.engines import blocks_op
+
 from specdec.errors import EngineError, InputError
 
 _global_pool: int | None = None  # the process-wide pool's size (0: one thread per core), once made
@@ -98,6 +100,7 @@ class ThreadPolicy:
         so = ort.SessionOptions()
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         so.log_severity_level = 3
+        blocks_op.register(so)  # quantized graphs' MatMulBlocks (engines/blocks_op.py)
         if self.shared_pool:
             _ensure_global_pool(self.threads or 0)
             so.use_per_session_threads = False

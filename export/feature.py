@@ -53,7 +53,7 @@ def tables(bundle: Path, manifest: Manifest) -> tuple[np.ndarray, np.ndarray, bo
     once, export/optimize.py): the head graph then does the same, so its file shares that tensor.
 
     A quantized target (export/quantize.py) keeps its embedding float32 and its LM head in
-    q8_0 blocks (``MatMulNBits``, 8 bits, no zero point). Its LM head is read back as the
+    q8_0 blocks (``MatMulBlocks`` format q8_0, or ``MatMulNBits``, 8 bits, no zero point). Its LM head is read back as the
     float weights those blocks hold: the float table itself when it is tied (its gather table,
     whose q8_0 blocks the head's own quantization gives back exactly), else the dequantized
     blocks (q8_0 is idempotent, export/blocks.py)."""
@@ -64,17 +64,24 @@ def tables(bundle: Path, manifest: Manifest) -> tuple[np.ndarray, np.ndarray, bo
     _, head = features.head_input(proto.graph, g.io.logits)
     floats = head.op_type in ("MatMul", "FusedMatMul", "Gemm")
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in head.attribute}
+    from specdec.engines.blocks_op import FORMATS
+
     blocked = head.op_type == "MatMulNBits" and attrs.get("bits") == 8 and len(head.input) == 3
-    if gather is None or not (floats or blocked) or head.input[1] not in inits:
+    gguf = head.op_type == "MatMulBlocks" and attrs.get("format") == FORMATS["q8_0"]
+    if gather is None or not (floats or blocked or gguf) or head.input[1] not in inits:
         raise ExportError(f"graph {name}: a feature drafter needs the target's float embedding and an LM head in float "
                           f"or q8_0 blocks (found {head.op_type}); export the target float32 or with --quantize int8/int4")  # fmt: skip
     axis = next((onnx.helper.get_attribute_value(a) for a in gather.attribute if a.name == "axis"), 0)
     table = _external_array(bundle, inits[gather.input[0]]).astype(np.float32)
     embed = table.T if axis == 1 else table  # [V, d]
-    if blocked:
-        tied = axis == 1 and head.input[1] == gather.input[0] + "_q8"  # export/quantize.py names a weight's blocks so
+    if blocked or gguf:
+        tied = axis == 1 and head.input[1] == gather.input[0] + ("_q8" if blocked else "_q8_0")  # export/quantize.py names a weight's blocks so
         if tied:
             w = table
+        elif gguf:
+            from specdec.export.blocks import dequantize_gguf_blocks
+
+            w = dequantize_gguf_blocks(_external_array(bundle, inits[head.input[1]]), "q8_0", attrs["K"])
         else:
             from specdec.export.blocks import dequantize_q8_0
 
@@ -145,7 +152,7 @@ def add_head(stage: Path, manifest: Manifest, head, record: dict, seed: int = 0,
     target's own LM head for those tokens); its embedding stays the target's float table."""
     from specdec.export.head import export_head
     from specdec.export.optimize import optimize_for_cpu
-    from specdec.export.quantize import quantize_weight_only
+    from specdec.export.quantize import quantize_weight_only, scheme_for
     from specdec.export.weights import share_with
 
     if manifest.dtype != "float32":
@@ -155,8 +162,8 @@ def add_head(stage: Path, manifest: Manifest, head, record: dict, seed: int = 0,
     file = f"{HEAD_GRAPH}.onnx"
     inputs, outputs, io = export_head(head, stage / file, manifest.max_seq_len, manifest.dtype)
     optimize_for_cpu(stage / file, manifest.max_seq_len)
-    if quantize:
-        quantize_weight_only(stage / file, quantize)
+    if quantize:  # a drafter needs no row invariance: ONNX Runtime's MatMulNBits, so a float32 bundle needs no kernel library
+        quantize_weight_only(stage / file, quantize, scheme_for(quantize, kernel="nbits"))
     base = [g.file for g in manifest.graphs.values() if g.model == "target"]
     shared = share_with(stage, "head", file, base)
     data = sorted({(e.value) for t in onnx.load(str(stage / file), load_external_data=False).graph.initializer

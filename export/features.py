@@ -8,7 +8,7 @@ pass only names it as an output:
     features := Identity(h)          float32 [B, S, d], B and S as the graph's logits
 
 Found by walking back from ``logits`` through element-wise ops to the first head product
-(MatMul, FusedMatMul, Gemm, MatMulNBits), so it holds for every family, tied or untied head,
+(MatMul, FusedMatMul, Gemm, MatMulNBits, MatMulBlocks), so it holds for every family, tied or untied head,
 float or quantized, and for every graph kind (dynamic, fixed-length, batched, tree, portable)
 without exporting anything again: the weights are untouched.
 """
@@ -21,7 +21,7 @@ from onnx import helper
 from specdec.manifest import body_output
 
 FEATURES = "features"
-HEAD_OPS = {"MatMul", "FusedMatMul", "Gemm", "MatMulNBits"}
+HEAD_OPS = {"MatMul", "FusedMatMul", "Gemm", "MatMulNBits", "MatMulBlocks"}
 PASS_THROUGH = {"Mul", "Div", "Tanh", "Cast", "Identity", "Add", "Softcap"}
 
 

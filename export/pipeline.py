@@ -73,6 +73,7 @@ class ExportConfig:
     dtype: str = "float32"
     quantize: str | None = None
     draft_quantize: str | None = None  # None: as ``quantize`` (int8 under int4: DRAFT_DEFAULT); "none": float weights
+    kernel: str = "blocks"  # what runs int8/int4 weights: export/quantize.py WeightOnly.kernel
     portable: bool = False
     max_batch: int = 1  # > 1: also batched graphs for the continuous-batching engine
     batch_graphs: str = "rows"  # "rows": one rows graph per model (export/rows.py); "per-size": one session per row count
@@ -119,6 +120,8 @@ class ExportConfig:
         if self.dtype not in DTYPES:
             raise ConfigError(f"--dtype {self.dtype}: expected one of {', '.join(DTYPES)}")
         names = ", ".join(q for q in QUANTIZATIONS if q)
+        if self.kernel not in ("blocks", "nbits"):
+            raise ConfigError(f"--kernel {self.kernel}: expected blocks (specdec's row-invariant kernels) or nbits (ONNX Runtime's MatMulNBits)")
         if self.quantize not in QUANTIZATIONS:
             raise ConfigError(f"--quantize {self.quantize}: expected one of {names}, or nothing for float weights")
         if self.draft_quantize not in (None, "none", *QUANTIZATIONS):
@@ -405,7 +408,8 @@ def _build(cfg: ExportConfig, read: tuple[dict[str, Source], int | None, int], f
             manifest = dataclasses.replace(manifest, drafter=fallback)
         progress("write bundle")
         (tmp / LOG_FILE).write_text(log.text())
-        manifest = commit(tmp, cfg.out, dataclasses.replace(manifest, export_log=LOG_FILE))  # with every file's size and digest
+        manifest = dataclasses.replace(manifest, export_log=LOG_FILE, custom_ops=_custom_ops(manifest.graphs, tmp))
+        manifest = commit(tmp, cfg.out, manifest)  # with every file's size and digest
     return manifest
 
 
@@ -486,6 +490,17 @@ def save_chat_template(tokenizer, folder: Path, given: Path | None = None) -> st
     return f"{folder.name}/chat_template.jinja"
 
 
+def _custom_ops(graphs: dict[str, GraphSpec], folder: Path) -> dict | None:
+    """The manifest's word on specdec's own ops, where a graph uses them (int8/int4 blocks)."""
+    import onnx
+
+    from specdec.engines.blocks_op import DOMAIN, LIBRARY, WITHOUT
+
+    ops = sorted({n.op_type for g in graphs.values() for n in onnx.load(str(folder / g.file), load_external_data=False).graph.node
+                  if n.domain == DOMAIN})  # fmt: skip
+    return {"domain": DOMAIN, "ops": ops, "library": LIBRARY, "without": WITHOUT} if ops else None
+
+
 def _manifest(cfg: ExportConfig, target: Source, specs: dict[str, ModelSpec], graphs: dict[str, GraphSpec], max_seq: int, *,
               tokenizer: str | None, chat_template: str | None, ngram: dict | None, validation: dict,
               max_source: int | None = None) -> Manifest:  # fmt: skip
@@ -533,7 +548,7 @@ def _export_graph(plan: GraphPlan, ctx: ExportContext, model, progress: Progress
             if quantization == "dynamic-int8":
                 quantize_int8(ctx.tmp / file)
             else:
-                quantize_weight_only(ctx.tmp / file, quantization, scheme_for(quantization, ctx.gguf_types.get(plan.model, ())))
+                quantize_weight_only(ctx.tmp / file, quantization, scheme_for(quantization, ctx.gguf_types.get(plan.model, ()), cfg.kernel))
     return GraphSpec(file, sha256_of(ctx.tmp / file), plan.model, plan.role, tokens, inputs, outputs, io, external_files(ctx.tmp / file),
                      plan.flavour, plan.batch)  # fmt: skip
 

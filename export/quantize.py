@@ -77,14 +77,25 @@ class WeightOnly:
     block matrices (``body``) and for the LM head (``head``, the MatMul that makes the logits),
     run by ONNX Runtime's ``MatMulNBits``.
 
-    accuracy_level: 4 computes with int8 activations quantized per block (MLAS's fast CPU path,
-        as llama.cpp's Q4_1 x Q8_1 dot products); 0 in float32 (slower on CPU; ~30x with a zero point).
+    kernel: "blocks" runs them with specdec's ``MatMulBlocks`` (engines/csrc/: GGUF's own blocks,
+        Q4_1's minimum included, each row's bits independent of the call's other rows); "nbits"
+        with ONNX Runtime's ``MatMulNBits`` (Q4_1's minimum as a float32 residual; rows of a verify
+        call can differ from a 1-row call at an int8 rounding boundary: docs/exactness.md).
+    accuracy_level: MatMulNBits only. 4 computes with int8 activations quantized per block (MLAS's
+        fast CPU path, as llama.cpp's Q4_1 x Q8_1 dot products); 0 in float32 (slow on CPU).
     """
 
     body: str
     head: str = "q8_0"
     block_size: int = 32
     accuracy_level: int = 4
+    kernel: str = "blocks"
+
+    def __post_init__(self) -> None:
+        if self.kernel not in ("blocks", "nbits"):
+            raise ValueError(f"kernel {self.kernel!r}: expected blocks (specdec's MatMulBlocks) or nbits (ONNX Runtime's MatMulNBits)")
+        if self.kernel == "blocks" and self.block_size != 32:
+            raise ValueError(f"block_size {self.block_size} with the blocks kernel: GGUF's blocks are 32 wide; use kernel='nbits'")
 
 
 # Chosen on a real model (SmolLM2-135M-Instruct, docs/quantization.md), one change at a time:
@@ -96,11 +107,11 @@ PRECISIONS = {
 }
 
 
-def scheme_for(kind: str, gguf_types: tuple[str, ...] = ()) -> WeightOnly:
+def scheme_for(kind: str, gguf_types: tuple[str, ...] = (), kernel: str = "blocks") -> WeightOnly:
     """``kind``'s scheme for a source whose GGUF tensor types are ``gguf_types`` (() for other
-    sources): int4 of a file whose 4-bit matrices are Q4_0 (and none Q4_1) takes the q4_0 recipe,
-    which gives its blocks back exactly (q4_1 would move them onto another grid)."""
-    s = PRECISIONS[kind]
+    sources), run by ``kernel``: int4 of a file whose 4-bit matrices are Q4_0 (and none Q4_1) takes
+    the q4_0 recipe, which gives its blocks back exactly (q4_1 would move them onto another grid)."""
+    s = replace(PRECISIONS[kind], kernel=kernel)
     if kind == "int4" and "Q4_0" in gguf_types and "Q4_1" not in gguf_types:
         return replace(s, body="q4_0")
     return s
@@ -154,6 +165,13 @@ class _Blocked:
         from specdec.export import blocks
 
         k, n = w.shape
+        if self.s.kernel == "blocks":
+            from specdec.engines.blocks_op import DOMAIN, FORMATS, OP
+
+            ins = [node.input[0], self._const(node.input[1] + f"_{recipe}", blocks.gguf_blocks(w, recipe, self.s.block_size))]
+            self.nodes.append(helper.make_node(OP, ins, list(node.output), name=node.name + f"_{recipe}", domain=DOMAIN, K=k, N=n,
+                                               format=FORMATS[recipe]))  # fmt: skip
+            return
         x, base, out = node.input[0], node.input[1], node.output[0]
         attrs = dict(K=k, N=n, block_size=self.s.block_size, accuracy_level=self.s.accuracy_level)
         if recipe == "q8_0":
@@ -189,10 +207,25 @@ def _used_names(graph: onnx.GraphProto) -> set[str]:
     return used
 
 
+def row_invariant_attention(graph: onnx.GraphProto) -> int:
+    """GroupQueryAttention nodes specdec's own op can run (no position_ids, no attention bias:
+    every graph but trees' and encoder-decoders') moved to the ``ai.specdec`` domain, whose kernel
+    gives each row the same bits at every call width (engines/csrc/attention.c); returns how many."""
+    from specdec.engines.blocks_op import DOMAIN
+
+    moved = 0
+    for node in graph.node:
+        if node.op_type == "GroupQueryAttention" and node.domain == "com.microsoft" and not any(node.input[9:]):
+            node.domain = DOMAIN
+            moved += 1
+    return moved
+
+
 def quantize_weight_only(path: Path, kind: str, scheme: WeightOnly | None = None) -> None:
     """Replace ``path`` (and its ``.data``) with a graph whose MatMul weights are stored in
-    blocks by ``kind``'s scheme (``PRECISIONS``, or ``scheme``) and run by ONNX Runtime's
-    ``MatMulNBits``; activations, embeddings, norms and the KV cache stay float32.
+    blocks by ``kind``'s scheme (``PRECISIONS``, or ``scheme``) and run by its kernel
+    (``MatMulBlocks`` or ONNX Runtime's ``MatMulNBits``); activations, embeddings, norms and the
+    KV cache stay float32.
     A MatMul whose K is not a multiple of the block size stays float32."""
     s = scheme or PRECISIONS[kind]
     model = onnx.load(str(path))
@@ -208,12 +241,15 @@ def quantize_weight_only(path: Path, kind: str, scheme: WeightOnly | None = None
             out.rewrite(node, onnx.numpy_helper.to_array(w), s.head if node.name in head else s.body)
     del model.graph.node[:]
     model.graph.node.extend(out.nodes)
+    if s.kernel == "blocks":  # the activations the blocks quantize, computed alike at every call width
+        row_invariant_attention(model.graph)
     used = _used_names(model.graph) | {o.name for o in model.graph.output}
     kept = [t for t in model.graph.initializer if t.name in used]  # float weights now unused are dropped
     del model.graph.initializer[:]
     model.graph.initializer.extend(kept + out.inits)
-    if not any(o.domain == "com.microsoft" for o in model.opset_import):
-        model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    domain = "com.microsoft" if s.kernel == "nbits" else "ai.specdec"
+    if not any(o.domain == domain for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(domain, 1))
     for old in (path, path.with_name(path.name + ".data")):
         old.unlink(missing_ok=True)
     onnx.save_model(model, str(path), save_as_external_data=True, location=path.name + ".data")

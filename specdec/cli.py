@@ -120,9 +120,13 @@ def _plan_trees(rank_acceptance: str, cost: float, tree_cost: Path | None, max_d
 @click.option("--max-seq-len", default=None, type=int, help="KV cache rows: prompt + output tokens of the longest request [default: 2048, or the models' positions if fewer].")
 @click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "float16"]))
 @click.option("--quantize", default=None, type=click.Choice(["int8", "int4", "dynamic-int8"]),
-              help="Weight-only int8/int4 in llama.cpp's Q8_0/Q4_1 blocks of 32 (ONNX Runtime MatMulNBits; a GGUF's own "
+              help="Weight-only int8/int4 in llama.cpp's Q8_0/Q4_1 blocks of 32 (run by --kernel; a GGUF's own "
                    "blocks are kept; exact decoding of the quantized target), or dynamic-int8 (quantize_dynamic: activations "
                    "scaled per call, so NOT exact).")
+@click.option("--kernel", default="blocks", show_default=True, type=click.Choice(["blocks", "nbits"]),
+              help="What runs --quantize int8/int4: blocks, specdec's kernels (a row's bits the same in a verify call as alone, so "
+                   "speculative greedy output is the autoregressive one token for token; CPU; the library built with the package); "
+                   "nbits, ONNX Runtime's MatMulNBits (no library needed, CUDA kernels; verify rows may differ at int8 rounding).")
 @click.option("--draft-quantize", default=None, type=click.Choice(["none", "int8", "int4", "dynamic-int8"]),
               help="The draft's weights, when they should differ from the target's [default: as --quantize; int8 under int4; a feature head's matrices int8 also in a float32 bundle, float32 with none].")
 @click.option("--portable", is_flag=True, help="Also write standard-op, static-shape verify/step graphs (run by the CPU engine).")

@@ -158,7 +158,7 @@ class ModelSpec:
     hidden_size: int
     max_position_embeddings: int
     parameters: int
-    quantization: str | None = None  # None (float weights), "int8"/"int4" (MatMulNBits) or "dynamic-int8"
+    quantization: str | None = None  # None (float weights), "int8"/"int4" (block weights: MatMulBlocks) or "dynamic-int8"
 
 
 def is_stop(value) -> bool:
@@ -194,6 +194,7 @@ class Manifest:
     feature: dict[str, Any] | None = None  # {"width", "training": {...}}: how the head was trained, and the feature width d
     drafter: dict[str, Any] | None = None  # {"name", "gamma", "why"[, "stop_below"]}: the bundle's default drafter and γ; None: the draft model at gamma
     export_log: str | None = None  # relative path of what the libraries printed during export (not hashed: a bundle loads without it)
+    custom_ops: dict[str, Any] | None = None  # {"domain", "ops", "library", "without"}: specdec's own kernels the graphs use (int8/int4)
     schema_version: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:

@@ -1,7 +1,11 @@
-/* specdec's custom-op library for ONNX Runtime: op "MatMulBlocks" in domain "ai.specdec".
+/* specdec's custom-op library for ONNX Runtime, domain "ai.specdec": the two ops whose rows do
+ * not depend on the call's other rows (a verify call of gamma + 1 rows gives each row the bits
+ * a 1-row call gives it).
  *
  *   MatMulBlocks(A: float32 [..., K], B: uint8 [N, K / 32 * block bytes]) -> Y: float32 [..., N]
- *   attributes: K, N, format (blocks.h: 0 Q8_0, 1 Q4_0, 2 Q4_1)
+ *       attributes: K, N, format (blocks.h: 0 Q8_0, 1 Q4_0, 2 Q4_1)
+ *   GroupQueryAttention: com.microsoft's inputs, outputs and attributes (batch 1, no attention
+ *       bias), over the same in-place buffers (attention.c)
  *
  * ONNX Runtime's Python wheel ships no C headers, so the few parts of its C ABI this library uses
  * are declared here: OrtApiBase, the OrtCustomOp struct as of API version 8, and the OrtApi
@@ -10,67 +14,39 @@
  * by the API version that added it and used only when the runtime has it (else one thread).
  */
 #include <pthread.h>
-#include <stddef.h>
-#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "blocks.h"
+#include "ort_abi.h"
 
-#define EXPORT __attribute__((visibility("default")))
+const OrtApi *API;
+const OrtApi *API_THREADS;
+int ISA;
 
-typedef struct OrtStatus OrtStatus;
-typedef struct OrtApi OrtApi;  /* read as an array of function pointers, by slot */
-typedef struct OrtSessionOptions OrtSessionOptions;
-typedef struct OrtCustomOpDomain OrtCustomOpDomain;
-typedef struct OrtKernelInfo OrtKernelInfo;
-typedef struct OrtKernelContext OrtKernelContext;
-typedef struct OrtValue OrtValue;
-typedef struct OrtTensorTypeAndShapeInfo OrtShape;
+int sd_input(const OrtKernelContext *ctx, size_t i, void **data, int64_t *dims, size_t *rank) {
+    const OrtValue *v;
+    OrtShape *shape;
+    *data = NULL;
+    *rank = 0;
+    CHECK(GET_INPUT(API)(ctx, i, &v));
+    if (!v) return 0;
+    CHECK(TYPE_AND_SHAPE(API)(v, &shape));
+    OrtStatus *st = DIMS_COUNT(API)(shape, rank);
+    if (!st && *rank > 8) *rank = 0;
+    if (!st && *rank) st = DIMS(API)(shape, dims, *rank);
+    RELEASE_SHAPE(API)(shape);
+    if (st) { RELEASE_STATUS(API)(st); return -1; }
+    CHECK(MUTABLE_DATA(API)((OrtValue *)v, data));
+    return 0;
+}
 
-typedef struct {
-    const OrtApi *(*GetApi)(uint32_t version);
-    const char *(*GetVersionString)(void);
-} OrtApiBase;
-
-typedef struct OrtCustomOp {
-    uint32_t version;
-    void *(*CreateKernel)(const struct OrtCustomOp *op, const OrtApi *api, const OrtKernelInfo *info);
-    const char *(*GetName)(const struct OrtCustomOp *op);
-    const char *(*GetExecutionProviderType)(const struct OrtCustomOp *op);
-    int (*GetInputType)(const struct OrtCustomOp *op, size_t index);
-    size_t (*GetInputTypeCount)(const struct OrtCustomOp *op);
-    int (*GetOutputType)(const struct OrtCustomOp *op, size_t index);
-    size_t (*GetOutputTypeCount)(const struct OrtCustomOp *op);
-    void (*KernelCompute)(void *kernel, OrtKernelContext *context);
-    void (*KernelDestroy)(void *kernel);
-    int (*GetInputCharacteristic)(const struct OrtCustomOp *op, size_t index);
-    int (*GetOutputCharacteristic)(const struct OrtCustomOp *op, size_t index);
-} OrtCustomOp;
-
-enum { OP_VERSION = 8, API_BASE = 8, API_PARALLEL = 17 };
-enum { T_FLOAT = 1, T_UINT8 = 2, ORT_FAIL = 1 };
-
-/* OrtApi slots (zero-based) and their signatures */
-#define FN(api, slot, type) ((type)((void *const *)(api))[slot])
-#define CREATE_STATUS(api) FN(api, 0, OrtStatus *(*)(int, const char *))
-#define CREATE_DOMAIN(api) FN(api, 26, OrtStatus *(*)(const char *, OrtCustomOpDomain **))
-#define DOMAIN_ADD(api) FN(api, 27, OrtStatus *(*)(OrtCustomOpDomain *, const OrtCustomOp *))
-#define ADD_DOMAIN(api) FN(api, 28, OrtStatus *(*)(OrtSessionOptions *, OrtCustomOpDomain *))
-#define MUTABLE_DATA(api) FN(api, 51, OrtStatus *(*)(OrtValue *, void **))
-#define DIMS_COUNT(api) FN(api, 61, OrtStatus *(*)(const OrtShape *, size_t *))
-#define DIMS(api) FN(api, 62, OrtStatus *(*)(const OrtShape *, int64_t *, size_t))
-#define TYPE_AND_SHAPE(api) FN(api, 65, OrtStatus *(*)(const OrtValue *, OrtShape **))
-#define ATTR_INT64(api) FN(api, 86, OrtStatus *(*)(const OrtKernelInfo *, const char *, int64_t *))
-#define GET_INPUT(api) FN(api, 90, OrtStatus *(*)(const OrtKernelContext *, size_t, const OrtValue **))
-#define GET_OUTPUT(api) FN(api, 91, OrtStatus *(*)(OrtKernelContext *, size_t, const int64_t *, size_t, OrtValue **))
-#define RELEASE_STATUS(api) FN(api, 93, void (*)(OrtStatus *))
-#define RELEASE_SHAPE(api) FN(api, 99, void (*)(OrtShape *))
-#define PARALLEL_FOR(api) FN(api, 274, OrtStatus *(*)(const OrtKernelContext *, void (*)(void *, size_t), size_t, size_t, void *))
-
-static const OrtApi *API;          /* version 8: every slot below 170 */
-static const OrtApi *API_THREADS;  /* the version with ParallelFor, or NULL */
-static int ISA;
+void sd_parallel(OrtKernelContext *ctx, void (*fn)(void *, size_t), size_t total, void *usr) {
+    OrtStatus *st = API_THREADS && total > 1 ? PARALLEL_FOR(API_THREADS)(ctx, fn, total, 0, usr) : NULL;
+    if (st) RELEASE_STATUS(API)(st);
+    if (st || !API_THREADS || total <= 1)
+        for (size_t i = 0; i < total; i++) fn(usr, i);
+}
 
 typedef struct {
     int64_t k, n;
@@ -80,8 +56,6 @@ typedef struct {
     float *da, *sa;
     int64_t capacity;  /* rows of K the scratch holds */
 } Kernel;
-
-#define CHECK(call) do { OrtStatus *st_ = (call); if (st_) { RELEASE_STATUS(API)(st_); return -1; } } while (0)
 
 static void *create_kernel(const OrtCustomOp *op, const OrtApi *api, const OrtKernelInfo *info) {
     (void)op; (void)api;
@@ -130,27 +104,16 @@ static void run_chunk(void *p, size_t i) {
 /* Y = A @ B; -1 where ONNX Runtime refused a call (its status is dropped: KernelCompute of
  * version 8 returns nothing), -2 where A's last axis is not K. */
 static int compute(Kernel *kr, OrtKernelContext *ctx) {
-    const OrtValue *a, *b;
+    void *pa, *pb, *py;
+    int64_t dims[8], wdims[8];
+    size_t rank, wrank;
     OrtValue *y;
-    OrtShape *shape;
-    int64_t dims[8];
-    size_t rank;
-    CHECK(GET_INPUT(API)(ctx, 0, &a));
-    CHECK(GET_INPUT(API)(ctx, 1, &b));
-    CHECK(TYPE_AND_SHAPE(API)(a, &shape));
-    OrtStatus *st = DIMS_COUNT(API)(shape, &rank);
-    if (!st && (rank < 1 || rank > 8)) rank = 0;
-    if (!st && rank) st = DIMS(API)(shape, dims, rank);
-    RELEASE_SHAPE(API)(shape);
-    if (st) { RELEASE_STATUS(API)(st); return -1; }
+    if (sd_input(ctx, 0, &pa, dims, &rank) || sd_input(ctx, 1, &pb, wdims, &wrank)) return -1;
     if (!rank || dims[rank - 1] != kr->k) return -2;
     int64_t m = 1;
     for (size_t i = 0; i + 1 < rank; i++) m *= dims[i];
     dims[rank - 1] = kr->n;
     CHECK(GET_OUTPUT(API)(ctx, 0, dims, rank, &y));
-    void *pa, *pb, *py;
-    CHECK(MUTABLE_DATA(API)((OrtValue *)a, &pa));
-    CHECK(MUTABLE_DATA(API)((OrtValue *)b, &pb));
     CHECK(MUTABLE_DATA(API)(y, &py));
     if (m == 0) return 0;
 
@@ -161,12 +124,7 @@ static int compute(Kernel *kr, OrtKernelContext *ctx) {
         sd_args x = {kr->format, ISA, m, kr->k, kr->n, kr->qa, kr->da, kr->sa, pb, py};
         /* column chunks of 64: each thread streams its columns' blocks once for all m rows */
         Split s = {&x, 64};
-        size_t chunks = (size_t)((kr->n + s.chunk - 1) / s.chunk);
-        OrtStatus *pst = API_THREADS && chunks > 1 ? PARALLEL_FOR(API_THREADS)(ctx, run_chunk, chunks, 0, &s) : NULL;
-        if (pst || !API_THREADS || chunks <= 1) {
-            if (pst) RELEASE_STATUS(API)(pst);
-            sd_matmul_cols(&x, 0, kr->n);
-        }
+        sd_parallel(ctx, run_chunk, (size_t)((kr->n + s.chunk - 1) / s.chunk), &s);
     }
     pthread_mutex_unlock(&kr->lock);
     return err;
@@ -201,7 +159,8 @@ EXPORT OrtStatus *RegisterCustomOps(OrtSessionOptions *options, const OrtApiBase
         API = base->GetApi(API_BASE);
         API_THREADS = base->GetApi(API_PARALLEL);  /* ORT >= 1.17; else one thread */
         ISA = sd_best_isa();
-        if (API && !(st = CREATE_DOMAIN(API)("ai.specdec", &domain)) && (st = DOMAIN_ADD(API)(domain, &MATMUL_BLOCKS)))
+        if (API && !(st = CREATE_DOMAIN(API)("ai.specdec", &domain)) &&
+            ((st = DOMAIN_ADD(API)(domain, &MATMUL_BLOCKS)) || (st = DOMAIN_ADD(API)(domain, &SD_ATTENTION_OP))))
             domain = NULL;
     }
     pthread_mutex_unlock(&once);

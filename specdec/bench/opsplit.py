@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-MATMUL_OPS = frozenset({"MatMul", "MatMulNBits", "FusedMatMul", "MatMulInteger", "DynamicQuantizeMatMul", "Gemm", "MatMulIntegerToFloat"})
+MATMUL_OPS = frozenset({"MatMul", "MatMulNBits", "MatMulBlocks", "FusedMatMul", "MatMulInteger", "DynamicQuantizeMatMul", "Gemm", "MatMulIntegerToFloat"})
 ATTENTION_OPS = frozenset({"GroupQueryAttention", "MultiHeadAttention", "Attention"})
 
 

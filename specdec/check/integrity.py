@@ -52,8 +52,11 @@ def _declared_onnx(path: Path) -> tuple[list, list]:
 def _declared_ort(path: Path) -> tuple[list, list]:
     import onnxruntime as ort
 
+    from specdec.engines import blocks_op
+
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    blocks_op.register(opts)  # int8/int4 graphs' ai.specdec ops
     s = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
 
     def one(a):

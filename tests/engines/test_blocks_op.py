@@ -125,3 +125,58 @@ def test_the_op_in_onnx_runtime_is_the_kernel_on_any_threads(fmt):
     for s in range(1, 9):  # a verify call of s rows against the rows of the full call
         np.testing.assert_array_equal(two.run(None, {"a": a[:1, :s]})[0], y[:1, :s])
     assert two.run(None, {"a": np.zeros((1, 0, k), np.float32)})[0].shape == (1, 0, n)
+
+
+# -- attention ------------------------------------------------------------------------------------
+
+H, KV, D, T = 4, 2, 16, 24  # heads, kv heads, head size, buffer rows
+
+
+def attention_model(domain: str, window: int, softcap: float, interleaved: int) -> bytes:
+    f, i32 = TensorProto.FLOAT, TensorProto.INT32
+    ins = [helper.make_tensor_value_info("qkv", f, [1, "s", (H + 2 * KV) * D]),
+           helper.make_tensor_value_info("past_key", f, [1, KV, T, D]), helper.make_tensor_value_info("past_value", f, [1, KV, T, D]),
+           helper.make_tensor_value_info("seqlens_k", i32, [1]), helper.make_tensor_value_info("total", i32, []),
+           helper.make_tensor_value_info("cos", f, [T, D // 2]), helper.make_tensor_value_info("sin", f, [T, D // 2])]  # fmt: skip
+    outs = [helper.make_tensor_value_info("out", f, [1, "s", H * D]),
+            helper.make_tensor_value_info("present_key", f, [1, KV, T, D]), helper.make_tensor_value_info("present_value", f, [1, KV, T, D])]  # fmt: skip
+    attrs = dict(num_heads=H, kv_num_heads=KV, scale=0.3, local_window_size=window, do_rotary=1, rotary_interleaved=interleaved)
+    if softcap:
+        attrs["softcap"] = softcap
+    node = helper.make_node("GroupQueryAttention", ["qkv", "", "", "past_key", "past_value", "seqlens_k", "total", "cos", "sin"],
+                            ["out", "present_key", "present_value"], domain=domain, **attrs)  # fmt: skip
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid(domain, 1)]
+    return helper.make_model(helper.make_graph([node], "attention", ins, outs), opset_imports=opsets).SerializeToString()
+
+
+def attend(s: ort.InferenceSession, qkv: np.ndarray, past: tuple[np.ndarray, np.ndarray], start: int):
+    """qkv's rows at positions start.. over the buffers ``past`` (rows [0, start) written)."""
+    n = qkv.shape[1]
+    angles = np.arange(T)[:, None] / (10000 ** (np.arange(D // 2) / (D // 2)))  # [T, D/2]
+    feeds = {"qkv": qkv, "past_key": past[0], "past_value": past[1], "seqlens_k": np.array([start + n - 1], np.int32),
+             "total": np.array(start + n, np.int32), "cos": np.cos(angles).astype(np.float32), "sin": np.sin(angles).astype(np.float32)}  # fmt: skip
+    out, key, value = s.run(None, feeds)
+    return out, (key, value)
+
+
+@pytest.mark.parametrize("window, softcap, interleaved", [(-1, 0.0, 0), (5, 0.0, 1), (-1, 4.0, 0)])
+def test_attention_is_onnx_runtimes_and_row_invariant(window, softcap, interleaved):
+    """ai.specdec's GroupQueryAttention against com.microsoft's on the same inputs (packed qkv,
+    rotary, a window, soft-capping): the same values to 1e-5 of their scale (float32 reductions in
+    another order); and a verify call of 5 rows gives each row the bits of 5 one-row calls."""
+    rng = np.random.default_rng(2 + window + 7 * interleaved)
+    ours, theirs = (session(attention_model(d, window, softcap, interleaved), 2) for d in (blocks_op.DOMAIN, "com.microsoft"))
+    past = tuple(rng.standard_normal((1, KV, T, D)).astype(np.float32) for _ in range(2))  # rows [0, 9) are a prefix's
+    qkv = rng.standard_normal((1, 5, (H + 2 * KV) * D)).astype(np.float32)
+    got, (key, value) = attend(ours, qkv, tuple(p.copy() for p in past), 9)
+    want, (wkey, wvalue) = attend(theirs, qkv, tuple(p.copy() for p in past), 9)
+    np.testing.assert_allclose(got, want, atol=1e-5 * np.abs(want).max(), rtol=0)
+    np.testing.assert_allclose(key[:, :, :14], wkey[:, :, :14], atol=1e-5, rtol=0)  # the prefix kept, the new rows rotated alike
+    np.testing.assert_array_equal(value[:, :, :14], wvalue[:, :, :14])
+    one = tuple(p.copy() for p in past)
+    rows = []
+    for i in range(5):
+        out, one = attend(ours, qkv[:, i : i + 1], one, 9 + i)
+        rows.append(out)
+    np.testing.assert_array_equal(np.concatenate(rows, axis=1), got)
+    np.testing.assert_array_equal(one[0][:, :, :14], key[:, :, :14])

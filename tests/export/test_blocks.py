@@ -9,6 +9,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from specdec.engines import blocks_op
 from specdec.export import blocks
 from specdec.export.quantize import PRECISIONS, WeightOnly, head_matmuls, quantize_weight_only, scheme_for
 
@@ -98,7 +99,7 @@ def test_matmul_nbits_graph_computes_the_blocks(tmp_path, recipe, accuracy_level
     w = weights(k, n, seed=2)
     path = tmp_path / "m.onnx"
     onnx.save(matmul_model(k, n, w, head=False), str(path))
-    quantize_weight_only(path, "int4", WeightOnly(body=recipe, accuracy_level=accuracy_level))
+    quantize_weight_only(path, "int4", WeightOnly(body=recipe, accuracy_level=accuracy_level, kernel="nbits"))
     model = onnx.load(str(path))
     ops = [x.op_type for x in model.graph.node]
     assert ops.count("MatMulNBits") == 1 and "w" not in {t.name for t in model.graph.initializer}
@@ -109,6 +110,29 @@ def test_matmul_nbits_graph_computes_the_blocks(tmp_path, recipe, accuracy_level
     want = np.maximum(x @ deq, 0)
     err = np.abs(got - want).max() / np.abs(want).max()
     assert err <= (1e-5 if accuracy_level == 0 else 2e-2), err
+
+
+@pytest.mark.skipif(blocks_op.library() is None, reason="the block kernels were not built (no C compiler)")
+@pytest.mark.parametrize("recipe", ["q4_1", "q4_0", "q8_0"])
+def test_matmul_blocks_graph_computes_the_blocks(tmp_path, recipe):
+    """The default kernel: one MatMulBlocks node over GGUF's own blocks (float16 scales, Q4_1's
+    minimum in the block: no residual), run by ONNX Runtime with specdec's library, gives x @ the
+    blocks' weights within 2% of the output's scale (x rounded to int8 per block of 32, as above)."""
+    k, n = 128, 40
+    w = weights(k, n, seed=2)
+    path = tmp_path / "m.onnx"
+    onnx.save(matmul_model(k, n, w, head=False), str(path))
+    quantize_weight_only(path, "int4", WeightOnly(body=recipe))
+    model = onnx.load(str(path))
+    ops = [x.op_type for x in model.graph.node]
+    assert ops == ["MatMulBlocks", "Relu"] and "w" not in {t.name for t in model.graph.initializer}
+    deq = blocks.dequantize_gguf_blocks(blocks.gguf_blocks(w, recipe), recipe, k)
+    x = np.random.default_rng(3).standard_normal((2, 5, k)).astype(np.float32)
+    options = ort.SessionOptions()
+    assert blocks_op.register(options)
+    got = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    want = np.maximum(x @ deq, 0)
+    assert np.abs(got - want).max() <= 2e-2 * np.abs(want).max()
 
 
 def test_head_is_found_and_kept_at_8_bits(tmp_path):
@@ -124,9 +148,9 @@ def test_head_is_found_and_kept_at_8_bits(tmp_path):
     path = tmp_path / "m.onnx"
     onnx.save(model, str(path))
     quantize_weight_only(path, "int4")
-    bits = {x.name: helper.get_attribute_value(next(a for a in x.attribute if a.name == "bits"))
-            for x in onnx.load(str(path)).graph.node if x.op_type == "MatMulNBits"}  # fmt: skip
-    assert bits == {"body_q4": 4, "head_q8": 8}
+    formats = {x.name: helper.get_attribute_value(next(a for a in x.attribute if a.name == "format"))
+               for x in onnx.load(str(path)).graph.node if x.op_type == "MatMulBlocks"}  # fmt: skip
+    assert formats == {"body_q4_1": blocks_op.FORMATS["q4_1"], "head_q8_0": blocks_op.FORMATS["q8_0"]}
     assert PRECISIONS["int4"].head == "q8_0"
 
 
@@ -138,7 +162,7 @@ def test_a_weight_shared_by_two_matmuls_is_stored_once(tmp_path):
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["s", n])], [numpy_helper.from_array(weights(k, n, 7), "w")])  # fmt: skip
     path = tmp_path / "m.onnx"
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
-    quantize_weight_only(path, "int4")
+    quantize_weight_only(path, "int4", WeightOnly(body="q4_1", kernel="nbits"))  # two MatMulNBits and their residuals share it too
     names = [t.name for t in onnx.load(str(path)).graph.initializer]
     assert len(names) == len(set(names)) and sum(x.endswith("_q4") for x in names) == 1
     x = np.random.default_rng(8).standard_normal((3, k)).astype(np.float32)
