@@ -107,37 +107,49 @@ def dequantize_q8_0(codes: np.ndarray, scale: np.ndarray) -> np.ndarray:
     return b.reshape(b.shape[0], -1).T
 
 
-def gguf_blocks(w: np.ndarray, recipe: str, block: int = 32) -> np.ndarray:
-    """w [K, N] -> GGUF's own blocks [N, K/block * bytes] uint8 for specdec's ``MatMulBlocks``:
-    Q8_0 {fp16 d, int8 q[32]}, Q4_0 {fp16 d, 16 bytes}, Q4_1 {fp16 d, fp16 m, 16 bytes}, a 4-bit
-    block's byte j holding element j (low nibble) and element j + 16 (high). The scales are rounded
-    to float16 as llama.cpp stores them (exact for weights that came from a GGUF)."""
+def column_blocks(w: np.ndarray, recipe: str, block: int = 32) -> np.ndarray:
+    """w [K, N] -> specdec's ``MatMulBlocks`` weights [N, K/block * bytes] uint8: per column its
+    blocks' float16 scales (Q4_1: then their float16 minimums), then their codes, GGUF's bits laid
+    out so that a kernel loads eight scales at once (engines/csrc/blocks.c):
+
+        q8_0: d[nb], u[nb][32] with u = q + 128        34 bytes a block
+        q4_0: d[nb], qs[nb][16]                          18 bytes a block
+        q4_1: d[nb], m[nb], qs[nb][16]                   20 bytes a block
+
+    A 4-bit block's byte j holds element j (low nibble) and element j + 16 (high), as GGUF's. The
+    scales are rounded to float16 as llama.cpp stores them (exact for weights from a GGUF)."""
     if recipe == "q8_0":
-        codes, scale = q8_0(w, block)
-        parts = [scale.astype(np.float16)[..., None].view(np.uint8), (codes.astype(np.int16) - 128).astype(np.int8).view(np.uint8)]
+        codes, scale = q8_0(w, block)  # codes: q + 128 already
+        parts = [scale.astype(np.float16).view(np.uint8), codes.reshape(codes.shape[0], -1)]
     elif recipe in ("q4_0", "q4_1"):
         codes, scale, *minimum = q4_1(w, block) if recipe == "q4_1" else q4_0(w, block)
         half = block // 2
         nibbles = (codes[..., :half] | (codes[..., half:] << 4)).astype(np.uint8)  # [N, nb, block/2]
-        parts = [scale.astype(np.float16)[..., None].view(np.uint8)]
-        parts += [minimum[0].astype(np.float16)[..., None].view(np.uint8)] if minimum else []
-        parts.append(nibbles)
+        parts = [scale.astype(np.float16).view(np.uint8)]
+        parts += [minimum[0].astype(np.float16).view(np.uint8)] if minimum else []
+        parts.append(nibbles.reshape(nibbles.shape[0], -1))
     else:
         raise ValueError(f"unknown block recipe {recipe!r}; expected q4_0, q4_1 or q8_0")
-    out = np.concatenate(parts, axis=-1)  # [N, nb, bytes]
-    return np.ascontiguousarray(out.reshape(out.shape[0], -1))
+    return np.ascontiguousarray(np.concatenate(parts, axis=-1))  # [N, nb * bytes]
 
 
-def dequantize_gguf_blocks(blob: np.ndarray, recipe: str, k: int, block: int = 32) -> np.ndarray:
-    """GGUF blocks [N, K/block * bytes] -> w [K, N] float32 (what ``gguf_blocks`` stored)."""
+def unpack_column_blocks(blob: np.ndarray, recipe: str, k: int, block: int = 32) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``column_blocks``' bytes -> (signed codes [N, nb, block] int16, scales [N, nb], minimums [N, nb])
+    float32, with w = scale * code + minimum per block (Q8_0 and Q4_0: minimum 0, codes centred)."""
     n, nb = blob.shape[0], k // block
-    b = blob.reshape(n, nb, -1)
-    d = b[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)  # [N, nb]
+    d = blob[:, : 2 * nb].copy().view(np.float16).astype(np.float32)  # [N, nb]
+    m = blob[:, 2 * nb : 4 * nb].copy().view(np.float16).astype(np.float32) if recipe == "q4_1" else np.zeros_like(d)
+    rest = blob[:, (4 if recipe == "q4_1" else 2) * nb :]
     if recipe == "q8_0":
-        w = d[..., None] * b[..., 2:].view(np.int8).astype(np.float32)
+        codes = rest.reshape(n, nb, block).astype(np.int16) - 128
     else:
-        qs = b[..., 4:] if recipe == "q4_1" else b[..., 2:]
-        codes = np.concatenate([qs & 15, qs >> 4], axis=-1).astype(np.float32)  # [N, nb, block]
-        m = b[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32) if recipe == "q4_1" else -8 * d
-        w = d[..., None] * codes + m[..., None]
-    return w.reshape(n, k).T
+        qs = rest.reshape(n, nb, block // 2)
+        codes = np.concatenate([qs & 15, qs >> 4], axis=-1).astype(np.int16) - (8 if recipe == "q4_0" else 0)
+    return codes, d, m
+
+
+def dequantize_column_blocks(blob: np.ndarray, recipe: str, k: int, block: int = 32) -> np.ndarray:
+    """``column_blocks``' bytes -> w [K, N] float32."""
+    codes, d, m = unpack_column_blocks(blob, recipe, k, block)
+    w = d[..., None] * codes.astype(np.float32) + m[..., None]
+    return w.reshape(w.shape[0], -1).T

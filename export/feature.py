@@ -79,9 +79,9 @@ def tables(bundle: Path, manifest: Manifest) -> tuple[np.ndarray, np.ndarray, bo
         if tied:
             w = table
         elif gguf:
-            from specdec.export.blocks import dequantize_gguf_blocks
+            from specdec.export.blocks import dequantize_column_blocks
 
-            w = dequantize_gguf_blocks(_external_array(bundle, inits[head.input[1]]), "q8_0", attrs["K"])
+            w = dequantize_column_blocks(_external_array(bundle, inits[head.input[1]]), "q8_0", attrs["K"])
         else:
             from specdec.export.blocks import dequantize_q8_0
 

@@ -168,7 +168,7 @@ class _Blocked:
         if self.s.kernel == "blocks":
             from specdec.engines.blocks_op import DOMAIN, FORMATS, OP
 
-            ins = [node.input[0], self._const(node.input[1] + f"_{recipe}", blocks.gguf_blocks(w, recipe, self.s.block_size))]
+            ins = [node.input[0], self._const(node.input[1] + f"_{recipe}", blocks.column_blocks(w, recipe, self.s.block_size))]
             self.nodes.append(helper.make_node(OP, ins, list(node.output), name=node.name + f"_{recipe}", domain=DOMAIN, K=k, N=n,
                                                format=FORMATS[recipe]))  # fmt: skip
             return

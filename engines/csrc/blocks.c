@@ -1,27 +1,31 @@
 /* Block-quantized matrix products for 1..16 rows whose result for a row does not depend on the
- * other rows: Y[m, n] = sum_k A[m, k] * W[n, k], W stored in GGUF's own blocks of 32 along K.
+ * other rows: Y[m, n] = sum_k A[m, k] * W[n, k], W quantized in llama.cpp's blocks of 32 along K.
  *
- *   Q8_0: { fp16 d; int8 q[32] }            w = d * q                      34 bytes (8.5 bits)
- *   Q4_0: { fp16 d; uint8 qs[16] }           w = d * (c - 8)                18 bytes (4.5 bits)
- *   Q4_1: { fp16 d; fp16 m; uint8 qs[16] }   w = d * c + m                  20 bytes (5.0 bits)
+ * A column n holds its K / 32 = nb blocks' scales first, then their codes (GGUF's bits, laid out
+ * so that eight blocks' scales load at once):
+ *
+ *   Q8_0: fp16 d[nb], uint8 u[nb][32]             w = d * (u - 128)     34 bytes a block (8.5 bits)
+ *   Q4_0: fp16 d[nb], uint8 qs[nb][16]            w = d * (c - 8)       18 bytes a block (4.5 bits)
+ *   Q4_1: fp16 d[nb], fp16 m[nb], uint8 qs[nb][16] w = d * c + m        20 bytes a block (5.0 bits)
  *   (4-bit codes: qs[j] & 15 is element j, qs[j] >> 4 element j + 16, as GGUF stores them)
  *
  * Each row of A is quantized once per call per block of 32, as llama.cpp does for its Q8_0 x Q8_0
- * and Q4_1 x Q8_1 products: da = max|a| / 127, qa = rint(a / da) in -127..127 (and sa = da * sum qa
- * for Q4_1's minimum), with da kept in float32. A weight block times an
- * activation block is an exact int32 sum; the float work per (row, column) is one fixed sequence
- * (below), the same whatever M, whichever rows share a call and whichever thread runs the column.
- * That is what makes a verify call of gamma + 1 rows give each row the bits a 1-row call gives it.
+ * and Q4_1 x Q8_1 products: da = max|a| / 127, qa = rint(a / da) in -127..127 (sa = da * sum qa for
+ * Q4_1's minimum), da in float32. A weight block times an activation block is an exact int32 sum;
+ * the float work per (row, column) is one fixed sequence, the same whatever M, whichever rows share
+ * a call and whichever thread runs the column. That is what makes a verify call of gamma + 1 rows
+ * give each row the bits a 1-row call gives it:
  *
- *   per (m, n):  acc[8] = 0                                  // 8 float lanes
- *                for b in 0 .. K/32 - 1:                      // blocks in order
- *                    p[8]   = int32 partial sums of the block's 32 products, lane i = products 4i..4i+3
- *                    acc[i] = fma(float(p[i]), d_w[n,b] * d_a[m,b], acc[i])
- *                    bias   = fma(m_w[n,b], s_a[m,b], bias)  // Q4_1 only
- *                y = ((acc0 + acc4) + (acc1 + acc5)) + ((acc2 + acc6) + (acc3 + acc7)) + bias
+ *   per (m, n):  acc[4][8] = 0, bias[8] = 0                       // four sets of 8 float lanes
+ *                for b in 0 .. nb - 1:                            // blocks in order
+ *                    p[i]   = sum of the products 4i .. 4i+3 of block b (int32, exact)
+ *                    acc[b % 4][i] = fma(float(p[i]), d_w[n,b] * d_a[m,b], acc[b % 4][i])
+ *                    bias[b % 8]   = fma(m_w[n,b], s_a[m,b], bias[b % 8])      // Q4_1 only
+ *                l[i] = (acc[0][i] + acc[1][i]) + (acc[2][i] + acc[3][i])
+ *                y = tree(l) + tree(bias),  tree(l) = ((l0 + l4) + (l1 + l5)) + ((l2 + l6) + (l3 + l7))
  *
- * The portable, AVX2 and AVX-512 VNNI paths run that sequence (the integer sums are exact, so all
- * three give the same bits); which one runs is chosen once, from the CPU.
+ * The portable, AVX2 and AVX-512 VNNI paths run that sequence (so all three give the same bits);
+ * which one runs is chosen once, from the CPU.
  */
 #include <math.h>
 #include <stdint.h>
@@ -36,6 +40,8 @@
 #endif
 
 static const int BLOCK_BYTES[SD_FORMATS] = {34, 18, 20};
+static const int SCALE_BYTES[SD_FORMATS] = {2, 2, 4};  /* d, or d and m */
+static const int OFFSET[SD_FORMATS] = {128, 8, 0};     /* what the unsigned code carries above the signed value */
 
 int sd_block_bytes(int format) { return format >= 0 && format < SD_FORMATS ? BLOCK_BYTES[format] : -1; }
 
@@ -60,8 +66,8 @@ static inline float fp16(const uint8_t *p) {
 
 /* -- activations: one row at a time, the same arithmetic for every path ------------------------ */
 
-void sd_quantize_rows(const float *a, int64_t m, int64_t k, int8_t *qa, float *da, float *sa) {
-    int64_t nb = k / SD_QK;
+void sd_quantize_rows(int format, const float *a, int64_t m, int64_t k, int8_t *qa, float *da, float *sa, int32_t *nc) {
+    const int64_t nb = k / SD_QK;
     for (int64_t r = 0; r < m; r++) {
         for (int64_t b = 0; b < nb; b++) {
             const float *x = a + r * k + b * SD_QK;
@@ -74,126 +80,222 @@ void sd_quantize_rows(const float *a, int64_t m, int64_t k, int8_t *qa, float *d
                 q[i] = (int8_t)nearbyintf(x[i] * id);
                 s += q[i];
             }
-            da[r * nb + b] = d;
+            for (int l = 0; l < 8; l++)  /* -offset * the lane's codes: what u * q over-counts */
+                nc[(r * nb + b) * 8 + l] = -OFFSET[format] * (q[4 * l] + q[4 * l + 1] + q[4 * l + 2] + q[4 * l + 3]);
+            for (int l = 0; l < 8; l++) da[(r * nb + b) * 8 + l] = d;  /* 8 copies: a kernel loads a block's lanes at once */
             sa[r * nb + b] = d * (float)s;
         }
     }
 }
 
+static float tree(const float l[8]) { return ((l[0] + l[4]) + (l[1] + l[5])) + ((l[2] + l[6]) + (l[3] + l[7])); }
+
+static float finish(float acc[4][8], const float bias[8]) {
+    float l[8];
+    for (int i = 0; i < 8; i++) l[i] = (acc[0][i] + acc[1][i]) + (acc[2][i] + acc[3][i]);
+    return tree(l) + tree(bias);
+}
+
 /* -- the portable path ------------------------------------------------------------------------ */
 
-static void codes32(int format, const uint8_t *blk, int8_t *out) {
-    if (format == SD_Q8_0) {
-        memcpy(out, blk + 2, 32);
-        return;
-    }
-    const uint8_t *qs = blk + (format == SD_Q4_1 ? 4 : 2);
-    for (int j = 0; j < 16; j++) {
-        out[j] = (int8_t)(qs[j] & 15);
-        out[j + 16] = (int8_t)(qs[j] >> 4);
-    }
-}
-
-static float finish(const float acc[8], float bias) {
-    return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + bias;
-}
-
 static void cols_portable(const sd_args *x, int64_t n0, int64_t n1) {
-    const int64_t nb = x->k / SD_QK, bytes = BLOCK_BYTES[x->format];
-    int8_t w[32];
+    const int fmt = x->format;
+    const int64_t nb = x->k / SD_QK, stride = nb * BLOCK_BYTES[fmt];
     for (int64_t n = n0; n < n1; n++) {
+        const uint8_t *col = x->w + n * stride, *codes = col + nb * SCALE_BYTES[fmt];
         for (int64_t r = 0; r < x->m; r++) {
-            float acc[8] = {0}, bias = 0.0f;
+            float acc[4][8] = {{0}}, bias[8] = {0};
             for (int64_t b = 0; b < nb; b++) {
-                const uint8_t *blk = x->w + (n * nb + b) * bytes;
                 const int8_t *q = x->qa + r * x->k + b * SD_QK;
-                codes32(x->format, blk, w);
-                float scale = fp16(blk) * x->da[r * nb + b];
-                for (int lane = 0; lane < 8; lane++) {
-                    int32_t p = 0;
-                    for (int i = 4 * lane; i < 4 * lane + 4; i++) p += (int32_t)w[i] * q[i];
-                    if (x->format == SD_Q4_0) {  /* (c - 8) * q summed: the -8 per product folded in */
-                        int32_t s4 = q[4 * lane] + q[4 * lane + 1] + q[4 * lane + 2] + q[4 * lane + 3];
-                        p -= 8 * s4;
-                    }
-                    acc[lane] = fmaf((float)p, scale, acc[lane]);
+                const int32_t *nc = x->nc + (r * nb + b) * 8;
+                uint8_t u[32];
+                if (fmt == SD_Q8_0) {
+                    memcpy(u, codes + b * 32, 32);
+                } else {
+                    for (int j = 0; j < 16; j++) u[j] = codes[b * 16 + j] & 15, u[j + 16] = codes[b * 16 + j] >> 4;
                 }
-                if (x->format == SD_Q4_1) bias = fmaf(fp16(blk + 2), x->sa[r * nb + b], bias);
+                const float scale = fp16(col + 2 * b) * x->da[(r * nb + b) * 8];
+                for (int l = 0; l < 8; l++) {
+                    int32_t p = nc[l];
+                    for (int i = 4 * l; i < 4 * l + 4; i++) p += (int32_t)u[i] * q[i];
+                    acc[b & 3][l] = fmaf((float)p, scale, acc[b & 3][l]);
+                }
+                if (fmt == SD_Q4_1) bias[b & 7] = fmaf(fp16(col + 2 * (nb + b)), x->sa[r * nb + b], bias[b & 7]);
             }
             x->y[r * x->n + n] = finish(acc, bias);
         }
     }
 }
 
-/* -- AVX2 ------------------------------------------------------------------------------------- */
+/* -- AVX2 and AVX-512 VNNI -------------------------------------------------------------------- */
 
 #ifdef SD_X86
-#define AVX2 __attribute__((target("avx2,fma,f16c")))
-#define VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512vnni")))
+#define ISA_AVX2 target("avx2,fma,f16c")
+#define ISA_VNNI target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512dq,avx512vnni")
+#define AVX2 __attribute__((ISA_AVX2, always_inline)) static inline
+#define VNNI __attribute__((ISA_VNNI, always_inline)) static inline
 
-/* 32 codes of a block as bytes: Q8_0 signed, Q4 unsigned 0..15 */
-#define LOAD_CODES(format, blk) \
-    ((format) == SD_Q8_0 ? _mm256_loadu_si256((const __m256i *)((blk) + 2)) : nibbles((blk) + ((format) == SD_Q4_1 ? 4 : 2)))
-
-AVX2 static inline __m256i nibbles(const uint8_t *qs) {
+AVX2 __m256i nibbles(const uint8_t *qs) {
     __m128i b = _mm_loadu_si128((const __m128i *)qs);
     __m128i lo = _mm_and_si128(b, _mm_set1_epi8(15)), hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(15));
     return _mm256_set_m128i(hi, lo);
 }
 
-/* The weights' signed values: Q8_0's codes, Q4_0's c - 8 (Q4_1's codes are unsigned already).
- * The products run as |w| times q carrying w's sign (the sign trick: one operand must be unsigned). */
-AVX2 static inline __m256i signed_codes(int format, __m256i w) {
-    return format == SD_Q4_0 ? _mm256_sub_epi8(w, _mm256_set1_epi8(8)) : w;
-}
-#define UNSIGNED_SIDE(format, sw) ((format) == SD_Q4_1 ? (sw) : _mm256_sign_epi8((sw), (sw)))
-#define SIGNED_SIDE(format, sw, q) ((format) == SD_Q4_1 ? (q) : _mm256_sign_epi8((q), (sw)))
-
-/* int32 x 8, lane i = the sum of products 4i..4i+3: exact either way (|pair| <= 2 * 128 * 127) */
-AVX2 static inline __m256i dot_avx2(__m256i u, __m256i s) {
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
-}
-VNNI static inline __m256i dot_vnni(__m256i u, __m256i s) { return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s); }
-
-AVX2 static inline float finish_avx2(__m256 acc, float bias) {
-    float l[8];
-    _mm256_storeu_ps(l, acc);
-    return finish(l, bias);
-}
-
-/* One body, two instruction sets: a weight block is loaded once per TILE rows; each row's
- * arithmetic is the sequence at the top of this file whatever the tile holds. */
-#define TILE 4
-#define COLS(NAME, TARGET, DOT)                                                                         \
-    TARGET static void NAME(const sd_args *x, int64_t n0, int64_t n1) {                                 \
-        const int64_t nb = x->k / SD_QK, bytes = BLOCK_BYTES[x->format];                                \
-        const int fmt = x->format;                                                                      \
-        for (int64_t n = n0; n < n1; n++) {                                                             \
-            const uint8_t *col = x->w + n * nb * bytes;                                                 \
-            for (int64_t r0 = 0; r0 < x->m; r0 += TILE) {                                               \
-                const int rows = (int)(x->m - r0 < TILE ? x->m - r0 : TILE);                            \
-                __m256 acc[TILE];                                                                       \
-                float bias[TILE];                                                                       \
-                for (int t = 0; t < TILE; t++) { acc[t] = _mm256_setzero_ps(); bias[t] = 0.0f; }        \
-                for (int64_t b = 0; b < nb; b++) {                                                      \
-                    const uint8_t *blk = col + b * bytes;                                               \
-                    const __m256i sw = signed_codes(fmt, LOAD_CODES(fmt, blk)), u = UNSIGNED_SIDE(fmt, sw); \
-                    const float dw = _cvtsh_ss(*(const uint16_t *)blk);                                 \
-                    const float mw = fmt == SD_Q4_1 ? _cvtsh_ss(*(const uint16_t *)(blk + 2)) : 0.0f;   \
-                    for (int t = 0; t < rows; t++) {                                                    \
-                        const int64_t r = r0 + t;                                                       \
-                        __m256i q = _mm256_loadu_si256((const __m256i *)(x->qa + r * x->k + b * SD_QK)); \
-                        __m256 p = _mm256_cvtepi32_ps(DOT(u, SIGNED_SIDE(fmt, sw, q)));                 \
-                        acc[t] = _mm256_fmadd_ps(p, _mm256_set1_ps(dw * x->da[r * nb + b]), acc[t]);    \
-                        if (fmt == SD_Q4_1) bias[t] = fmaf(mw, x->sa[r * nb + b], bias[t]);             \
-                    }                                                                                   \
-                }                                                                                       \
-                for (int t = 0; t < rows; t++) x->y[(r0 + t) * x->n + n] = finish_avx2(acc[t], bias[t]); \
-            }                                                                                           \
-        }                                                                                               \
+/* int32 x 8: lane i = sum over products 4i..4i+3 of (u - offset) * q, exact either way */
+AVX2 __m256i dot_avx2(int fmt, __m256i u, __m256i q, __m256i nc) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    if (fmt == SD_Q8_0) {  /* u - 128 as int8, then |w| times q carrying w's sign: |pair| <= 2 * 128 * 127 */
+        __m256i w = _mm256_xor_si256(u, _mm256_set1_epi8((char)0x80));
+        return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(q, w)), ones);
     }
-COLS(cols_avx2, AVX2, dot_avx2)
-COLS(cols_vnni, VNNI, dot_vnni)
+    return _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(u, q), ones), nc);  /* codes <= 15: no saturation */
+}
+
+AVX2 float finish_avx2(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 bias) {
+    float l[8], bl[8];
+    _mm256_storeu_ps(l, _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+    _mm256_storeu_ps(bl, bias);
+    return tree(l) + tree(bl);
+}
+
+/* Q4_1's minimum term over the blocks, 8 lanes by b % 8: m_w[b] * s_a[b] */
+AVX2 __m256 minimum_term(const uint8_t *mins, const float *sa, int64_t nb) {
+    __m256 acc = _mm256_setzero_ps();
+    int64_t b = 0;
+    for (; b + 8 <= nb; b += 8)
+        acc = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mins + 2 * b))), _mm256_loadu_ps(sa + b), acc);
+    if (b < nb) {  /* the tail in lanes 0 .. nb - b - 1, the rest multiplied by 0 */
+        uint16_t m[8] = {0};
+        float s[8] = {0};
+        memcpy(m, mins + 2 * b, 2 * (size_t)(nb - b));
+        memcpy(s, sa + b, sizeof(float) * (size_t)(nb - b));
+        acc = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)m)), _mm256_loadu_ps(s), acc);
+    }
+    return acc;
+}
+
+/* One column, ROWS rows from r0 (ROWS a constant where this is inlined: the accumulators stay in
+ * registers); each weight block is loaded once for all ROWS rows. */
+/* One column, ROWS rows from r0 (ROWS and the format constants where this is inlined: the
+ * accumulators stay in registers); each weight block is loaded once for all ROWS rows. */
+#define ROW_POINTERS                                                                                               \
+    const int64_t nb = x->k / SD_QK;                                                                             \
+    const uint8_t *col = x->w + n * nb * BLOCK_BYTES[fmt], *codes = col + nb * SCALE_BYTES[fmt];                  \
+    const int8_t *qr[4];                                                                                         \
+    const float *dr[4];                                                                                          \
+    const int32_t *cr[4];                                                                                        \
+    for (int t = 0; t < rows; t++) {                                                                             \
+        qr[t] = x->qa + (r0 + t) * x->k;                                                                         \
+        dr[t] = x->da + (r0 + t) * nb * 8;                                                                       \
+        cr[t] = x->nc + (r0 + t) * nb * 8;                                                                       \
+    }
+
+#define BLOCK_STEP(b, j)                                                                                           \
+    do {                                                                                                         \
+        const __m256i u = fmt == SD_Q8_0 ? _mm256_loadu_si256((const __m256i *)(codes + (b) * 32)) : nibbles(codes + (b) * 16); \
+        const __m256 dw = _mm256_set1_ps(_cvtsh_ss(*(const uint16_t *)(col + 2 * (b))));                          \
+        for (int t = 0; t < rows; t++) {                                                                         \
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(qr[t] + (b) * SD_QK));                        \
+            const __m256i nc = fmt == SD_Q4_1 ? _mm256_setzero_si256() : _mm256_loadu_si256((const __m256i *)(cr[t] + (b) * 8)); \
+            const __m256 p = _mm256_cvtepi32_ps(dot_avx2(fmt, u, q, nc));                                       \
+            acc[t][j] = _mm256_fmadd_ps(p, _mm256_mul_ps(dw, _mm256_loadu_ps(dr[t] + (b) * 8)), acc[t][j]);      \
+        }                                                                                                        \
+    } while (0)
+
+AVX2 void tile_avx2(const sd_args *x, const int fmt, int64_t n, int64_t r0, const int rows) {
+    ROW_POINTERS
+    __m256 acc[4][4];
+    for (int t = 0; t < rows; t++) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = _mm256_setzero_ps();
+    int64_t b = 0;
+    for (; b + 4 <= nb; b += 4) {
+        BLOCK_STEP(b, 0);
+        BLOCK_STEP(b + 1, 1);
+        BLOCK_STEP(b + 2, 2);
+        BLOCK_STEP(b + 3, 3);
+    }
+    if (b < nb) BLOCK_STEP(b, 0);
+    if (b + 1 < nb) BLOCK_STEP(b + 1, 1);
+    if (b + 2 < nb) BLOCK_STEP(b + 2, 2);
+    for (int t = 0; t < rows; t++) {
+        const int64_t r = r0 + t;
+        const __m256 bias = fmt == SD_Q4_1 ? minimum_term(col + 2 * nb, x->sa + r * nb, nb) : _mm256_setzero_ps();
+        x->y[r * x->n + n] = finish_avx2(acc[t][0], acc[t][1], acc[t][2], acc[t][3], bias);
+    }
+}
+
+
+/* AVX-512 VNNI: two blocks an instruction, blocks (4c, 4c + 1) in one register (acc sets 0 | 1)
+ * and (4c + 2, 4c + 3) in another (sets 2 | 3): the same lanes and sums as the sequence above.
+ * ``mask``: the bytes of a pair that exist (the second block of a tail pair may not). */
+VNNI __m512i codes_pair(int fmt, const uint8_t *codes, int64_t b, __mmask64 mask) {
+    if (fmt == SD_Q8_0) return _mm512_maskz_loadu_epi8(mask, codes + b * 32);
+    __m256i qs = _mm256_maskz_loadu_epi8((__mmask32)mask, codes + b * 16);  /* qs_b | qs_b+1 */
+    __m256i lo = _mm256_and_si256(qs, _mm256_set1_epi8(15)), hi = _mm256_and_si256(_mm256_srli_epi16(qs, 4), _mm256_set1_epi8(15));
+    __m512i x = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);      /* lo_b, lo_b+1, hi_b, hi_b+1 */
+    return _mm512_shuffle_i64x2(x, x, _MM_SHUFFLE(3, 1, 2, 0));             /* lo_b, hi_b, lo_b+1, hi_b+1 */
+}
+
+#define PAIR_STEP(b, j, two)                                                                                       \
+    do {                                                                                                         \
+        const __mmask64 bytes = (two) ? ~(__mmask64)0 : 0xffffffffu;                                            \
+        const __mmask16 lanes = (two) ? 0xffff : 0x00ff;                                                         \
+        const __m512i u = codes_pair(fmt, codes, (b), fmt == SD_Q8_0 ? bytes : (two) ? 0xffffffffu : 0xffffu);  \
+        const __m128i d2 = _mm_cvtsi32_si128((two) ? *(const int32_t *)(col + 2 * (b)) : *(const uint16_t *)(col + 2 * (b))); \
+        const __m512 dw = _mm512_permutexvar_ps(spread, _mm512_castps256_ps512(_mm256_cvtph_ps(d2)));         \
+        for (int t = 0; t < rows; t++) {                                                                         \
+            const __m512i q = _mm512_maskz_loadu_epi8(bytes, qr[t] + (b) * SD_QK);                               \
+            const __m512i nc = fmt == SD_Q4_1 ? _mm512_setzero_si512() : _mm512_maskz_loadu_epi32(lanes, cr[t] + (b) * 8); \
+            const __m512 p = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(nc, u, q));                                 \
+            const __m512 sc = _mm512_mul_ps(dw, _mm512_maskz_loadu_ps(lanes, dr[t] + (b) * 8));                  \
+            acc[t][j] = _mm512_mask3_fmadd_ps(p, sc, acc[t][j], lanes);                                          \
+        }                                                                                                        \
+    } while (0)
+
+VNNI void tile_vnni(const sd_args *x, const int fmt, int64_t n, int64_t r0, const int rows) {
+    ROW_POINTERS
+    const __m512i spread = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);  /* lanes 0-7: scale 0; 8-15: scale 1 */
+    __m512 acc[4][2];
+    for (int t = 0; t < rows; t++) acc[t][0] = acc[t][1] = _mm512_setzero_ps();
+    int64_t b = 0;
+    for (; b + 4 <= nb; b += 4) {
+        PAIR_STEP(b, 0, 1);
+        PAIR_STEP(b + 2, 1, 1);
+    }
+    if (nb - b == 1) PAIR_STEP(b, 0, 0);
+    if (nb - b >= 2) PAIR_STEP(b, 0, 1);
+    if (nb - b == 3) PAIR_STEP(b + 2, 1, 0);
+    for (int t = 0; t < rows; t++) {
+        const int64_t r = r0 + t;
+        const __m256 bias = fmt == SD_Q4_1 ? minimum_term(col + 2 * nb, x->sa + r * nb, nb) : _mm256_setzero_ps();
+        __m256 a0 = _mm512_castps512_ps256(acc[t][0]), a1 = _mm512_extractf32x8_ps(acc[t][0], 1);
+        __m256 a2 = _mm512_castps512_ps256(acc[t][1]), a3 = _mm512_extractf32x8_ps(acc[t][1], 1);
+        x->y[r * x->n + n] = finish_avx2(a0, a1, a2, a3, bias);
+    }
+}
+
+/* Every (format, rows) pair spelled out, so each inlined tile knows both as constants. */
+#define COLS(ATTR, TARGET, NAME, TILE)                                                                             \
+    ATTR void NAME##_f(const sd_args *x, int64_t n0, int64_t n1, const int fmt) {     \
+        for (int64_t n = n0; n < n1; n++) {                                                                      \
+            int64_t r0 = 0;                                                                                      \
+            for (; r0 + 4 <= x->m; r0 += 4) TILE(x, fmt, n, r0, 4);                                              \
+            switch (x->m - r0) {                                                                                 \
+            case 3: TILE(x, fmt, n, r0, 3); break;                                                               \
+            case 2: TILE(x, fmt, n, r0, 2); break;                                                               \
+            case 1: TILE(x, fmt, n, r0, 1); break;                                                               \
+            default: break;                                                                                      \
+            }                                                                                                    \
+        }                                                                                                        \
+    }                                                                                                            \
+    __attribute__((TARGET)) static void NAME(const sd_args *x, int64_t n0, int64_t n1) {                          \
+        switch (x->format) {                                                                                     \
+        case SD_Q8_0: NAME##_f(x, n0, n1, SD_Q8_0); break;                                                       \
+        case SD_Q4_0: NAME##_f(x, n0, n1, SD_Q4_0); break;                                                       \
+        default: NAME##_f(x, n0, n1, SD_Q4_1); break;                                                            \
+        }                                                                                                        \
+    }
+COLS(AVX2, ISA_AVX2, cols_avx2, tile_avx2)
+COLS(VNNI, ISA_VNNI, cols_vnni, tile_vnni)
 #endif
 
 /* -- dispatch --------------------------------------------------------------------------------- */
@@ -204,7 +306,9 @@ int sd_isa_available(int isa) {
     __builtin_cpu_init();
     int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
     if (isa == SD_ISA_AVX2) return avx2;
-    if (isa == SD_ISA_VNNI) return avx2 && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+    if (isa == SD_ISA_VNNI)
+        return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw") &&
+               __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vnni");
 #endif
     return 0;
 }
@@ -247,15 +351,34 @@ int sd_matmul(int format, int isa, const float *a, int64_t m, int64_t k, const u
     int err = sd_check(format, m, k, n);
     if (err) return err;
     if (!sd_isa_available(isa)) return SD_ERR_ISA;
-    int64_t nb = k / SD_QK;
-    int8_t *qa = malloc((size_t)(m * k + 1));
-    float *da = malloc(sizeof(float) * (size_t)(m * nb + 1)), *sa = malloc(sizeof(float) * (size_t)(m * nb + 1));
-    if (!qa || !da || !sa) err = SD_ERR_MEMORY;
+    sd_scratch s = {0};
+    if (sd_reserve(&s, m, k)) err = SD_ERR_MEMORY;
     if (!err) {
-        sd_quantize_rows(a, m, k, qa, da, sa);
-        sd_args x = {format, isa, m, k, n, qa, da, sa, w, y};
+        sd_quantize_rows(format, a, m, k, s.qa, s.da, s.sa, s.nc);
+        sd_args x = {format, isa, m, k, n, s.qa, s.da, s.sa, s.nc, w, y};
         sd_matmul_cols(&x, 0, n);
     }
-    free(qa); free(da); free(sa);
+    sd_release(&s);
     return err;
+}
+
+int sd_reserve(sd_scratch *s, int64_t m, int64_t k) {
+    if (m * k <= s->capacity) return 0;
+    const int64_t nb = k / SD_QK;
+    sd_release(s);
+    s->qa = malloc((size_t)(m * k) + 32);
+    s->da = malloc(sizeof(float) * 8 * (size_t)(m * nb + 1));
+    s->sa = malloc(sizeof(float) * (size_t)(m * nb + 1));
+    s->nc = malloc(sizeof(int32_t) * 8 * (size_t)(m * nb + 1));
+    if (!s->qa || !s->da || !s->sa || !s->nc) {
+        sd_release(s);
+        return -1;
+    }
+    s->capacity = m * k;
+    return 0;
+}
+
+void sd_release(sd_scratch *s) {
+    free(s->qa); free(s->da); free(s->sa); free(s->nc);
+    s->qa = NULL, s->da = NULL, s->sa = NULL, s->nc = NULL, s->capacity = 0;
 }

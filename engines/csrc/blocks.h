@@ -13,18 +13,28 @@ typedef struct {
     int format, isa;
     int64_t m, k, n;
     const int8_t *qa;   /* [m, k] activations' codes */
-    const float *da;    /* [m, k / 32] their scales */
+    const float *da;    /* [m, k / 32, 8] their scales, 8 copies each */
     const float *sa;    /* [m, k / 32] scale * sum of codes (Q4_1's minimum term) */
-    const uint8_t *w;   /* [n, k / 32] blocks */
+    const int32_t *nc;  /* [m, k / 32, 8] -offset * each lane's sum of codes (blocks.c) */
+    const uint8_t *w;   /* [n, k / 32 * block bytes]: per column its scales, then its codes */
     float *y;           /* [m, n] */
 } sd_args;
+
+typedef struct {        /* the activations' codes and scales for up to capacity / k rows */
+    int8_t *qa;
+    float *da, *sa;
+    int32_t *nc;
+    int64_t capacity;
+} sd_scratch;
 
 int sd_block_bytes(int format);
 int sd_check(int format, int64_t m, int64_t k, int64_t n);
 int sd_isa_available(int isa);
 int sd_best_isa(void);
 const char *sd_isa_name(int isa);
-void sd_quantize_rows(const float *a, int64_t m, int64_t k, int8_t *qa, float *da, float *sa);
+void sd_quantize_rows(int format, const float *a, int64_t m, int64_t k, int8_t *qa, float *da, float *sa, int32_t *nc);
+int sd_reserve(sd_scratch *s, int64_t m, int64_t k);
+void sd_release(sd_scratch *s);
 void sd_matmul_cols(const sd_args *x, int64_t n0, int64_t n1);
 int sd_matmul(int format, int isa, const float *a, int64_t m, int64_t k, const uint8_t *w, int64_t n, float *y);
 #endif

@@ -51,10 +51,8 @@ void sd_parallel(OrtKernelContext *ctx, void (*fn)(void *, size_t), size_t total
 typedef struct {
     int64_t k, n;
     int format;
-    pthread_mutex_t lock;  /* guards the scratch below (a session may run calls concurrently) */
-    int8_t *qa;
-    float *da, *sa;
-    int64_t capacity;  /* rows of K the scratch holds */
+    pthread_mutex_t lock;  /* guards the scratch (a session may run calls concurrently) */
+    sd_scratch scratch;    /* grown to the largest call's rows, kept for the next */
 } Kernel;
 
 static void *create_kernel(const OrtCustomOp *op, const OrtApi *api, const OrtKernelInfo *info) {
@@ -75,22 +73,8 @@ static void destroy_kernel(void *p) {
     Kernel *kr = p;
     if (!kr) return;
     pthread_mutex_destroy(&kr->lock);
-    free(kr->qa); free(kr->da); free(kr->sa);
+    sd_release(&kr->scratch);
     free(kr);
-}
-
-static int reserve(Kernel *kr, int64_t m) {
-    if (m <= kr->capacity) return 0;
-    int64_t nb = kr->k / SD_QK;
-    int8_t *qa = realloc(kr->qa, (size_t)(m * kr->k));
-    if (qa) kr->qa = qa;
-    float *da = realloc(kr->da, sizeof(float) * (size_t)(m * nb));
-    if (da) kr->da = da;
-    float *sa = realloc(kr->sa, sizeof(float) * (size_t)(m * nb));
-    if (sa) kr->sa = sa;
-    if (!qa || !da || !sa) return -1;
-    kr->capacity = m;
-    return 0;
 }
 
 typedef struct { const sd_args *x; int64_t chunk; } Split;
@@ -118,10 +102,11 @@ static int compute(Kernel *kr, OrtKernelContext *ctx) {
     if (m == 0) return 0;
 
     pthread_mutex_lock(&kr->lock);
-    int err = reserve(kr, m);
+    sd_scratch *sc = &kr->scratch;
+    int err = sd_reserve(sc, m, kr->k);
     if (!err) {
-        sd_quantize_rows(pa, m, kr->k, kr->qa, kr->da, kr->sa);
-        sd_args x = {kr->format, ISA, m, kr->k, kr->n, kr->qa, kr->da, kr->sa, pb, py};
+        sd_quantize_rows(kr->format, pa, m, kr->k, sc->qa, sc->da, sc->sa, sc->nc);
+        sd_args x = {kr->format, ISA, m, kr->k, kr->n, sc->qa, sc->da, sc->sa, sc->nc, pb, py};
         /* column chunks of 64: each thread streams its columns' blocks once for all m rows */
         Split s = {&x, 64};
         sd_parallel(ctx, run_chunk, (size_t)((kr->n + s.chunk - 1) / s.chunk), &s);

@@ -11,7 +11,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from specdec.engines import blocks_op
-from specdec.export.blocks import gguf_blocks
+from specdec.export.blocks import column_blocks, unpack_column_blocks
 
 pytestmark = pytest.mark.skipif(blocks_op.library() is None, reason="the block kernels were not built (no C compiler)")
 
@@ -47,14 +47,8 @@ def reference(a: np.ndarray, blob: np.ndarray, fmt: str, k: int) -> tuple[np.nda
     d = np.abs(blocks).max(-1) / np.float32(127)  # [M, nb] float32, as the kernel computes it
     inv = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d != 0)
     q = np.rint(blocks * inv[..., None])  # [M, nb, 32]
-    b = blob.reshape(blob.shape[0], nb, -1)  # [N, nb, bytes]
-    dw = b[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float64)  # [N, nb]
-    if fmt == "q8_0":
-        codes, mw = b[..., 2:].view(np.int8).astype(np.float64), np.zeros_like(dw)
-    else:
-        qs = b[..., 4:] if fmt == "q4_1" else b[..., 2:]
-        codes = np.concatenate([qs & 15, qs >> 4], axis=-1).astype(np.float64) - (8 if fmt == "q4_0" else 0)  # [N, nb, 32]
-        mw = b[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float64) if fmt == "q4_1" else np.zeros_like(dw)
+    codes, dw, mw = unpack_column_blocks(blob, fmt, k)  # [N, nb, 32] signed, [N, nb] x 2
+    codes, dw, mw = codes.astype(np.float64), dw.astype(np.float64), mw.astype(np.float64)
     da = d.astype(np.float64)
     scaled = np.einsum("mbi,nbi->mnb", q, codes) * dw[None] * da[:, None]  # [M, N, nb]
     minimum = mw[None] * (q.sum(-1) * da)[:, None]  # [M, N, nb]
@@ -66,7 +60,7 @@ def reference(a: np.ndarray, blob: np.ndarray, fmt: str, k: int) -> tuple[np.nda
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("k,n", SHAPES)
 def test_matches_the_reference_on_every_isa(fmt, k, n):
-    blob = gguf_blocks(weights(k, n, k + n), fmt)
+    blob = column_blocks(weights(k, n, k + n), fmt)
     a = activations(16, k, k)
     ref, bound = reference(a, blob, fmt, k)
     assert blocks_op.isas()[0] == "portable" and blocks_op.isa() in blocks_op.isas()
@@ -81,7 +75,7 @@ def test_matches_the_reference_on_every_isa(fmt, k, n):
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_a_row_has_the_same_bits_whatever_shares_the_call(fmt):
     k, n = 576, 37
-    blob = gguf_blocks(weights(k, n, 3), fmt)
+    blob = column_blocks(weights(k, n, 3), fmt)
     a = activations(16, k, 5)
     for name in blocks_op.isas():
         alone = np.concatenate([blocks_op.matmul(a[i : i + 1], blob, n, fmt, name) for i in range(16)])
@@ -115,7 +109,7 @@ def session(model: bytes, threads: int) -> ort.InferenceSession:
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_the_op_in_onnx_runtime_is_the_kernel_on_any_threads(fmt):
     k, n = 576, 200  # four column chunks: the op splits them over ONNX Runtime's threads
-    blob = gguf_blocks(weights(k, n, 11), fmt)
+    blob = column_blocks(weights(k, n, 11), fmt)
     a = activations(2 * 8, k, 13).reshape(2, 8, k)  # [batch, seq, K]: rows are batch x seq
     model = op_model(k, n, fmt, blob)
     one, two = session(model, 1), session(model, 2)
