@@ -151,11 +151,15 @@ AVX2 __m256i dot_avx2(int fmt, __m256i u, __m256i q, __m256i nc) {
     return _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(u, q), ones), nc);  /* codes <= 15: no saturation */
 }
 
+/* tree() of blocks.c's sequence on a register: ((l0 + l4) + (l1 + l5)) + ((l2 + l6) + (l3 + l7)) */
+AVX2 float tree_avx2(__m256 l) {
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(l), _mm256_extractf128_ps(l, 1));  /* l0+l4, l1+l5, l2+l6, l3+l7 */
+    __m128 s = _mm_add_ps(h, _mm_movehdup_ps(h));                                    /* h0+h1, _, h2+h3, _ */
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehl_ps(s, s)));
+}
+
 AVX2 float finish_avx2(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 bias) {
-    float l[8], bl[8];
-    _mm256_storeu_ps(l, _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-    _mm256_storeu_ps(bl, bias);
-    return tree(l) + tree(bl);
+    return tree_avx2(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3))) + tree_avx2(bias);
 }
 
 /* Q4_1's minimum term over the blocks, 8 lanes by b % 8: m_w[b] * s_a[b] */
@@ -184,7 +188,7 @@ AVX2 __m256 minimum_term(const uint8_t *mins, const float *sa, int64_t nb) {
     const int8_t *qr[4];                                                                                         \
     const float *dr[4];                                                                                          \
     const int32_t *cr[4];                                                                                        \
-    for (int t = 0; t < rows; t++) {                                                                             \
+    _Pragma("GCC unroll 4") for (int t = 0; t < rows; t++) {                                                  \
         qr[t] = x->qa + (r0 + t) * x->k;                                                                         \
         dr[t] = x->da + (r0 + t) * nb * 8;                                                                       \
         cr[t] = x->nc + (r0 + t) * nb * 8;                                                                       \
@@ -194,7 +198,7 @@ AVX2 __m256 minimum_term(const uint8_t *mins, const float *sa, int64_t nb) {
     do {                                                                                                         \
         const __m256i u = fmt == SD_Q8_0 ? _mm256_loadu_si256((const __m256i *)(codes + (b) * 32)) : nibbles(codes + (b) * 16); \
         const __m256 dw = _mm256_set1_ps(_cvtsh_ss(*(const uint16_t *)(col + 2 * (b))));                          \
-        for (int t = 0; t < rows; t++) {                                                                         \
+        _Pragma("GCC unroll 4") for (int t = 0; t < rows; t++) {                                              \
             const __m256i q = _mm256_loadu_si256((const __m256i *)(qr[t] + (b) * SD_QK));                        \
             const __m256i nc = fmt == SD_Q4_1 ? _mm256_setzero_si256() : _mm256_loadu_si256((const __m256i *)(cr[t] + (b) * 8)); \
             const __m256 p = _mm256_cvtepi32_ps(dot_avx2(fmt, u, q, nc));                                       \
@@ -205,7 +209,7 @@ AVX2 __m256 minimum_term(const uint8_t *mins, const float *sa, int64_t nb) {
 AVX2 void tile_avx2(const sd_args *x, const int fmt, int64_t n, int64_t r0, const int rows) {
     ROW_POINTERS
     __m256 acc[4][4];
-    for (int t = 0; t < rows; t++) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = _mm256_setzero_ps();
+    _Pragma("GCC unroll 4") for (int t = 0; t < rows; t++) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = _mm256_setzero_ps();
     int64_t b = 0;
     for (; b + 4 <= nb; b += 4) {
         BLOCK_STEP(b, 0);
@@ -216,7 +220,7 @@ AVX2 void tile_avx2(const sd_args *x, const int fmt, int64_t n, int64_t r0, cons
     if (b < nb) BLOCK_STEP(b, 0);
     if (b + 1 < nb) BLOCK_STEP(b + 1, 1);
     if (b + 2 < nb) BLOCK_STEP(b + 2, 2);
-    for (int t = 0; t < rows; t++) {
+    _Pragma("GCC unroll 4") for (int t = 0; t < rows; t++) {
         const int64_t r = r0 + t;
         const __m256 bias = fmt == SD_Q4_1 ? minimum_term(col + 2 * nb, x->sa + r * nb, nb) : _mm256_setzero_ps();
         x->y[r * x->n + n] = finish_avx2(acc[t][0], acc[t][1], acc[t][2], acc[t][3], bias);
@@ -227,6 +231,20 @@ AVX2 void tile_avx2(const sd_args *x, const int fmt, int64_t n, int64_t r0, cons
 /* AVX-512 VNNI: two blocks an instruction, blocks (4c, 4c + 1) in one register (acc sets 0 | 1)
  * and (4c + 2, 4c + 3) in another (sets 2 | 3): the same lanes and sums as the sequence above.
  * ``mask``: the bytes of a pair that exist (the second block of a tail pair may not). */
+/* minimum_term with masked loads for the tail (no copies: it runs once per row and column) */
+VNNI __m256 minimum_term_512(const uint8_t *mins, const float *sa, int64_t nb) {
+    __m256 acc = _mm256_setzero_ps();
+    int64_t b = 0;
+    for (; b + 8 <= nb; b += 8)
+        acc = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mins + 2 * b))), _mm256_loadu_ps(sa + b), acc);
+    if (b < nb) {
+        const __mmask8 tail = (__mmask8)((1u << (nb - b)) - 1);
+        const __m256 m = _mm256_cvtph_ps(_mm_maskz_loadu_epi16(tail, mins + 2 * b));
+        acc = _mm256_mask3_fmadd_ps(m, _mm256_maskz_loadu_ps(tail, sa + b), acc, tail);
+    }
+    return acc;
+}
+
 VNNI __m512i codes_pair(int fmt, const uint8_t *codes, int64_t b, __mmask64 mask) {
     if (fmt == SD_Q8_0) return _mm512_maskz_loadu_epi8(mask, codes + b * 32);
     __m256i qs = _mm256_maskz_loadu_epi8((__mmask32)mask, codes + b * 16);  /* qs_b | qs_b+1 */
@@ -242,7 +260,7 @@ VNNI __m512i codes_pair(int fmt, const uint8_t *codes, int64_t b, __mmask64 mask
         const __m512i u = codes_pair(fmt, codes, (b), fmt == SD_Q8_0 ? bytes : (two) ? 0xffffffffu : 0xffffu);  \
         const __m128i d2 = _mm_cvtsi32_si128((two) ? *(const int32_t *)(col + 2 * (b)) : *(const uint16_t *)(col + 2 * (b))); \
         const __m512 dw = _mm512_permutexvar_ps(spread, _mm512_castps256_ps512(_mm256_cvtph_ps(d2)));         \
-        for (int t = 0; t < rows; t++) {                                                                         \
+        _Pragma("GCC unroll 4") for (int t = 0; t < rows; t++) {                                              \
             const __m512i q = _mm512_maskz_loadu_epi8(bytes, qr[t] + (b) * SD_QK);                               \
             const __m512i nc = fmt == SD_Q4_1 ? _mm512_setzero_si512() : _mm512_maskz_loadu_epi32(lanes, cr[t] + (b) * 8); \
             const __m512 p = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(nc, u, q));                                 \
@@ -255,7 +273,7 @@ VNNI void tile_vnni(const sd_args *x, const int fmt, int64_t n, int64_t r0, cons
     ROW_POINTERS
     const __m512i spread = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);  /* lanes 0-7: scale 0; 8-15: scale 1 */
     __m512 acc[4][2];
-    for (int t = 0; t < rows; t++) acc[t][0] = acc[t][1] = _mm512_setzero_ps();
+    _Pragma("GCC unroll 4") for (int t = 0; t < rows; t++) acc[t][0] = acc[t][1] = _mm512_setzero_ps();
     int64_t b = 0;
     for (; b + 4 <= nb; b += 4) {
         PAIR_STEP(b, 0, 1);
@@ -264,9 +282,9 @@ VNNI void tile_vnni(const sd_args *x, const int fmt, int64_t n, int64_t r0, cons
     if (nb - b == 1) PAIR_STEP(b, 0, 0);
     if (nb - b >= 2) PAIR_STEP(b, 0, 1);
     if (nb - b == 3) PAIR_STEP(b + 2, 1, 0);
-    for (int t = 0; t < rows; t++) {
+    _Pragma("GCC unroll 4") for (int t = 0; t < rows; t++) {
         const int64_t r = r0 + t;
-        const __m256 bias = fmt == SD_Q4_1 ? minimum_term(col + 2 * nb, x->sa + r * nb, nb) : _mm256_setzero_ps();
+        const __m256 bias = fmt == SD_Q4_1 ? minimum_term_512(col + 2 * nb, x->sa + r * nb, nb) : _mm256_setzero_ps();
         __m256 a0 = _mm512_castps512_ps256(acc[t][0]), a1 = _mm512_extractf32x8_ps(acc[t][0], 1);
         __m256 a2 = _mm512_castps512_ps256(acc[t][1]), a3 = _mm512_extractf32x8_ps(acc[t][1], 1);
         x->y[r * x->n + n] = finish_avx2(a0, a1, a2, a3, bias);

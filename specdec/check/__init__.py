@@ -94,6 +94,7 @@ def run(bundle: Path, *, quick: bool = False, texts: list[str] | None = None, re
     items, m = integrity.check(bundle)
     if m is None:
         return items
+    items += [k for k in [exactness.kernels(m)] if k is not None]
     ps = prompts(bundle, m, s.prompts if texts is None else len(texts), texts)
     drafters = exactness.carried(m)
     loaded = Loaded.of(bundle, m, drafters, threads)

@@ -4,7 +4,9 @@
   against the bundle's own autoregressive output (γ = 0) token for token. A first difference is
   allowed only at a close call of the target (its top two logits nearer than ``close_call``),
   where the verify call (K positions) and a 1-token call may round differently; a wrong graph,
-  cache or acceptance rule differs at clear calls.
+  cache or acceptance rule differs at clear calls. A bundle on specdec's row-invariant kernels
+  (int8/int4 exported with --kernel blocks) has no close calls: its rows carry the same bits in
+  either call, so any difference is wrong.
 - sampled: the law of the first emitted token under speculation (T = 1) against the target's p,
   read from the bundle's own target graph, by Pearson's chi-square (``law.py``); the item states
   the test's power. Decoder-only bundles (an encoder-decoder's p needs its encoder: not yet).
@@ -31,8 +33,8 @@ PAIRING_POSITIONS = 40  # (over >= 40, teacher-forced along the target's greedy 
 # positions (the shipped SmolLM2 draft: 34% held out), which leaves 40 positions at 0 agreements with odds < 1.4e-4
 CLOSE_FLOAT = 1e-3  # float bundles: a close call is a top-2 gap < this x max(1, max|logit|) (export's NEAR_TIE),
 # or < 4x the verify-vs-reference max|Δ logits| export measured, whichever is larger
-CLOSE_QUANTIZED = 0.05  # int8/int4: activations are quantized per block of each call, so a K-token verify call
-# and a 1-token call differ by ~1% of the logits' scale (docs/exactness.md): 5% of max|logit|
+CLOSE_QUANTIZED = 0.05  # int8/int4 on MatMulNBits (--kernel nbits): activations are quantized per block of each call,
+# so a K-token verify call and a 1-token call differ by ~1% of the logits' scale (docs/exactness.md): 5% of max|logit|
 
 
 def carried(m) -> list[str]:
@@ -48,9 +50,34 @@ def carried(m) -> list[str]:
     return [first, *(n for n in names if n != first)]
 
 
+def row_invariant(m) -> bool:
+    """Whether every verify call of this bundle gives each row a 1-row call's bits: int8/int4 on
+    specdec's kernels (the manifest's custom_ops), without a tree graph (whose attention, with its
+    tree mask, stays ONNX Runtime's)."""
+    return bool(m.custom_ops) and not any(g.role == "tree" for g in m.graphs.values())
+
+
+def kernels(m) -> Item | None:
+    """What runs a quantized bundle's products and attention here, and what exactness that gives."""
+    from specdec.engines import blocks_op
+
+    if m.custom_ops:
+        isa = blocks_op.isa()
+        ops = ", ".join(m.custom_ops["ops"])
+        return Item(SECTION, "kernels", True, f"specdec's {ops} ({m.custom_ops['domain']}) on {isa}: a verify call's rows carry a 1-row "
+                                              "call's bits, so greedy speculative output must equal autoregressive token for token")  # fmt: skip
+    if m.quantization in ("int8", "int4"):
+        return Item(SECTION, "kernels", None, "ONNX Runtime's MatMulNBits and GroupQueryAttention: a verify call's rows can differ from a "
+                                              "1-row call at an int8 rounding, so greedy output may part at a close call (re-export with "
+                                              "--kernel blocks for token-for-token equality)")  # fmt: skip
+    return None
+
+
 def close_call_gap(m, logits: np.ndarray) -> float:
     """The top-2 gap below which a greedy step of this bundle is a close call (see the constants)."""
     scale = max(1.0, float(np.abs(logits).max()))
+    if row_invariant(m):
+        return 0.0
     if m.quantization:
         return CLOSE_QUANTIZED * scale
     measured = (m.validation.get("target") or {}).get("logits") or 0.0

@@ -160,3 +160,21 @@ def test_a_wrong_rope_base_and_a_foreign_draft_are_each_named(miswired):
     # the same bundle against the checkpoint it was really exported from passes the reference checks
     items = by_name(check.run(bundle, quick=True, reference=str(target.parent / "wrong-rope")))
     assert items["reference greedy"].ok is True
+
+
+def test_a_bundle_on_the_row_invariant_kernels_has_no_close_calls(llama_bundle):
+    """int8/int4 on specdec's kernels (the manifest's custom_ops) are held to token-for-token
+    equality, and the kernels item says what runs; on MatMulNBits a close call is still allowed."""
+    import dataclasses
+
+    import numpy as np
+
+    m = load_manifest(llama_bundle[2])
+    ops = {"domain": "ai.specdec", "ops": ["GroupQueryAttention", "MatMulBlocks"], "library": "x", "without": "x"}
+    blocks, nbits = dataclasses.replace(m, quantization="int8", custom_ops=ops), dataclasses.replace(m, quantization="int8")
+    logits = np.array([3.0, 2.99, -1.0])
+    assert exactness.close_call_gap(blocks, logits) == 0.0 and exactness.row_invariant(blocks)
+    assert exactness.close_call_gap(nbits, logits) == pytest.approx(exactness.CLOSE_QUANTIZED * 3.0) and not exactness.row_invariant(nbits)
+    assert exactness.kernels(blocks).ok is True and "MatMulBlocks" in exactness.kernels(blocks).detail
+    assert exactness.kernels(nbits).ok is None and "close call" in exactness.kernels(nbits).detail
+    assert exactness.kernels(m) is None  # float weights: nothing to say
