@@ -201,11 +201,16 @@ def run(cfg: ServeConfig, replicas: int = 1, autoscale: tuple[int, int] | None =
         startup.stop_serve(cfg.grace_period + 15)
     finally:
         if not address:
-            ours = session_processes()
+            session = session_dir()
+            ours = session_processes(session)
             # Long enough for Ray's own teardown (15-30 s here when stopped during start-up): what
             # is reaped while it still runs (the GCS) makes its core worker abort the exit 60 s later.
             bounded(ray.shutdown, 90)
             reap(ours)
+            # A start-up step still running then (serve.start on a loaded box) may have started
+            # processes since (Serve's controller and proxy): let it end, then end those too.
+            startup.finished.wait(30)
+            reap(session_processes(session))
         startup.close()
     return 0
 
@@ -288,14 +293,18 @@ class _Drop(logging.Filter):
         return self.text not in record.getMessage()
 
 
-def session_processes() -> list:
+def session_dir() -> str | None:
+    """The session folder of this process's Ray instance, while it is up."""
+    node = getattr(ray._private.worker, "_global_node", None)
+    return node.get_session_dir_path() if node is not None else None
+
+
+def session_processes(session: str | None) -> list:
     """The processes of this process's local Ray instance: those it started (GCS, raylet, ...),
     and any holding a file of its session folder open (Ray's agents rename themselves
     ``ray::...`` and may be re-parented to init)."""
     import psutil  # Ray's own dependency
 
-    node = getattr(ray._private.worker, "_global_node", None)
-    session = node.get_session_dir_path() if node is not None else None
     ours = {p.pid: p for p in psutil.Process().children(recursive=True)}
     if session:
         for p in psutil.process_iter(["name"]):

@@ -110,7 +110,9 @@ def test_cli_ctrl_c_keeps_whole_shards_and_says_how_to_resume(chat_bundle, tmp_p
     """SIGINT while answering: exit 0, every shard on disk whole, the line says to run it again."""
     out = tmp_path / "d"
     cmd = [sys.executable, "-m", "specdec", "distill", str(chat_bundle[1]), "--out", str(out), "--docs", "0", "--max-new-tokens", "8", "--no-progress"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # as from a terminal: SIGINT's default action in the child (an xdist worker can carry it ignored, which a child inherits)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
     deadline = time.monotonic() + 120
     while not (out / "shard-00001.npz").is_file() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.1)
