@@ -30,7 +30,6 @@ from dataclasses import dataclass
 import onnxruntime as ort
 
 from specdec.engines import blocks_op
-
 from specdec.errors import EngineError, InputError
 
 _global_pool: int | None = None  # the process-wide pool's size (0: one thread per core), once made
