@@ -16,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+from specdec.errors import EngineError, InputError
+
 DOMAIN, OP = "ai.specdec", "MatMulBlocks"
 LIBRARY = "specdec.engines._kernels"  # the built library, as Python names it
 WITHOUT = ("nothing: these graphs load only with specdec's kernel library, built with the package where a C compiler was present "
@@ -76,14 +78,14 @@ def matmul(a: np.ndarray, blocks: np.ndarray, n: int, fmt: str, isa_name: str | 
     the columns over ONNX Runtime's threads; the bits are the same)."""
     lib = _lib()
     if lib is None:
-        raise RuntimeError("specdec's block kernels are not built here; reinstall specdec with a C compiler present")
+        raise EngineError("specdec's block kernels are not built here; reinstall specdec with a C compiler present")
     a = np.ascontiguousarray(a, dtype=np.float32)
     blocks = np.ascontiguousarray(blocks, dtype=np.uint8)
     m, k = a.shape
     y = np.empty((m, n), np.float32)  # [M, N]
-    chosen = ISAS[isa_name] if isa_name is not None else ISAS[isa()]
-    rc = lib.sd_matmul(FORMATS[fmt], chosen, a.ctypes.data, m, k, blocks.ctypes.data, n, y.ctypes.data)
+    isa_name = isa_name or isa()
+    rc = lib.sd_matmul(FORMATS[fmt], ISAS[isa_name], a.ctypes.data, m, k, blocks.ctypes.data, n, y.ctypes.data)
     if rc:
-        raise ValueError(f"sd_matmul refused {fmt} with M={m}, K={k}, N={n} on {isa_name} (code {rc}): K must be a multiple of "
-                         f"{BLOCK} and the instruction set available here")  # fmt: skip
+        raise InputError(f"sd_matmul refused {fmt} with M={m}, K={k}, N={n} on {isa_name} (code {rc}): K must be a multiple of "
+                         f"{BLOCK} and the instruction set available here ({', '.join(isas())})")  # fmt: skip
     return y
