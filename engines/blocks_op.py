@@ -24,7 +24,6 @@ WITHOUT = ("nothing: these graphs load only with specdec's kernel library, built
            "(re-install specdec with gcc or clang, or re-export with --kernel nbits for ONNX Runtime's MatMulNBits, which is not row-invariant)")
 FORMATS = {"q8_0": 0, "q4_0": 1, "q4_1": 2}  # the op's ``format`` attribute
 BLOCK = 32
-BLOCK_BYTES = {"q8_0": 34, "q4_0": 18, "q4_1": 20}  # GGUF's own block layouts
 ISAS = {"portable": 0, "avx2": 1, "avx512-vnni": 2}
 
 

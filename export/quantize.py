@@ -247,7 +247,9 @@ def quantize_weight_only(path: Path, kind: str, scheme: WeightOnly | None = None
     kept = [t for t in model.graph.initializer if t.name in used]  # float weights now unused are dropped
     del model.graph.initializer[:]
     model.graph.initializer.extend(kept + out.inits)
-    domain = "com.microsoft" if s.kernel == "nbits" else "ai.specdec"
+    from specdec.engines.blocks_op import DOMAIN
+
+    domain = "com.microsoft" if s.kernel == "nbits" else DOMAIN
     if not any(o.domain == domain for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(domain, 1))
     for old in (path, path.with_name(path.name + ".data")):

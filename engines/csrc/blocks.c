@@ -43,8 +43,6 @@ static const int BLOCK_BYTES[SD_FORMATS] = {34, 18, 20};
 static const int SCALE_BYTES[SD_FORMATS] = {2, 2, 4};  /* d, or d and m */
 static const int OFFSET[SD_FORMATS] = {128, 8, 0};     /* what the unsigned code carries above the signed value */
 
-int sd_block_bytes(int format) { return format >= 0 && format < SD_FORMATS ? BLOCK_BYTES[format] : -1; }
-
 static inline float fp16(const uint8_t *p) {
     uint16_t h = (uint16_t)(p[0] | (p[1] << 8));
     uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 31, man = h & 1023, bits;

@@ -27,7 +27,6 @@ typedef struct {        /* the activations' codes and scales for up to capacity 
     int64_t capacity;
 } sd_scratch;
 
-int sd_block_bytes(int format);
 int sd_check(int format, int64_t m, int64_t k, int64_t n);
 int sd_isa_available(int isa);
 int sd_best_isa(void);
