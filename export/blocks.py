@@ -107,49 +107,69 @@ def dequantize_q8_0(codes: np.ndarray, scale: np.ndarray) -> np.ndarray:
     return b.reshape(b.shape[0], -1).T
 
 
+PANEL = 16  # columns a MatMulBlocks panel holds (engines/csrc/blocks.c)
+
+
+def _panels(x: np.ndarray) -> np.ndarray:
+    """[N, ...] -> [ceil(N/16), 16, ...], zero columns padding the last panel."""
+    pad = -x.shape[0] % PANEL
+    x = np.concatenate([x, np.zeros((pad, *x.shape[1:]), x.dtype)]) if pad else x
+    return x.reshape(-1, PANEL, *x.shape[1:])
+
+
 def column_blocks(w: np.ndarray, recipe: str, block: int = 32) -> np.ndarray:
-    """w [K, N] -> specdec's ``MatMulBlocks`` weights [N, K/block * bytes] uint8: per column its
-    blocks' float16 scales (Q4_1: then their float16 minimums), then their codes, GGUF's bits laid
-    out so that a kernel loads eight scales at once (engines/csrc/blocks.c):
+    """w [K, N] -> specdec's ``MatMulBlocks`` weights [ceil(N/16), K/block * 16 * bytes] uint8: panels
+    of 16 columns (the last padded with zero columns), each a run of panel blocks that hold the 16
+    columns' float16 scales (Q4_1: then their float16 minimums), then their codes with four K
+    positions of one column per 32-bit lane (engines/csrc/blocks.c):
 
-        q8_0: d[nb], u[nb][32] with u = q + 128        34 bytes a block
-        q4_0: d[nb], qs[nb][16]                          18 bytes a block
-        q4_1: d[nb], m[nb], qs[nb][16]                   20 bytes a block
+        q8_0: d[16], u[8][16][4] with u = q + 128                   34 bytes a weight block
+        q4_0: d[16], qs[4][16][4], code = nibble - 8                 18 bytes
+        q4_1: d[16], m[16], qs[4][16][4], w = d * nibble + m         20 bytes
 
-    A 4-bit block's byte j holds element j (low nibble) and element j + 16 (high), as GGUF's. The
+    A 4-bit lane's byte i of group c holds code 8c + i (low nibble) and 8c + 4 + i (high). The
     scales are rounded to float16 as llama.cpp stores them (exact for weights from a GGUF)."""
     if recipe == "q8_0":
-        codes, scale = q8_0(w, block)  # codes: q + 128 already
-        parts = [scale.astype(np.float16).view(np.uint8), codes.reshape(codes.shape[0], -1)]
+        codes, scale = q8_0(w, block)  # codes: q + 128 already, [N, nb, 32]
+        minimum = None
+        lanes = codes.reshape(*codes.shape[:2], block // 4, 4)  # [N, nb, 8, 4]
     elif recipe in ("q4_0", "q4_1"):
-        codes, scale, *minimum = q4_1(w, block) if recipe == "q4_1" else q4_0(w, block)
-        half = block // 2
-        nibbles = (codes[..., :half] | (codes[..., half:] << 4)).astype(np.uint8)  # [N, nb, block/2]
-        parts = [scale.astype(np.float16).view(np.uint8)]
-        parts += [minimum[0].astype(np.float16).view(np.uint8)] if minimum else []
-        parts.append(nibbles.reshape(nibbles.shape[0], -1))
+        codes, scale, *rest = q4_1(w, block) if recipe == "q4_1" else q4_0(w, block)
+        minimum = rest[0] if rest else None
+        g = codes.reshape(*codes.shape[:2], block // 8, 2, 4)  # [N, nb, 4, lo|hi, 4]
+        lanes = (g[..., 0, :] | (g[..., 1, :] << 4)).astype(np.uint8)  # [N, nb, 4, 4]
     else:
         raise ValueError(f"unknown block recipe {recipe!r}; expected q4_0, q4_1 or q8_0")
-    return np.ascontiguousarray(np.concatenate(parts, axis=-1))  # [N, nb * bytes]
+    halves = [scale] + ([minimum] if minimum is not None else [])
+    heads = [_panels(h.astype(np.float16)).transpose(0, 2, 1).copy().view(np.uint8) for h in halves]  # [P, nb, 32] each
+    body = _panels(lanes).transpose(0, 2, 3, 1, 4)  # [P, nb, groups, 16, 4]
+    p, nb = body.shape[:2]
+    out = np.concatenate([*heads, body.reshape(p, nb, -1)], axis=-1)  # [P, nb, 16 * bytes]
+    return np.ascontiguousarray(out.reshape(p, -1))
 
 
-def unpack_column_blocks(blob: np.ndarray, recipe: str, k: int, block: int = 32) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def unpack_column_blocks(blob: np.ndarray, recipe: str, k: int, block: int = 32, n: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``column_blocks``' bytes -> (signed codes [N, nb, block] int16, scales [N, nb], minimums [N, nb])
-    float32, with w = scale * code + minimum per block (Q8_0 and Q4_0: minimum 0, codes centred)."""
-    n, nb = blob.shape[0], k // block
-    d = blob[:, : 2 * nb].copy().view(np.float16).astype(np.float32)  # [N, nb]
-    m = blob[:, 2 * nb : 4 * nb].copy().view(np.float16).astype(np.float32) if recipe == "q4_1" else np.zeros_like(d)
-    rest = blob[:, (4 if recipe == "q4_1" else 2) * nb :]
+    float32, with w = scale * code + minimum per block (Q8_0 and Q4_0: minimum 0, codes centred); N is
+    the panels' 16 a panel unless ``n`` cuts the padding off."""
+    nb = k // block
+    heads = 2 if recipe == "q4_1" else 1
+    per = blob.reshape(blob.shape[0], nb, -1)  # [P, nb, 16 * bytes]
+    half = lambda i: per[..., 32 * i : 32 * (i + 1)].copy().view(np.float16).astype(np.float32).transpose(0, 2, 1).reshape(-1, nb)  # noqa: E731
+    d = half(0)  # [N, nb]
+    m = half(1) if heads == 2 else np.zeros_like(d)
+    lanes = per[..., 32 * heads :].reshape(per.shape[0], nb, -1, PANEL, 4).transpose(0, 3, 1, 2, 4)  # [P, 16, nb, groups, 4]
+    lanes = lanes.reshape(-1, nb, lanes.shape[3], 4)  # [N, nb, groups, 4]
     if recipe == "q8_0":
-        codes = rest.reshape(n, nb, block).astype(np.int16) - 128
+        codes = lanes.reshape(-1, nb, block).astype(np.int16) - 128
     else:
-        qs = rest.reshape(n, nb, block // 2)
-        codes = np.concatenate([qs & 15, qs >> 4], axis=-1).astype(np.int16) - (8 if recipe == "q4_0" else 0)
-    return codes, d, m
+        codes = np.stack([lanes & 15, lanes >> 4], axis=3).reshape(-1, nb, block).astype(np.int16) - (8 if recipe == "q4_0" else 0)
+    n = d.shape[0] if n is None else n
+    return codes[:n], d[:n], m[:n]
 
 
-def dequantize_column_blocks(blob: np.ndarray, recipe: str, k: int, block: int = 32) -> np.ndarray:
+def dequantize_column_blocks(blob: np.ndarray, recipe: str, k: int, block: int = 32, n: int | None = None) -> np.ndarray:
     """``column_blocks``' bytes -> w [K, N] float32."""
-    codes, d, m = unpack_column_blocks(blob, recipe, k, block)
+    codes, d, m = unpack_column_blocks(blob, recipe, k, block, n)
     w = d[..., None] * codes.astype(np.float32) + m[..., None]
     return w.reshape(w.shape[0], -1).T

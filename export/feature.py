@@ -81,7 +81,7 @@ def tables(bundle: Path, manifest: Manifest) -> tuple[np.ndarray, np.ndarray, bo
         elif gguf:
             from specdec.export.blocks import dequantize_column_blocks
 
-            w = dequantize_column_blocks(_external_array(bundle, inits[head.input[1]]), "q8_0", attrs["K"])
+            w = dequantize_column_blocks(_external_array(bundle, inits[head.input[1]]), "q8_0", attrs["K"], n=attrs["N"])
         else:
             from specdec.export.blocks import dequantize_q8_0
 

@@ -3,19 +3,15 @@
 
 Speculation pays when a call over 1 + γ tokens costs about one token's call. At batch 1 a
 float32 matrix product streams its weights once, whatever the rows. This tool times, for the
-formats ONNX Runtime runs int8 weights in, a stack of SmolLM2-135M's matrix shapes (30 layers
-of up 576 -> 1536 and down 1536 -> 576, distinct weights: ~53 MB at 8 bits, past this CPU's
-caches, as a real call's are) at M = 1..5 rows, and reports each M's cost over M = 1:
+formats a quantized bundle can run its weights in, a stack of SmolLM2-135M's matrix shapes (30
+layers of up 576 -> 1536 and down 1536 -> 576, distinct weights: ~53 MB at 8 bits, past this
+CPU's L2, as a real call's are) at M = 1..8 rows, and reports each M's cost over M = 1:
 
-    float32         MatMul
-    q8_0 / q4_0     MatMulNBits, accuracy_level 4 (int8 activations per block of 32): what
-                    ``--quantize int8/int4`` exports (export/quantize.py)
-    per-column int8 DynamicQuantizeMatMul (one scale per output column, activations with one
-                    scale per call): ``--quantize dynamic-int8``'s kernel
-    per-row int8    per-column int8 weights, activations quantized per row by ONNX ops, then
-                    MatMulInteger (u8 x s8): row-independent, as a verify call must be
-    q8_0 int8 GEMM  q8_0's blocks as one batched MatMulInteger per block of 32, activations per
-                    block and row (llama.cpp's Q8_0 x Q8_0 arithmetic in ONNX ops)
+    float32                  MatMul
+    q8_0 / q4_0 MatMulNBits  ONNX Runtime's, accuracy_level 4 (int8 activations per block of 32):
+                             ``--kernel nbits`` (not row-invariant)
+    q8_0 / q4_0 / q4_1       specdec's MatMulBlocks (engines/csrc/blocks.c), row-invariant:
+      blocks                 ``--quantize int8|int4``'s default
 
     python tools/bench_int8_rows.py --out docs/bench/real-model/int8-rows
 """
@@ -32,47 +28,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-FORMATS = ("float32", "q8_0", "q4_0", "per-column int8", "per-row int8", "q8_0 int8 GEMM")
-ROWS = (1, 2, 3, 4, 5)
-
-
-def _const(name: str, value, dtype) -> "onnx.NodeProto":  # noqa: F821
-    from onnx import helper, numpy_helper
-
-    return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(np.array(value, dtype)))
-
-
-def rowwise_int8(x: str, w: str, s: str, out: str, p: str) -> list:
-    """out = x @ w (x [.., M, K], w [.., K, N] int8) with x's last axis quantized per row (symmetric 8-bit codes stored as uint8 +
-    128: MatMulInteger's u8 x s8 kernel; its s8 x s8 one is ~6x slower here), w int8 codes, s
-    the weights' scales (broadcast over out)."""
-    from onnx import helper
-
-    node = lambda op, ins, o, **kw: helper.make_node(op, ins, [p + o], **kw)  # noqa: E731
-    return [_const(p + "eps", 1e-30, np.float32), _const(p + "127", 127.0, np.float32), _const(p + "128", 128.0, np.float32),
-            _const(p + "zp", 128, np.uint8),
-            node("Abs", [x], "abs"), node("ReduceMax", [p + "abs"], "max", axes=[-1], keepdims=1),
-            node("Max", [p + "max", p + "eps"], "max2"), node("Div", [p + "max2", p + "127"], "scale"),  # [.., 1]: one scale per row
-            node("Div", [x, p + "scale"], "x"), node("Round", [p + "x"], "round"), node("Add", [p + "round", p + "128"], "u"),
-            node("Cast", [p + "u"], "codes", to=2), node("MatMulInteger", [p + "codes", w, p + "zp"], "int"),
-            node("Cast", [p + "int"], "f", to=1), node("Mul", [p + "f", p + "scale"], "g"), helper.make_node("Mul", [p + "g", s], [out])]  # fmt: skip
-
-
-def blocked_int8(x: str, w: str, s: str, out: str, p: str, k: int) -> list:
-    """x [M, K] @ q8_0 blocks: w [K/32, 32, N] int8, s [K/32, 1, N]; x quantized per row and block
-    of 32, one batched product per block, summed over blocks."""
-    from onnx import helper
-
-    return [_const(f"{p}shape", [-1, k // 32, 32], np.int64), _const(f"{p}axis0", [0], np.int64),
-            helper.make_node("Reshape", [x, f"{p}shape"], [f"{p}xb"]), helper.make_node("Transpose", [f"{p}xb"], [f"{p}xt"], perm=[1, 0, 2]),
-            *rowwise_int8(f"{p}xt", w, s, f"{p}blocks", p),  # [K/32, M, N]
-            helper.make_node("ReduceSum", [f"{p}blocks", f"{p}axis0"], [out], keepdims=0)]  # fmt: skip
-
-
-def per_column(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """w [K, N] -> int8 codes [K, N] and float32 scales [N], one per output column."""
-    scale = (np.abs(w).max(axis=0) / 127).astype(np.float32)
-    return np.clip(np.rint(w / scale), -127, 127).astype(np.int8), scale
+FORMATS = ("float32", "q8_0 MatMulNBits", "q4_0 MatMulNBits", "q8_0 blocks", "q4_0 blocks", "q4_1 blocks")
+ROWS = (1, 2, 3, 4, 5, 8)
 
 
 def stack(fmt: str, layers: int, width: int, inner: int, rows: int, seed: int = 0) -> bytes:
@@ -80,6 +37,7 @@ def stack(fmt: str, layers: int, width: int, inner: int, rows: int, seed: int = 
     import onnx
     from onnx import TensorProto, helper
 
+    from specdec.engines import blocks_op
     from specdec.export import blocks
 
     rng = np.random.default_rng(seed)
@@ -88,35 +46,35 @@ def stack(fmt: str, layers: int, width: int, inner: int, rows: int, seed: int = 
         k, n = (width, inner) if i % 2 == 0 else (inner, width)
         w = (rng.standard_normal((k, n)) * 0.02).astype(np.float32)
         out = f"y{i}"
+        recipe = fmt.split()[0]
         if fmt == "float32":
             inits.append(onnx.numpy_helper.from_array(w, f"w{i}"))
             nodes.append(helper.make_node("MatMul", [x, f"w{i}"], [out]))
-        elif fmt in ("q8_0", "q4_0"):
-            codes, scale = blocks.q8_0(w) if fmt == "q8_0" else blocks.q4_0(w)
-            codes = codes if fmt == "q8_0" else blocks.pack_nibbles(codes)
+        elif fmt.endswith("MatMulNBits"):
+            codes, scale = blocks.q8_0(w) if recipe == "q8_0" else blocks.q4_0(w)
+            codes = codes if recipe == "q8_0" else blocks.pack_nibbles(codes)
             inits += [onnx.numpy_helper.from_array(codes, f"w{i}"), onnx.numpy_helper.from_array(scale.reshape(-1), f"s{i}")]
             nodes.append(helper.make_node("MatMulNBits", [x, f"w{i}", f"s{i}"], [out], domain="com.microsoft", K=k, N=n,
-                                          bits=8 if fmt == "q8_0" else 4, block_size=32, accuracy_level=4))  # fmt: skip
-        elif fmt == "per-row int8":
-            codes, scale = per_column(w)
-            inits += [onnx.numpy_helper.from_array(codes, f"w{i}"), onnx.numpy_helper.from_array(scale, f"s{i}")]
-            nodes += rowwise_int8(x, f"w{i}", f"s{i}", out, f"r{i}")
-        elif fmt == "q8_0 int8 GEMM":
-            codes, scale = blocks.q8_0(w)  # codes [n, k/32, 32] uint8 (+128), scale [n, k/32]
-            wq = (codes.astype(np.int16) - 128).astype(np.int8).transpose(1, 2, 0).copy()  # [k/32, 32, n]
-            ws = scale.reshape(n, k // 32).T.reshape(k // 32, 1, n).astype(np.float32)  # [k/32, 1, n]
-            inits += [onnx.numpy_helper.from_array(wq, f"w{i}"), onnx.numpy_helper.from_array(ws, f"s{i}")]
-            nodes += blocked_int8(x, f"w{i}", f"s{i}", out, f"r{i}", k)
+                                          bits=8 if recipe == "q8_0" else 4, block_size=32, accuracy_level=4))  # fmt: skip
         else:
-            codes, scale = per_column(w)
-            inits += [onnx.numpy_helper.from_array(codes, f"w{i}"), onnx.numpy_helper.from_array(scale, f"s{i}"),
-                      onnx.numpy_helper.from_array(np.zeros(n, np.int8), f"z{i}")]  # fmt: skip
-            nodes.append(helper.make_node("DynamicQuantizeMatMul", [x, f"w{i}", f"s{i}", f"z{i}"], [out], domain="com.microsoft"))
+            inits.append(onnx.numpy_helper.from_array(blocks.column_blocks(w, recipe), f"w{i}"))
+            nodes.append(helper.make_node(blocks_op.OP, [x, f"w{i}"], [out], domain=blocks_op.DOMAIN, K=k, N=n, format=blocks_op.FORMATS[recipe]))
         x = out
     graph = helper.make_graph(nodes, "stack", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [rows, width])],
                               [helper.make_tensor_value_info(x, TensorProto.FLOAT, [rows, width])], inits)  # fmt: skip
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
-    return model.SerializeToString()
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1), helper.make_opsetid(blocks_op.DOMAIN, 1)]
+    return helper.make_model(graph, opset_imports=opsets).SerializeToString()
+
+
+def session(model: bytes, threads: int):
+    import onnxruntime as ort
+
+    from specdec.engines import blocks_op
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    blocks_op.register(opts)
+    return ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
 
 
 def main(argv=None) -> int:
@@ -134,10 +92,7 @@ def main(argv=None) -> int:
 
     from specdec.bench.report import write_results
 
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = args.threads
-    sessions = {(f, m): ort.InferenceSession(stack(f, args.layers, args.width, args.inner, m), opts, providers=["CPUExecutionProvider"])
-                for f in FORMATS for m in ROWS}  # fmt: skip
+    sessions = {(f, m): session(stack(f, args.layers, args.width, args.inner, m), args.threads) for f in FORMATS for m in ROWS}
     feeds = {m: {"x": np.random.default_rng(m).standard_normal((m, args.width)).astype(np.float32)} for m in ROWS}
     times: dict[tuple, list[float]] = {key: [] for key in sessions}
     for _ in range(args.rounds):

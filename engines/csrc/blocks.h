@@ -13,10 +13,10 @@ typedef struct {
     int format, isa;
     int64_t m, k, n;
     const int8_t *qa;   /* [m, k] activations' codes */
-    const float *da;    /* [m, k / 32, 8] their scales, 8 copies each */
+    const float *da;    /* [m, k / 32] their scales */
     const float *sa;    /* [m, k / 32] scale * sum of codes (Q4_1's minimum term) */
-    const int32_t *nc;  /* [m, k / 32, 8] -offset * each lane's sum of codes (blocks.c) */
-    const uint8_t *w;   /* [n, k / 32 * block bytes]: per column its scales, then its codes */
+    const int32_t *nc;  /* [m, k / 32] -offset * sum of codes (blocks.c) */
+    const uint8_t *w;   /* [ceil(n / 16), k / 32, 16 * block bytes]: panels of 16 columns (blocks.c) */
     float *y;           /* [m, n] */
 } sd_args;
 
@@ -31,9 +31,10 @@ int sd_check(int format, int64_t m, int64_t k, int64_t n);
 int sd_isa_available(int isa);
 int sd_best_isa(void);
 const char *sd_isa_name(int isa);
-void sd_quantize_rows(int format, const float *a, int64_t m, int64_t k, int8_t *qa, float *da, float *sa, int32_t *nc);
+void sd_quantize_rows(int format, int isa, const float *a, int64_t m, int64_t k, int8_t *qa, float *da, float *sa, int32_t *nc);
 int sd_reserve(sd_scratch *s, int64_t m, int64_t k);
 void sd_release(sd_scratch *s);
-void sd_matmul_cols(const sd_args *x, int64_t n0, int64_t n1);
+int64_t sd_panels(int64_t n);
+void sd_matmul_panels(const sd_args *x, int64_t p0, int64_t p1);
 int sd_matmul(int format, int isa, const float *a, int64_t m, int64_t k, const uint8_t *w, int64_t n, float *y);
 #endif

@@ -2,7 +2,7 @@
  * not depend on the call's other rows (a verify call of gamma + 1 rows gives each row the bits
  * a 1-row call gives it).
  *
- *   MatMulBlocks(A: float32 [..., K], B: uint8 [N, K / 32 * block bytes]) -> Y: float32 [..., N]
+ *   MatMulBlocks(A: float32 [..., K], B: uint8 [ceil(N / 16), K / 32 * 16 * block bytes]) -> Y: float32 [..., N]
  *       attributes: K, N, format (blocks.h: 0 Q8_0, 1 Q4_0, 2 Q4_1)
  *   GroupQueryAttention: com.microsoft's inputs, outputs and attributes (batch 1, no attention
  *       bias), over the same in-place buffers (attention.c)
@@ -81,8 +81,8 @@ typedef struct { const sd_args *x; int64_t chunk; } Split;
 
 static void run_chunk(void *p, size_t i) {
     const Split *s = p;
-    int64_t n0 = (int64_t)i * s->chunk, n1 = n0 + s->chunk < s->x->n ? n0 + s->chunk : s->x->n;
-    sd_matmul_cols(s->x, n0, n1);
+    const int64_t panels = sd_panels(s->x->n), p0 = (int64_t)i * s->chunk;
+    sd_matmul_panels(s->x, p0, p0 + s->chunk < panels ? p0 + s->chunk : panels);
 }
 
 /* Y = A @ B; -1 where ONNX Runtime refused a call (its status is dropped: KernelCompute of
@@ -105,11 +105,11 @@ static int compute(Kernel *kr, OrtKernelContext *ctx) {
     sd_scratch *sc = &kr->scratch;
     int err = sd_reserve(sc, m, kr->k);
     if (!err) {
-        sd_quantize_rows(kr->format, pa, m, kr->k, sc->qa, sc->da, sc->sa, sc->nc);
+        sd_quantize_rows(kr->format, ISA, pa, m, kr->k, sc->qa, sc->da, sc->sa, sc->nc);
         sd_args x = {kr->format, ISA, m, kr->k, kr->n, sc->qa, sc->da, sc->sa, sc->nc, pb, py};
-        /* column chunks of 64: each thread streams its columns' blocks once for all m rows */
-        Split s = {&x, 64};
-        sd_parallel(ctx, run_chunk, (size_t)((kr->n + s.chunk - 1) / s.chunk), &s);
+        /* chunks of 4 panels (64 columns): each thread streams its panels' blocks once for all m rows */
+        Split s = {&x, 4};
+        sd_parallel(ctx, run_chunk, (size_t)((sd_panels(kr->n) + s.chunk - 1) / s.chunk), &s);
     }
     pthread_mutex_unlock(&kr->lock);
     return err;

@@ -35,7 +35,7 @@ def activations(m: int, k: int, seed: int) -> np.ndarray:
     return a
 
 
-def reference(a: np.ndarray, blob: np.ndarray, fmt: str, k: int) -> tuple[np.ndarray, np.ndarray]:
+def reference(a: np.ndarray, blob: np.ndarray, fmt: str, k: int, n: int) -> tuple[np.ndarray, np.ndarray]:
     """(y, bound) in float64: the activations quantized per block of 32 as the kernel does
     (d = max|a| / 127, q = rint(a / d)), the products of integer codes exact, the rest in float64.
     ``bound`` is a forward-error bound for the kernel's float32 sequence (blocks.c): a scale
@@ -47,7 +47,7 @@ def reference(a: np.ndarray, blob: np.ndarray, fmt: str, k: int) -> tuple[np.nda
     d = np.abs(blocks).max(-1) / np.float32(127)  # [M, nb] float32, as the kernel computes it
     inv = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d != 0)
     q = np.rint(blocks * inv[..., None])  # [M, nb, 32]
-    codes, dw, mw = unpack_column_blocks(blob, fmt, k)  # [N, nb, 32] signed, [N, nb] x 2
+    codes, dw, mw = unpack_column_blocks(blob, fmt, k, n=n)  # [N, nb, 32] signed, [N, nb] x 2
     codes, dw, mw = codes.astype(np.float64), dw.astype(np.float64), mw.astype(np.float64)
     da = d.astype(np.float64)
     scaled = np.einsum("mbi,nbi->mnb", q, codes) * dw[None] * da[:, None]  # [M, N, nb]
@@ -62,7 +62,7 @@ def reference(a: np.ndarray, blob: np.ndarray, fmt: str, k: int) -> tuple[np.nda
 def test_matches_the_reference_on_every_isa(fmt, k, n):
     blob = column_blocks(weights(k, n, k + n), fmt)
     a = activations(16, k, k)
-    ref, bound = reference(a, blob, fmt, k)
+    ref, bound = reference(a, blob, fmt, k, n)
     assert blocks_op.isas()[0] == "portable" and blocks_op.isa() in blocks_op.isas()
     outs = {name: blocks_op.matmul(a, blob, n, fmt, name) for name in blocks_op.isas()}
     for name, y in outs.items():

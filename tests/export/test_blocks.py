@@ -126,7 +126,7 @@ def test_matmul_blocks_graph_computes_the_blocks(tmp_path, recipe):
     model = onnx.load(str(path))
     ops = [x.op_type for x in model.graph.node]
     assert ops == ["MatMulBlocks", "Relu"] and "w" not in {t.name for t in model.graph.initializer}
-    deq = blocks.dequantize_column_blocks(blocks.column_blocks(w, recipe), recipe, k)
+    deq = blocks.dequantize_column_blocks(blocks.column_blocks(w, recipe), recipe, k, n=n)
     x = np.random.default_rng(3).standard_normal((2, 5, k)).astype(np.float32)
     options = ort.SessionOptions()
     assert blocks_op.register(options)
