@@ -20,8 +20,8 @@ from specdec.errors import EngineError, InputError
 
 DOMAIN, OP = "ai.specdec", "MatMulBlocks"
 LIBRARY = "specdec.engines._kernels"  # the built library, as Python names it
-WITHOUT = ("nothing: these graphs load only with specdec's kernel library, built with the package where a C compiler was present "
-           "(re-install specdec with gcc or clang, or re-export with --kernel nbits for ONNX Runtime's MatMulNBits, which is not row-invariant)")
+WITHOUT = ("ONNX Runtime's MatMulNBits and GroupQueryAttention over the same blocks, the graphs rewritten once at load with the onnx "
+           "package (engines/fallback.py, one warning): they run, but a verify call's rows are no longer row-invariant")
 FORMATS = {"q8_0": 0, "q4_0": 1, "q4_1": 2}  # the op's ``format`` attribute
 BLOCK = 32
 ISAS = {"portable": 0, "avx2": 1, "avx512-vnni": 2}

@@ -378,8 +378,10 @@ def open_session(
     except Exception as e:  # ONNX Runtime raises its own exception types
         if blocks_op.DOMAIN not in str(e) or blocks_op.library() is not None:
             raise
-        raise EngineError(f"graph {name} uses specdec's row-invariant kernels ({blocks_op.DOMAIN}), and their library was not built "
-                          "with this install: re-install specdec where gcc or clang is present, or re-export with --kernel nbits") from None  # fmt: skip
+        from specdec.engines import fallback  # specdec's ops on ONNX Runtime's: the same weights, not row-invariant
+
+        warnings.warn(fallback.WARNING, RuntimeWarning, stacklevel=2)
+        session = ort.InferenceSession(str(fallback.nbits_graph(bundle, spec.file)), options, providers=providers)
     if first not in session.get_providers():  # ORT logs the failed load and goes on with the CPU alone
         raise EngineError(
             f"provider {provider!r}: ONNX Runtime could not start {first} for graph {name} (its log above names the missing library, "

@@ -54,13 +54,20 @@ def row_invariant(m) -> bool:
     """Whether every verify call of this bundle gives each row a 1-row call's bits: int8/int4 on
     specdec's kernels (the manifest's custom_ops), without a tree graph (whose attention, with its
     tree mask, stays ONNX Runtime's)."""
-    return bool(m.custom_ops) and not any(g.role == "tree" for g in m.graphs.values())
+    from specdec.engines import blocks_op
+
+    return bool(m.custom_ops) and blocks_op.library() is not None and not any(g.role == "tree" for g in m.graphs.values())
 
 
 def kernels(m) -> Item | None:
     """What runs a quantized bundle's products and attention here, and what exactness that gives."""
     from specdec.engines import blocks_op
 
+    if m.custom_ops and blocks_op.library() is None:
+        return Item(SECTION, "kernels", None, "specdec's kernel library is not built in this install, so the bundle runs on ONNX Runtime's "
+                                              "MatMulNBits and GroupQueryAttention (engines/fallback.py): a verify call's rows can differ "
+                                              "from a 1-row call at an int8 rounding, so greedy output may part at a close call (re-install "
+                                              "specdec where gcc or clang is present)")  # fmt: skip
     if m.custom_ops:
         isa = blocks_op.isa()
         ops = ", ".join(m.custom_ops["ops"])

@@ -200,6 +200,37 @@ def test_quantized_bundle(llama_bundle, tmp_path, quantize, draft_quantize):
             got = [h.result(timeout=120).tokens for h in handles]
         assert got == [dec.generate(p, max_new_tokens=40, gamma=0, ignore_eos=True).tokens for p in prompts]
         assert max(engine.occupancy) == 2
+    if quantize == "int4":
+        assert_runs_without_the_kernels(out, prompt, plain.tokens, tmp_path)
+
+
+def assert_runs_without_the_kernels(bundle: Path, prompt: list[int], want: list[int], tmp_path: Path) -> None:
+    """Where specdec's kernel library is missing, a bundle made for it runs on ONNX Runtime's
+    MatMulNBits (engines/fallback.py) with one warning, written under the cache, never into the
+    bundle: the same weights, so the same greedy output up to a close call; and the bundle's
+    check says which kernels ran and that they are not row-invariant."""
+    from specdec.check import exactness
+    from specdec.engines import blocks_op
+    from specdec.runtime.decoder import SpeculativeDecoder
+
+    before = sorted(p.name for p in bundle.iterdir())
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SPECDEC_KERNELS", "off")
+        mp.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+        blocks_op.library.cache_clear()
+        try:
+            with pytest.warns(RuntimeWarning, match="run on ONNX Runtime's MatMulNBits"):
+                dec = SpeculativeDecoder.load(bundle)
+            got = dec.generate(prompt, max_new_tokens=len(want), gamma=0).tokens
+            # the same weights, activations rounded in MatMulNBits' order: greedy output parts only at a close
+            # call (here the first comes after 20 tokens); a weight laid out wrong would part at once
+            assert len(got) == len(want) and got[:8] == want[:8]
+            assert dec.generate(prompt, max_new_tokens=len(want), gamma=3).stats.verify_calls > 0
+            item = exactness.kernels(dec.manifest)
+            assert item.ok is None and "not built" in item.detail and not exactness.row_invariant(dec.manifest)
+        finally:
+            blocks_op.library.cache_clear()
+    assert sorted(p.name for p in bundle.iterdir()) == before and list((tmp_path / "cache" / "nbits").iterdir())
 
 
 def test_lossy_quantization_is_refused(llama_bundle, tmp_path):
