@@ -107,8 +107,10 @@ static int compute(Kernel *kr, OrtKernelContext *ctx) {
     if (!err) {
         sd_quantize_rows(kr->format, ISA, pa, m, kr->k, sc->qa, sc->da, sc->sa, sc->nc);
         sd_args x = {kr->format, ISA, m, kr->k, kr->n, sc->qa, sc->da, sc->sa, sc->nc, pb, py};
-        /* chunks of 4 panels (64 columns): each thread streams its panels' blocks once for all m rows */
-        Split s = {&x, 4};
+        /* one task a panel: ONNX Runtime hands each thread one contiguous run of them (balanced to a
+         * panel, where chunks of 4 left a thread a quarter-chunk idle on 576 columns), and each
+         * thread streams its panels' blocks once for all m rows */
+        Split s = {&x, 1};
         sd_parallel(ctx, run_chunk, (size_t)((sd_panels(kr->n) + s.chunk - 1) / s.chunk), &s);
     }
     pthread_mutex_unlock(&kr->lock);

@@ -197,3 +197,44 @@ def first_two_tokens_follow_the_target(family_bundle, mode: str, drafter: str) -
         assert chi_square_p(counts[i], p) > P_MIN, f"{mode} token {i + 1}: differs from the target"
         # Power: the same counts are clearly not the draft's distribution.
         assert chi_square_p(counts[i], np.where(q > 0, q, 0) + 1e-12) < 1e-6, f"{mode} token {i + 1}: test has no power"
+
+
+@pytest.fixture
+def int8_bundle(family_bundle, tmp_path):
+    from specdec.export.pipeline import ExportConfig, export_bundle
+
+    _, target, draft, _, _ = family_bundle
+    out = tmp_path / "int8"
+    # max_kl: a random-weight model loses more than a real one on real text (test_export.py says so)
+    export_bundle(ExportConfig(str(target), str(draft), out, gamma=3, max_seq_len=96, quantize="int8", max_kl=1.0))
+    return draft, out
+
+
+@pytest.mark.parametrize("family_bundle", ["llama"], indirect=True)  # the pair the float32 law tests use
+def test_first_token_follows_a_quantized_bundles_own_law(int8_bundle):
+    """int8 on specdec's kernels: sampled speculative output is the quantized model's, in law.
+    The first token over seeded runs at T = 1 against the bundle's own processed distribution
+    (autoregressive, its top 20 tokens, the rest pooled in one bin), as many runs as the power to
+    tell a rejection that resamples from p instead of the residual needs; the counts must also be
+    clearly not the draft's (PyTorch's float draft: the bundle's int8 draft differs from it by far
+    less than the two models do)."""
+    draft, out = int8_bundle
+    dec = SpeculativeDecoder.load(out, drafter="model")
+    prompt = PROMPTS[2]
+    top = dec.generate(prompt, max_new_tokens=1, gamma=0, temperature=1.0, seed=0, logprobs=20, logprobs_mode="processed").logprobs[0].top
+    tokens = [t for t, v in top if v > -np.inf]
+    p = np.exp([v for t, v in top if v > -np.inf])
+    p = np.append(p, max(0.0, 1.0 - p.sum()))  # [bins]: the top tokens, then the rest
+    q_full, _ = exact_first_two(load_model(draft), prompt, SamplingConfig(1.0, None, None))
+    q = np.append(q_full[tokens], max(0.0, 1.0 - q_full[tokens].sum()))
+    runs = runs_for_power(p, q)
+    index = {t: i for i, t in enumerate(tokens)}
+    counts = np.zeros(len(p), dtype=np.int64)
+    accepted = drafted = 0
+    for seed in range(runs):
+        res = dec.generate(prompt, max_new_tokens=2, seed=seed, temperature=1.0, ignore_eos=True, gamma=3)
+        counts[index.get(res.tokens[0], len(tokens))] += 1
+        accepted, drafted = accepted + res.stats.accepted_at[0], drafted + res.stats.drafted_at[0]
+    assert 0.1 < accepted / drafted < 0.9, f"acceptance {accepted}/{drafted} does not exercise both paths"
+    assert chi_square_p(counts, p) > P_MIN, "the first token differs from the quantized bundle's own law"
+    assert chi_square_p(counts, q + 1e-12) < 1e-6, "the test has no power: the counts fit the draft's law too"

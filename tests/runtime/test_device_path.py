@@ -64,7 +64,7 @@ def test_a_tree_drafter_on_device_buffers_is_refused_by_name(family_bundle, monk
 def test_device_kv_buffers_start_zeroed(monkeypatch):
     """Fresh device memory holds whatever was there; CUDA's float16 attention reads cache rows
     past the valid ones, and a NaN there turned greedy output wrong from the first token on
-    the H100 (tools/gpu/diag_kv.py: a cache filled with NaN before each prompt gives wrong
+    the H100 (docs/bench/gpu/h100-second-run/diag.json: a cache filled with NaN before each prompt gives wrong
     tokens, zeros or finite garbage the right ones). So every device buffer is zeroed when made."""
     import numpy as np
 
@@ -160,27 +160,6 @@ def test_a_batched_graph_without_row_totals_is_refused_on_a_device_cache(family_
     device = SlotCache(t.num_layers, t.num_kv_heads, m.max_seq_len, t.head_dim, m.dtype, spec.batch, "ortvalue")
     with pytest.raises(EngineError, match="re-export the bundle"):
         BatchRunner(session, name, older, device, m.k)
-
-
-@LLAMA
-def test_the_cuda_graph_experiment_decodes_as_the_runtime_where_nothing_is_captured(family_bundle):
-    """tools/gpu/cuda_graph.py, run on the CPU provider (nothing captured there): every variant's
-    loop over bound buffers gives the runtime's greedy tokens, so on the GPU a difference is
-    the capture's, not the harness's."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[2] / "tools" / "gpu" / "cuda_graph.py"
-    spec = importlib.util.spec_from_file_location("cuda_graph", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    bundle = family_bundle[3]
-    want = [SpeculativeDecoder.load(bundle).generate(p, max_new_tokens=12, ignore_eos=True, gamma=0).tokens for p in PROMPTS[:2]]
-    out = module.cuda_graph_ar(bundle, PROMPTS[:2], 12, device="cpu")
-    assert set(out["variants"]) == {"plain", "graph/cpu", "graph/max"}
-    for name, row in out["variants"].items():
-        assert row.get("tokens") == want, (name, row.get("error"))
-        assert row["ms_per_token"] > 0
 
 
 @LLAMA

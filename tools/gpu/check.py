@@ -368,24 +368,6 @@ def speed(bundle: Path, provider: str, tokens: int, drafters: list[str], batch_r
     return out
 
 
-def cuda_graph(bundle: Path, provider: str, tokens: int) -> dict:
-    """The CUDA-graph experiment (tools/gpu/cuda_graph.py): each variant's tokens against the
-    runtime's autoregressive decoding on the provider, and its time per token."""
-    if provider != "cuda":
-        return {"skipped": "CUDA graphs need the CUDA provider"}
-    from cuda_graph import cuda_graph_ar  # beside this file
-
-    from specdec.runtime import SpeculativeDecoder
-
-    prompts = prompts_for(bundle, 2)
-    ref = greedy(SpeculativeDecoder.load(bundle, provider=provider, drafter="lookup"), prompts, tokens, gamma=0)
-    out = cuda_graph_ar(bundle, prompts, tokens)
-    for row in out["variants"].values():
-        if "tokens" in row:
-            row["vs_runtime_ar"] = compare(row.pop("tokens"), ref)
-    return out
-
-
 def transformers_speed(bundle: Path, gguf: Path, draft: Path, dtype: str, tokens: int) -> dict:
     """transformers' generate, plain and assisted by the same draft, greedy, on the GPU."""
     import torch
@@ -438,7 +420,7 @@ def main() -> None:
     ap.add_argument("--work", type=Path, required=True, help="where bundles are exported")
     ap.add_argument("--quick", action="store_true", help="the dry run: two bundles, fewer tokens")
     ap.add_argument("--bundles", default=None, help="comma-separated names among the export jobs to run (default: all)")
-    ap.add_argument("--stages", default=None, help="comma-separated stage kinds to run (exact, cli, traffic, speed, cuda-graph, transformers; default: all)")
+    ap.add_argument("--stages", default=None, help="comma-separated stage kinds to run (exact, cli, traffic, speed, transformers; default: all)")
     ap.add_argument("--exports-only", action="store_true", help="run the exports and exit (started detached by ensure_exports)")
     args = ap.parse_args()
     if args.exports_only:
@@ -464,9 +446,8 @@ def main() -> None:
     plan = {
         "smollm2-fp16": [("exact", exactness, (p, tokens), 40), ("cli", cli, (p, 32), 20), ("traffic", traffic, (p,), 20),
                          ("speed", speed, (p, speed_tokens, chains, rows), 90),
-                         ("cuda-graph", cuda_graph, (p, speed_tokens), 15),
                          ("transformers", transformers_speed, (args.gguf, draft, "float16", speed_tokens), 60)],
-        "demo-fp16": [("exact", exactness, (p, tokens), 30), ("cuda-graph", cuda_graph, (p, speed_tokens), 15)],
+        "demo-fp16": [("exact", exactness, (p, tokens), 30)],
         "demo-fp32": [("exact", exactness, (p, tokens), 30)],
         "smollm2-fp32": [("exact", exactness, (p, tokens), 40), ("traffic", traffic, (p,), 20),
                          ("speed", speed, (p, speed_tokens, ["model", "feature-lookup", "lookup"], []), 60),

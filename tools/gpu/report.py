@@ -102,57 +102,9 @@ def peer_rows(stages: dict, single: list[dict]) -> list[dict]:
     return rows
 
 
-def cuda_graph_rows(stages: dict) -> list[dict]:
-    """The CUDA-graph experiment (tools/gpu/cuda_graph.py): per bundle and variant, time per token
-    and whether its tokens are the runtime's autoregressive ones."""
-    what = {"plain": "one-token calls, not captured", "graph/cpu": "captured; attention total rewritten on the host",
-            "graph/max": "captured; attention total fixed at the cache length"}  # fmt: skip
-    rows = []
-    for name, stage in stages.items():
-        if not name.startswith("cuda-graph ") or "result" not in stage or "variants" not in stage["result"]:
-            continue
-        r = stage["result"]
-        plain = r["variants"].get("plain", {}).get("ms_per_token")
-        for variant, d in r["variants"].items():
-            row = {"bundle": name.removeprefix("cuda-graph "), "variant": variant, "what": what.get(variant, variant)}
-            if "error" in d:
-                rows.append({**row, "ms_per_token": "–", "tok_s": "–", "vs_plain": "–", "same_as_runtime": d["error"][:160]})
-                continue
-            rows.append({**row, "ms_per_token": d["ms_per_token"], "tok_s": d["tok_s"], "vs_plain": round(plain / d["ms_per_token"], 2) if plain else "–",
-                         "same_as_runtime": _count(d["vs_runtime_ar"])})  # fmt: skip
-    return rows
-
-
 def _same(run) -> str:
     same = run["same"]
     return f"{sum(same)} / {len(same)} prompts as the CPU" + ("" if all(same) else f" (decoded: {run['got'][0][:4]}…)")
-
-
-def diag_rows(folder: Path) -> list[dict]:
-    """The third run's BatchEngine diagnostics (tools/gpu/diag_*.py's JSON in ``folder``) as one table."""
-    b, rows, opt, flat, total = (json.loads((folder / f"diag_{n}.json").read_text()) for n in ("batch", "rows", "rows_opt", "flat", "total"))
-    first = flat["flat_all_outputs"]["first_bad"][0]
-    levels = " / ".join(f"{opt[k]:.1f}" for k in ("disable_all", "basic", "extended"))
-    return [
-        {"experiment": "BatchEngine, max_batch 1 (batch-1 graphs), SmolLM2 float16, γ = 0", "outcome": _same(b["cuda mb1 n1 ar"])},
-        {"experiment": "BatchEngine, max_batch 8, 1 request (the rows graph)", "outcome": _same(b["cuda mb8 n1 ar"])},
-        {"experiment": "BatchEngine, max_batch 8, 4 requests", "outcome": _same(b["cuda mb8 n4 ar"])},
-        {"experiment": "BatchEngine, max_batch 8, prefix reuse off", "outcome": _same(b["cuda mb8 n1 ar noreuse"])},
-        {"experiment": "BatchEngine, max_batch 2, 2 requests", "outcome": _same(b["cuda mb2 n2 ar"])},
-        {"experiment": "BatchEngine on the CPU provider, max_batch 8, 4 requests", "outcome": _same(b["cpu mb8 n4 ar"])},
-        {"experiment": "batch-1 target graph, plain session.run, CUDA vs CPU (3 tokens, empty cache)",
-         "outcome": f"max |Δ logits| {rows['target_dynamic rows1']['max_abs_diff']:.2f} (float16 rounding)"},
-        {"experiment": "rows graph, 1-row body, plain session.run, CUDA vs CPU",
-         "outcome": f"max |Δ logits| {rows['target_rows rows1']['max_abs_diff']:.1f}: wrong without any I/O binding"},
-        {"experiment": "the same, ORT graph optimizations off / basic / extended", "outcome": f"{levels}: not an ORT rewrite"},
-        {"experiment": "the 1-row body taken out of its If, run as a graph (demo pair)",
-         "outcome": f"max |Δ logits| {flat['flat']['first_bad'][0]['max_abs_diff']:.1f}: not the If"},
-        {"experiment": "the same, every node's output compared",
-         "outcome": f"first differing node: the first {first['op']} ({first['output']}, max |Δ| {first['max_abs_diff']:.2f} of {first['scale']:.2f}); "
-                    "every input it reads is equal, its total length 3 on both"},
-        {"experiment": "the same body with GroupQueryAttention's total_sequence_length fed as a graph input (as the batch-1 graphs have it)",
-         "outcome": f"max |Δ logits| {total['max_abs_diff']:.4f} of {total['scale']:.1f}: right"},
-    ]  # fmt: skip
 
 
 def main() -> None:
@@ -160,17 +112,9 @@ def main() -> None:
     ap.add_argument("results", type=Path, nargs="?", help="results.json from the device call")
     ap.add_argument("--out", type=Path, default=ROOT / "docs/bench/gpu")
     ap.add_argument("--baseline", type=Path, help="another results.json of the same session and machine (say --provider cuda): its tok/s beside each speed row, and the ratio")
-    ap.add_argument("--diag", type=Path, help="a folder of tools/gpu/diag_*.py JSON: write its diag.json table instead")
     args = ap.parse_args()
-    if args.diag:
-        sources = {n: json.loads((args.diag / f"diag_{n}.json").read_text())["provenance"] for n in ("batch", "total")}
-        prov = {"command": f"python tools/gpu/report.py --diag {args.diag}", "commit": sources["batch"].get("commit"), "date": sources["batch"].get("date"),
-                "machine": sources["batch"].get("machine"), "note": "the diag_*.json files beside it, each with the command that made it"}  # fmt: skip
-        (args.diag / "diag.json").write_text(json.dumps({"provenance": prov, "rows": diag_rows(args.diag)}, indent=1))
-        print(f"wrote {args.diag / 'diag.json'}")
-        return
     if args.results is None:
-        ap.error("give results.json, or --diag FOLDER")
+        ap.error("give results.json")
     data = json.loads(args.results.read_text())
     stages = data["stages"]
     prov = data.get("provenance", {})
@@ -193,7 +137,6 @@ def main() -> None:
         "speed_rows": single,
         "batch_rows": batch,
         "peer_rows": peer_rows(stages, single),
-        "cuda_graph_rows": cuda_graph_rows(stages),
         "stage_rows": [{"stage": k, "seconds": v.get("seconds", "–"), "outcome": "ok" if "result" in v else (v.get("error") or v.get("skipped", "?"))[:160]}
                        for k, v in stages.items()],  # fmt: skip
         "wall_seconds": data.get("wall_seconds"),

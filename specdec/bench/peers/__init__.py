@@ -20,8 +20,8 @@ modes of each peer (``--modes`` keeps a subset; the draft-model modes need ``--d
   optimum-intel's ``--weight-format int8/int4`` defaults, autoregressive.
 * ``llamacpp`` llama-cpp-python (built from source for this CPU; the target converted by llama.cpp's
   ``convert_hf_to_gguf.py``): the target alone and with the binding's prompt lookup
-  (``LlamaPromptLookupDecoding(num_pred_tokens=K)``), at F32, Q8_0 and Q4_0 (``llama_model_quantize``;
-  ``-q8_0``/``-q4_0`` speedups are over that width's autoregressive run). No draft-model drafter
+  (``LlamaPromptLookupDecoding(num_pred_tokens=K)``), at F32, Q8_0, Q4_0 and Q4_1 (``llama_model_quantize``;
+  ``-q8_0``/``-q4_0``/``-q4_1`` speedups are over that width's autoregressive run). No draft-model drafter
   in the binding: listed as unavailable. Each file is first probed with a batched eval in a child
   process: where that crashes (0.3.36's quantized kernels on an AMX CPU), its lookup mode is
   unavailable and its autoregressive mode evaluates the prompt a token a call. OpenMP's wait

@@ -289,8 +289,9 @@ class OpenVINOPeer(WorkerPeer):
 class LlamaCppPeer(WorkerPeer):
     name, venv, default_k = "llamacpp", LLAMACPP, 10  # LlamaPromptLookupDecoding's own num_pred_tokens
     modes = ("autoregressive", "speculative-lookup", "speculative-draft",
-             "autoregressive-q8_0", "speculative-lookup-q8_0", "autoregressive-q4_0", "speculative-lookup-q4_0")
-    PRECISIONS = ("f32", "q8_0", "q4_0")
+             "autoregressive-q8_0", "speculative-lookup-q8_0", "autoregressive-q4_0", "speculative-lookup-q4_0",
+             "autoregressive-q4_1", "speculative-lookup-q4_1")
+    PRECISIONS = ("f32", "q8_0", "q4_0", "q4_1")  # q4_1: a Q4_1 GGUF's own blocks back (llama.cpp's recipe is idempotent on them)
 
     def prepare(self, o: Options, python: Path, k: int) -> tuple[dict, dict]:
         """GGUF files of the target by the converter of the llama.cpp tree the binding was built from
@@ -307,17 +308,20 @@ class LlamaCppPeer(WorkerPeer):
                 tar.extractall(tmp, filter="data")
             sdist.unlink()
 
-        def convert(tmp: Path) -> None:
-            src = build_once(folder / f"llama-cpp-python-{LLAMACPP_VERSION}", fetch, f"llama-cpp-python {LLAMACPP_VERSION} sources", o.setup)
-            tree = src / f"llama_cpp_python-{LLAMACPP_VERSION}" / "vendor" / "llama.cpp"
-            if not (tree / "convert_hf_to_gguf.py").is_file():
-                raise SetupError(f"{tree} has no convert_hf_to_gguf.py: the sdist's layout changed")
-            for p in self.PRECISIONS:
+        def converter(p: str) -> Callable[[Path], None]:
+            def convert(tmp: Path) -> None:
+                src = build_once(folder / f"llama-cpp-python-{LLAMACPP_VERSION}", fetch, f"llama-cpp-python {LLAMACPP_VERSION} sources", o.setup)
+                tree = src / f"llama_cpp_python-{LLAMACPP_VERSION}" / "vendor" / "llama.cpp"
+                if not (tree / "convert_hf_to_gguf.py").is_file():
+                    raise SetupError(f"{tree} has no convert_hf_to_gguf.py: the sdist's layout changed")
                 run_logged([python, WORKER, "gguf", tree, o.target.resolve(), tmp / f"model-{p}.gguf", p], folder / "convert.log",
                            f"convert_hf_to_gguf {o.target} -> {p}", env=OFFLINE)
 
-        out = build_once(folder / f"{o.target.resolve().name}-{checkpoint_key(o.target)}", convert, f"GGUF of {o.target}", o.setup)
-        spec = {"gguf": {p: str(out / f"model-{p}.gguf") for p in self.PRECISIONS}, "n_ctx": o.n_ctx, "unbatched": [], "unavailable": {}}
+            return convert
+
+        key = f"{o.target.resolve().name}-{checkpoint_key(o.target)}"
+        outs = {p: build_once(folder / key / p, converter(p), f"{p} GGUF of {o.target}", o.setup) for p in self.PRECISIONS}
+        spec = {"gguf": {p: str(outs[p] / f"model-{p}.gguf") for p in self.PRECISIONS}, "n_ctx": o.n_ctx, "unbatched": [], "unavailable": {}}
         for p, path in spec["gguf"].items():
             probe = subprocess.run([str(python), str(WORKER), "llama-probe", path], capture_output=True, text=True, timeout=300)
             if probe.returncode != 0:  # its autoregressive mode evaluates one token a call; speculation needs batches

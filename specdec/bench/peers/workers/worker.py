@@ -5,7 +5,7 @@ that peer's stack; ``specdec/bench/peers/__init__.py`` says what each mode is an
     worker.py {optimum,genai,openvino,llamacpp} SPEC_JSON   one reply line per request line, until stdin closes:
         {"cmd": "hello"} -> {"version", "unavailable": {mode: why}, ...}
         {"cmd": "decode", "mode", "temperature", "prompt", "tokens", "seed"} -> {"seconds", "tokens", "new_tokens", "stats", "ids"} or {"error"}
-    worker.py gguf LLAMA_CPP_DIR MODEL_DIR OUTFILE {f32,q8_0,q4_0}  |  worker.py ov-tokenizer MODEL_DIR OUT_DIR
+    worker.py gguf LLAMA_CPP_DIR MODEL_DIR OUTFILE {f32,q8_0,q4_0,q4_1}  |  worker.py ov-tokenizer MODEL_DIR OUT_DIR
     worker.py optimum-export MODEL_DIR OUT_DIR  (ORTModelForCausalLM.from_pretrained(export=True), saved)
     worker.py llama-probe FILE.gguf  (a batched eval; exit status -11 where it crashes)
     worker.py llama-quantize SRC.gguf DST.gguf FTYPE  (llama.cpp's own quantizer; FTYPE a llama_ftype number)
@@ -255,10 +255,10 @@ def llama_probe(path: str) -> int:
 
 
 def gguf(tree: str, model_dir: str, outfile: str, outtype: str) -> int:
-    """``model_dir`` to GGUF by llama.cpp's own ``convert_hf_to_gguf.py`` (q4_0: f32, then libllama's
-    ``llama_model_quantize``). The converter refuses a BPE tokenizer whose pre-tokenizer hash it has
+    """``model_dir`` to GGUF by llama.cpp's own ``convert_hf_to_gguf.py`` (q4_0, q4_1: f32, then
+    libllama's ``llama_model_quantize``). The converter refuses a BPE tokenizer whose pre-tokenizer hash it has
     never seen (the demo pair's); plain byte-level BPE with the GPT-2 regex is llama.cpp's "gpt-2"."""
-    if outtype == "q4_0":
+    if outtype in ("q4_0", "q4_1"):
         f32 = outfile + ".f32.tmp"
         gguf(tree, model_dir, f32, "f32")
         import ctypes
@@ -266,9 +266,10 @@ def gguf(tree: str, model_dir: str, outfile: str, outtype: str) -> int:
         import llama_cpp
 
         params = llama_cpp.llama_model_quantize_default_params()
-        params.ftype, params.nthread = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0, 2
+        params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0 if outtype == "q4_0" else llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_1
+        params.nthread = 2
         if llama_cpp.llama_model_quantize(f32.encode(), outfile.encode(), ctypes.byref(params)) != 0:
-            sys.exit(f"llama_model_quantize {f32} -> {outfile} (Q4_0) failed")
+            sys.exit(f"llama_model_quantize {f32} -> {outfile} ({outtype}) failed")
         os.unlink(f32)
         return 0
     sys.path[:0] = [str(Path(tree) / "gguf-py"), tree]  # the converter's own gguf, not PyPI's
@@ -418,7 +419,7 @@ if __name__ == "__main__":
     a = sys.argv[1:]
     if len(a) == 2 and a[0] in ("optimum", "genai", "openvino", "llamacpp"):
         sys.exit(serve(a[0], json.loads(a[1])))
-    if len(a) == 5 and a[0] == "gguf" and a[4] in ("f32", "q8_0", "q4_0"):
+    if len(a) == 5 and a[0] == "gguf" and a[4] in ("f32", "q8_0", "q4_0", "q4_1"):
         sys.exit(gguf(*a[1:]))
     if len(a) == 2 and a[0] == "llama-probe":
         sys.exit(llama_probe(a[1]))
