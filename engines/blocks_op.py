@@ -42,7 +42,7 @@ def _lib() -> ctypes.CDLL | None:
     if path is None:
         return None
     lib = ctypes.CDLL(str(path))
-    lib.sd_matmul.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+    lib.sd_matmul.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
                               ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]  # fmt: skip
     lib.sd_isa_available.argtypes = [ctypes.c_int]
     lib.specdec_kernel_isa.restype = ctypes.c_char_p
@@ -72,9 +72,10 @@ def register(options) -> bool:
     return True
 
 
-def matmul(a: np.ndarray, blocks: np.ndarray, n: int, fmt: str, isa_name: str | None = None) -> np.ndarray:
+def matmul(a: np.ndarray, blocks: np.ndarray, n: int, fmt: str, isa_name: str | None = None, gated: bool = False) -> np.ndarray:
     """a [M, K] float32 @ the blocks' [N, K] weights -> [M, N] float32, on one thread (the op splits
-    the columns over ONNX Runtime's threads; the bits are the same)."""
+    the columns over ONNX Runtime's threads; the bits are the same). ``gated``: the blocks hold 2N
+    columns (``gated_blocks``) and the result is silu(a @ gate) * (a @ up)."""
     lib = _lib()
     if lib is None:
         raise EngineError("specdec's block kernels are not built here; reinstall specdec with a C compiler present")
@@ -83,7 +84,9 @@ def matmul(a: np.ndarray, blocks: np.ndarray, n: int, fmt: str, isa_name: str | 
     m, k = a.shape
     y = np.empty((m, n), np.float32)  # [M, N]
     isa_name = isa_name or isa()
-    rc = lib.sd_matmul(FORMATS[fmt], ISAS[isa_name], a.ctypes.data, m, k, blocks.ctypes.data, n, y.ctypes.data)
+    if gated and n % 16:
+        raise InputError(f"a gated product of N={n} columns: N must be a multiple of 16 (the panels the two halves alternate in)")
+    rc = lib.sd_matmul(FORMATS[fmt], ISAS[isa_name], int(gated), a.ctypes.data, m, k, blocks.ctypes.data, n, y.ctypes.data)
     if rc:
         raise InputError(f"sd_matmul refused {fmt} with M={m}, K={k}, N={n} on {isa_name} (code {rc}): K must be a multiple of "
                          f"{BLOCK} and the instruction set available here ({', '.join(isas())})")  # fmt: skip

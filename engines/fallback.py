@@ -65,7 +65,9 @@ def rewrite(model) -> int:
     """Replace ``model``'s ai.specdec nodes (in every subgraph) in place; returns how many."""
     import onnx
 
-    from specdec.export.blocks import dequantize_column_blocks
+    import numpy as np
+
+    from specdec.export.blocks import dequantize_column_blocks, ungated_blocks
     from specdec.export.quantize import PRECISIONS, _Blocked
 
     recipes = {v: k for k, v in blocks_op.FORMATS.items()}
@@ -90,10 +92,19 @@ def rewrite(model) -> int:
                 out.append(node)
                 continue
             attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-            recipe = recipes[attrs["format"]]
-            w = dequantize_column_blocks(onnx.numpy_helper.to_array(inits[node.input[1]]), recipe, attrs["K"], n=attrs["N"])  # [K, N]
+            recipe, n, blob = recipes[attrs["format"]], attrs["N"], onnx.numpy_helper.to_array(inits[node.input[1]])
             blocked.nodes, blocked.sums = [], {}  # this graph's nodes; block sums are per scope
-            blocked.rewrite(node, w, recipe)
+            if attrs.get("gated"):  # silu(x @ gate) * (x @ up) as the exporter wrote it before export/gated.py folded it
+                w = dequantize_column_blocks(ungated_blocks(blob), recipe, attrs["K"], n=2 * n)  # [K, 2N]
+                both, out_name = node.output[0] + "_gate_up", node.output[0]
+                product = onnx.helper.make_node(node.op_type, node.input, [both], name=node.name)
+                blocked.rewrite(product, w, recipe)
+                sizes = blocked._const(node.input[1] + "_sizes", np.array([n, n], np.int64))
+                gate, up, sig, silu = (f"{both}_{part}" for part in ("gate", "up", "sigmoid", "silu"))
+                blocked.nodes += [onnx.helper.make_node("Split", [both, sizes], [gate, up], axis=-1), onnx.helper.make_node("Sigmoid", [gate], [sig]),
+                                  onnx.helper.make_node("Mul", [gate, sig], [silu]), onnx.helper.make_node("Mul", [silu, up], [out_name])]  # fmt: skip
+            else:
+                blocked.rewrite(node, dequantize_column_blocks(blob, recipe, attrs["K"], n=n), recipe)  # [K, N]
             out.extend(blocked.nodes)
         del g.node[:]
         g.node.extend(out)

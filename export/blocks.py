@@ -173,3 +173,17 @@ def dequantize_column_blocks(blob: np.ndarray, recipe: str, k: int, block: int =
     codes, d, m = unpack_column_blocks(blob, recipe, k, block, n)
     w = d[..., None] * codes.astype(np.float32) + m[..., None]
     return w.reshape(w.shape[0], -1).T
+
+
+def gated_blocks(blob: np.ndarray) -> np.ndarray:
+    """``column_blocks`` of a gated MLP's [K, 2N] gate | up matrix (N a multiple of 16) -> the
+    panels in turn, gate panel i then up panel i: ``MatMulBlocks`` with ``gated=1`` computes
+    silu(x @ gate) * (x @ up) panel by panel."""
+    halves = blob.reshape(2, blob.shape[0] // 2, blob.shape[1])  # [2, N/16, bytes]
+    return np.ascontiguousarray(halves.transpose(1, 0, 2).reshape(blob.shape))
+
+
+def ungated_blocks(blob: np.ndarray) -> np.ndarray:
+    """``gated_blocks``' inverse: the gate's panels, then the up projection's."""
+    pairs = blob.reshape(blob.shape[0] // 2, 2, blob.shape[1])  # [N/16, 2, bytes]
+    return np.ascontiguousarray(pairs.transpose(1, 0, 2).reshape(blob.shape))

@@ -247,6 +247,10 @@ def quantize_weight_only(path: Path, kind: str, scheme: WeightOnly | None = None
     kept = [t for t in model.graph.initializer if t.name in used]  # float weights now unused are dropped
     del model.graph.initializer[:]
     model.graph.initializer.extend(kept + out.inits)
+    if s.kernel == "blocks":  # a gated MLP's SiLU product into its first product (export/gated.py)
+        from specdec.export.gated import fuse_gated_mlps
+
+        fuse_gated_mlps(model.graph)
     from specdec.engines.blocks_op import DOMAIN
 
     domain = "com.microsoft" if s.kernel == "nbits" else DOMAIN

@@ -131,26 +131,55 @@ static inline int code_at(int fmt, const uint8_t *codes, int j, int i) {
     return i % 8 < 4 ? byte & 15 : byte >> 4;
 }
 
-static void panels_portable(const sd_args *x, int64_t p0, int64_t p1) {
+/* row r times column j of panel p: blocks.c's sequence */
+static float column_portable(const sd_args *x, int64_t p, int j, int64_t r) {
     const int fmt = x->format;
     const int64_t nb = x->k / SD_QK;
-    for (int64_t p = p0; p < p1; p++) {
-        const uint8_t *panel = x->w + p * nb * PANEL_BYTES[fmt];
-        for (int j = 0; j < PANEL && p * PANEL + j < x->n; j++) {
-            for (int64_t r = 0; r < x->m; r++) {
-                float acc = 0.0f, bias = 0.0f;
-                for (int64_t b = 0; b < nb; b++) {
-                    const uint8_t *blk = panel + b * PANEL_BYTES[fmt], *codes = blk + SCALE_BYTES[fmt];
-                    const int8_t *q = x->qa + r * x->k + b * SD_QK;
-                    int32_t dot = x->nc[r * nb + b];
-                    for (int i = 0; i < SD_QK; i++) dot += code_at(fmt, codes, j, i) * q[i];
-                    acc = fmaf((float)dot, fp16(blk + 2 * j) * x->da[r * nb + b], acc);
-                    if (fmt == SD_Q4_1) bias = fmaf(fp16(blk + 2 * (PANEL + j)), x->sa[r * nb + b], bias);
-                }
-                x->y[r * x->n + p * PANEL + j] = acc + bias;
-            }
-        }
+    const uint8_t *panel = x->w + p * nb * PANEL_BYTES[fmt];
+    float acc = 0.0f, bias = 0.0f;
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = panel + b * PANEL_BYTES[fmt], *codes = blk + SCALE_BYTES[fmt];
+        const int8_t *q = x->qa + r * x->k + b * SD_QK;
+        int32_t dot = x->nc[r * nb + b];
+        for (int i = 0; i < SD_QK; i++) dot += code_at(fmt, codes, j, i) * q[i];
+        acc = fmaf((float)dot, fp16(blk + 2 * j) * x->da[r * nb + b], acc);
+        if (fmt == SD_Q4_1) bias = fmaf(fp16(blk + 2 * (PANEL + j)), x->sa[r * nb + b], bias);
     }
+    return acc + bias;
+}
+
+/* exp(x) for the gate, one fixed sequence (Cody-Waite reduction, Cephes' polynomial, no fused
+ * multiply-add) that the vector paths repeat lane by lane: the same bits on every path. x is
+ * clamped to [-87, 88], where 2^n stays a normal float. */
+#define EXP_LO -87.0f
+#define EXP_HI 88.0f
+#define LOG2E 1.44269504088896341f
+#define LN2_HI 0.693359375f
+#define LN2_LO -2.12194440e-4f
+static const float EXP_P[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
+
+static float exp_portable(float x) {
+    x = fminf(fmaxf(x, EXP_LO), EXP_HI);
+    const float n = nearbyintf(x * LOG2E);
+    const float r = (x - n * LN2_HI) - n * LN2_LO;
+    float poly = EXP_P[0];
+    for (int i = 1; i < 6; i++) poly = poly * r + EXP_P[i];
+    const float e = ((poly * r) * r + r) + 1.0f;
+    const uint32_t bits = (uint32_t)((int32_t)n + 127) << 23;
+    float two;
+    memcpy(&two, &bits, 4);
+    return e * two;
+}
+
+/* the gated MLP's product: silu(g) * u = (g * (1 / (1 + exp(-g)))) * u */
+static float gated_portable(float g, float u) { return (g * (1.0f / (1.0f + exp_portable(-g)))) * u; }
+
+static void panels_portable(const sd_args *x, int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; p++)
+        for (int j = 0; j < PANEL && p * PANEL + j < x->n; j++)
+            for (int64_t r = 0; r < x->m; r++)
+                x->y[r * x->n + p * PANEL + j] = x->gated ? gated_portable(column_portable(x, 2 * p, j, r), column_portable(x, 2 * p + 1, j, r))
+                                                          : column_portable(x, p, j, r);
 }
 
 /* -- AVX2 and AVX-512 VNNI -------------------------------------------------------------------- */
@@ -193,9 +222,10 @@ AVX2 __m256i dot8_avx2(int fmt, __m256i u, int32_t quad) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(u, q), ones);
 }
 
-AVX2 void tile_avx2(const sd_args *x, const int fmt, int64_t p, int half, int64_t r0, const int rows) {
-    const int64_t n0 = p * PANEL + 8 * half, live = x->n - n0 < 8 ? x->n - n0 : 8;
+/* rows r0.. of panel p's columns 8 * half .. 8 * half + min(live, 8) - 1, to out[t * ldo + i] */
+AVX2 void tile_avx2(const sd_args *x, const int fmt, int64_t p, int half, int64_t r0, const int rows, float *out, int64_t ldo, int64_t live) {
     if (live <= 0) return;  /* the last panel's padding */
+    if (live > 8) live = 8;
     ROW_POINTERS
     const uint8_t *panel = x->w + p * nb * PANEL_BYTES[fmt];
     const __m256i low = _mm256_set1_epi8(15);
@@ -229,16 +259,16 @@ AVX2 void tile_avx2(const sd_args *x, const int fmt, int64_t p, int half, int64_
         }
     }
     _Pragma("GCC unroll 8") for (int t = 0; t < rows; t++) {
-        float out[8];
-        _mm256_storeu_ps(out, fmt == SD_Q4_1 ? _mm256_add_ps(acc[t], bias[t]) : acc[t]);
-        memcpy(x->y + (r0 + t) * x->n + n0, out, sizeof(float) * (size_t)live);
+        float lanes[8];
+        _mm256_storeu_ps(lanes, fmt == SD_Q4_1 ? _mm256_add_ps(acc[t], bias[t]) : acc[t]);
+        memcpy(out + t * ldo, lanes, sizeof(float) * (size_t)live);
     }
 }
 
 /* AVX-512 VNNI: a whole panel (16 columns) per register, vpdpbusd on u8 codes x s8 activations
  * (the offset taken back by starting each dot at nc). With one or two rows, two partial dots per
  * row (exact int32 sums, so their split does not touch the bits) halve the dependency chain. */
-VNNI void tile_vnni(const sd_args *x, const int fmt, int64_t p, int64_t r0, const int rows) {
+VNNI void tile_vnni(const sd_args *x, const int fmt, int64_t p, int64_t r0, const int rows, float *out, int64_t ldo, int64_t live) {
     const int CHAINS = rows <= 2 ? 2 : 1;
     ROW_POINTERS
     const uint8_t *panel = x->w + p * nb * PANEL_BYTES[fmt];
@@ -278,26 +308,79 @@ VNNI void tile_vnni(const sd_args *x, const int fmt, int64_t p, int64_t r0, cons
             if (fmt == SD_Q4_1) bias[t] = _mm512_fmadd_ps(mw, _mm512_set1_ps(sr[t][b]), bias[t]);
         }
     }
-    const int64_t n0 = p * PANEL, live = x->n - n0 < PANEL ? x->n - n0 : PANEL;
     const __mmask16 store = (__mmask16)((1u << live) - 1);
     _Pragma("GCC unroll 8") for (int t = 0; t < rows; t++)
-        _mm512_mask_storeu_ps(x->y + (r0 + t) * x->n + n0, store, fmt == SD_Q4_1 ? _mm512_add_ps(acc[t], bias[t]) : acc[t]);
+        _mm512_mask_storeu_ps(out + t * ldo, store, fmt == SD_Q4_1 ? _mm512_add_ps(acc[t], bias[t]) : acc[t]);
 }
 
+/* exp_portable and gated_portable, 8 or 16 lanes at once: the same operations in the same order */
+#define GATED_VECTOR(ATTR, NAME, V, PS, EPI, ROUND)                                                             \
+    ATTR V NAME(V g, V u) {                                                                                      \
+        const V x = PS(min)(PS(max)(PS(sub)(PS(setzero)(), g), PS(set1)(EXP_LO)), PS(set1)(EXP_HI));            \
+        const V n = ROUND(PS(mul)(x, PS(set1)(LOG2E)));                                                          \
+        const V r = PS(sub)(PS(sub)(x, PS(mul)(n, PS(set1)(LN2_HI))), PS(mul)(n, PS(set1)(LN2_LO)));             \
+        V poly = PS(set1)(EXP_P[0]);                                                                             \
+        for (int i = 1; i < 6; i++) poly = PS(add)(PS(mul)(poly, r), PS(set1)(EXP_P[i]));                        \
+        const V e = PS(add)(PS(add)(PS(mul)(PS(mul)(poly, r), r), r), PS(set1)(1.0f));                           \
+        const V two = EPI(n);                                                                                    \
+        const V one = PS(set1)(1.0f);                                                                            \
+        return PS(mul)(PS(mul)(g, PS(div)(one, PS(add)(one, PS(mul)(e, two)))), u);                              \
+    }
+#define PS256(op) _mm256_##op##_ps
+#define PS512(op) _mm512_##op##_ps
+#define ROUND256(v) _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+#define ROUND512(v) _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+#define TWO256(n) _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23))
+#define TWO512(n) _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23))
+GATED_VECTOR(AVX2, gated_avx2, __m256, PS256, TWO256, ROUND256)
+GATED_VECTOR(VNNI, gated_512, __m512, PS512, TWO512, ROUND512)
+
+/* rows of a gated panel's two halves (g, u: [rows][16]) to out[t * ldo + i], i < live */
+AVX2 void gated_rows_avx2(const float *g, const float *u, int rows, float *out, int64_t ldo, int64_t live) {
+    for (int t = 0; t < rows; t++) {
+        float lanes[PANEL];
+        _mm256_storeu_ps(lanes, gated_avx2(_mm256_loadu_ps(g + t * PANEL), _mm256_loadu_ps(u + t * PANEL)));
+        _mm256_storeu_ps(lanes + 8, gated_avx2(_mm256_loadu_ps(g + t * PANEL + 8), _mm256_loadu_ps(u + t * PANEL + 8)));
+        memcpy(out + t * ldo, lanes, sizeof(float) * (size_t)live);
+    }
+}
+
+VNNI void gated_rows_512(const float *g, const float *u, int rows, float *out, int64_t ldo, int64_t live) {
+    const __mmask16 store = (__mmask16)((1u << live) - 1);
+    for (int t = 0; t < rows; t++)
+        _mm512_mask_storeu_ps(out + t * ldo, store, gated_512(_mm512_loadu_ps(g + t * PANEL), _mm512_loadu_ps(u + t * PANEL)));
+}
+
+/* Output panel p, rows r0 .. r0 + R - 1: the product's panel p, or (gated: the weights hold the
+ * gate's and the up projection's panels in turn) silu(its panel 2p) * its panel 2p + 1. */
+#define PANEL_ROWS(TILE_FN, GATED_FN, R)                                                                        \
+    do {                                                                                                         \
+        float *out = x->y + r0 * x->n + p * PANEL;                                                               \
+        const int64_t live = x->n - p * PANEL < PANEL ? x->n - p * PANEL : PANEL;                                \
+        if (!x->gated) {                                                                                         \
+            TILE_FN(p, R, out, x->n, live);                                                              \
+        } else {                                                                                                 \
+            float g[TILE * PANEL], u[TILE * PANEL];                                                              \
+            TILE_FN(2 * p, R, g, PANEL, PANEL);                                                                  \
+            TILE_FN(2 * p + 1, R, u, PANEL, PANEL);                                                              \
+            GATED_FN(g, u, R, out, x->n, live);                                                                  \
+        }                                                                                                        \
+    } while (0)
+
 /* Every (format, rows) pair spelled out, so each inlined tile knows both as constants. */
-#define PANELS(ATTR, TARGET, NAME, TILE_CALL)                                                                    \
+#define PANELS(ATTR, TARGET, NAME, TILE_FN, GATED_FN)                                                           \
     ATTR void NAME##_f(const sd_args *x, int64_t p0, int64_t p1, const int fmt) {                                \
         for (int64_t p = p0; p < p1; p++) {                                                                      \
             int64_t r0 = 0;                                                                                      \
-            for (; r0 + TILE <= x->m; r0 += TILE) TILE_CALL(8);                                                  \
+            for (; r0 + TILE <= x->m; r0 += TILE) PANEL_ROWS(TILE_FN, GATED_FN, 8);                              \
             switch (x->m - r0) {                                                                                 \
-            case 7: TILE_CALL(7); break;                                                                         \
-            case 6: TILE_CALL(6); break;                                                                         \
-            case 5: TILE_CALL(5); break;                                                                         \
-            case 4: TILE_CALL(4); break;                                                                         \
-            case 3: TILE_CALL(3); break;                                                                         \
-            case 2: TILE_CALL(2); break;                                                                         \
-            case 1: TILE_CALL(1); break;                                                                         \
+            case 7: PANEL_ROWS(TILE_FN, GATED_FN, 7); break;                                                     \
+            case 6: PANEL_ROWS(TILE_FN, GATED_FN, 6); break;                                                     \
+            case 5: PANEL_ROWS(TILE_FN, GATED_FN, 5); break;                                                     \
+            case 4: PANEL_ROWS(TILE_FN, GATED_FN, 4); break;                                                     \
+            case 3: PANEL_ROWS(TILE_FN, GATED_FN, 3); break;                                                     \
+            case 2: PANEL_ROWS(TILE_FN, GATED_FN, 2); break;                                                     \
+            case 1: PANEL_ROWS(TILE_FN, GATED_FN, 1); break;                                                     \
             default: break;                                                                                      \
             }                                                                                                    \
         }                                                                                                        \
@@ -309,12 +392,15 @@ VNNI void tile_vnni(const sd_args *x, const int fmt, int64_t p, int64_t r0, cons
         default: NAME##_f(x, p0, p1, SD_Q4_1); break;                                                            \
         }                                                                                                        \
     }
-/* AVX2 has 16 registers: at most 4 rows a pass */
-#define AVX2_HALF(R, H) ((R) > 4 ? (tile_avx2(x, fmt, p, H, r0, 4), tile_avx2(x, fmt, p, H, r0 + 4, (R) - 4)) : tile_avx2(x, fmt, p, H, r0, R))
-#define AVX2_CALL(R) (AVX2_HALF(R, 0), AVX2_HALF(R, 1))
-#define VNNI_CALL(R) tile_vnni(x, fmt, p, r0, R)
-PANELS(AVX2, ISA_AVX2, panels_avx2, AVX2_CALL)
-PANELS(VNNI, ISA_VNNI, panels_vnni, VNNI_CALL)
+/* AVX2 has 16 registers: at most 4 rows a pass, 8 columns at a time */
+#define AVX2_HALF(P, R, OUT, LDO, LIVE, H)                                                                       \
+    ((R) > 4 ? (tile_avx2(x, fmt, P, H, r0, 4, (OUT) + 8 * (H), LDO, (LIVE) - 8 * (H)),                         \
+                tile_avx2(x, fmt, P, H, r0 + 4, (R) - 4, (OUT) + 4 * (LDO) + 8 * (H), LDO, (LIVE) - 8 * (H)))     \
+             : tile_avx2(x, fmt, P, H, r0, R, (OUT) + 8 * (H), LDO, (LIVE) - 8 * (H)))
+#define AVX2_TILE(P, R, OUT, LDO, LIVE) (AVX2_HALF(P, R, OUT, LDO, LIVE, 0), AVX2_HALF(P, R, OUT, LDO, LIVE, 1))
+#define VNNI_TILE(P, R, OUT, LDO, LIVE) tile_vnni(x, fmt, P, r0, R, OUT, LDO, LIVE)
+PANELS(AVX2, ISA_AVX2, panels_avx2, AVX2_TILE, gated_rows_avx2)
+PANELS(VNNI, ISA_VNNI, panels_vnni, VNNI_TILE, gated_rows_512)
 #endif
 
 /* -- dispatch --------------------------------------------------------------------------------- */
@@ -368,7 +454,7 @@ int sd_check(int format, int64_t m, int64_t k, int64_t n) {
 
 /* One whole product, single-threaded, scratch allocated here: the entry point the tests call
  * through ctypes (the ONNX Runtime op splits the panels over its threads instead). */
-int sd_matmul(int format, int isa, const float *a, int64_t m, int64_t k, const uint8_t *w, int64_t n, float *y) {
+int sd_matmul(int format, int isa, int gated, const float *a, int64_t m, int64_t k, const uint8_t *w, int64_t n, float *y) {
     int err = sd_check(format, m, k, n);
     if (err) return err;
     if (!sd_isa_available(isa)) return SD_ERR_ISA;
@@ -376,7 +462,7 @@ int sd_matmul(int format, int isa, const float *a, int64_t m, int64_t k, const u
     if (sd_reserve(&s, m, k)) err = SD_ERR_MEMORY;
     if (!err) {
         sd_quantize_rows(format, isa, a, m, k, s.qa, s.da, s.sa, s.nc);
-        sd_args x = {format, isa, m, k, n, s.qa, s.da, s.sa, s.nc, w, y};
+        sd_args x = {format, isa, m, k, n, s.qa, s.da, s.sa, s.nc, w, y, gated};
         sd_matmul_panels(&x, 0, sd_panels(n));
     }
     sd_release(&s);

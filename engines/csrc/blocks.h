@@ -16,8 +16,10 @@ typedef struct {
     const float *da;    /* [m, k / 32] their scales */
     const float *sa;    /* [m, k / 32] scale * sum of codes (Q4_1's minimum term) */
     const int32_t *nc;  /* [m, k / 32] -offset * sum of codes (blocks.c) */
-    const uint8_t *w;   /* [ceil(n / 16), k / 32, 16 * block bytes]: panels of 16 columns (blocks.c) */
+    const uint8_t *w;   /* [ceil(n / 16), k / 32, 16 * block bytes]: panels of 16 columns (blocks.c);
+                           gated: [2 * n / 16, ...], the gate's and the up projection's panels in turn */
     float *y;           /* [m, n] */
+    int gated;          /* y = silu(x @ gate) * (x @ up) (a gated MLP's first half), n % 16 == 0 */
 } sd_args;
 
 typedef struct {        /* the activations' codes and scales for up to capacity / k rows */
@@ -36,5 +38,5 @@ int sd_reserve(sd_scratch *s, int64_t m, int64_t k);
 void sd_release(sd_scratch *s);
 int64_t sd_panels(int64_t n);
 void sd_matmul_panels(const sd_args *x, int64_t p0, int64_t p1);
-int sd_matmul(int format, int isa, const float *a, int64_t m, int64_t k, const uint8_t *w, int64_t n, float *y);
+int sd_matmul(int format, int isa, int gated, const float *a, int64_t m, int64_t k, const uint8_t *w, int64_t n, float *y);
 #endif

@@ -3,7 +3,8 @@
  * a 1-row call gives it).
  *
  *   MatMulBlocks(A: float32 [..., K], B: uint8 [ceil(N / 16), K / 32 * 16 * block bytes]) -> Y: float32 [..., N]
- *       attributes: K, N, format (blocks.h: 0 Q8_0, 1 Q4_0, 2 Q4_1)
+ *       attributes: K, N, format (blocks.h: 0 Q8_0, 1 Q4_0, 2 Q4_1), gated (optional, 0): 1 makes
+ *       Y = silu(A @ gate) * (A @ up), B holding 2N columns: the two projections' panels in turn
  *   GroupQueryAttention: com.microsoft's inputs, outputs and attributes (batch 1, no attention
  *       bias), over the same in-place buffers (attention.c)
  *
@@ -50,7 +51,7 @@ void sd_parallel(OrtKernelContext *ctx, void (*fn)(void *, size_t), size_t total
 
 typedef struct {
     int64_t k, n;
-    int format;
+    int format, gated;
     pthread_mutex_t lock;  /* guards the scratch (a session may run calls concurrently) */
     sd_scratch scratch;    /* grown to the largest call's rows, kept for the next */
 } Kernel;
@@ -65,6 +66,14 @@ static void *create_kernel(const OrtCustomOp *op, const OrtApi *api, const OrtKe
         return NULL;
     }
     kr->format = (int)fmt;
+    int64_t gated = 0;
+    OrtStatus *st = ATTR_INT64(API)(info, "gated", &gated);  /* optional: absent is 0 */
+    if (st) RELEASE_STATUS(API)(st);
+    kr->gated = st ? 0 : (int)gated;
+    if (kr->gated && kr->n % 16) {  /* the two halves alternate by panels of 16 */
+        free(kr);
+        return NULL;
+    }
     pthread_mutex_init(&kr->lock, NULL);
     return kr;
 }
@@ -106,7 +115,7 @@ static int compute(Kernel *kr, OrtKernelContext *ctx) {
     int err = sd_reserve(sc, m, kr->k);
     if (!err) {
         sd_quantize_rows(kr->format, ISA, pa, m, kr->k, sc->qa, sc->da, sc->sa, sc->nc);
-        sd_args x = {kr->format, ISA, m, kr->k, kr->n, sc->qa, sc->da, sc->sa, sc->nc, pb, py};
+        sd_args x = {kr->format, ISA, m, kr->k, kr->n, sc->qa, sc->da, sc->sa, sc->nc, pb, py, kr->gated};
         /* one task a panel: ONNX Runtime hands each thread one contiguous run of them (balanced to a
          * panel, where chunks of 4 left a thread a quarter-chunk idle on 576 columns), and each
          * thread streams its panels' blocks once for all m rows */

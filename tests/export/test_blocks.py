@@ -135,6 +135,41 @@ def test_matmul_blocks_graph_computes_the_blocks(tmp_path, recipe):
     assert np.abs(got - want).max() <= 2e-2 * np.abs(want).max()
 
 
+def gated_mlp_model(k: int, n: int, w: np.ndarray, expose_gate: bool) -> onnx.ModelProto:
+    """x [B, S, K] @ w [K, 2N] -> Split -> silu(gate) * up, as the exporter writes a Llama MLP;
+    ``expose_gate``: the gate is a graph output too (then nothing may be folded)."""
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm"), helper.make_node("Split", ["y", "sizes"], ["g", "u"], axis=-1),
+             helper.make_node("Sigmoid", ["g"], ["s"]), helper.make_node("Mul", ["g", "s"], ["silu"]), helper.make_node("Mul", ["u", "silu"], ["z"])]  # fmt: skip
+    outs = [helper.make_tensor_value_info("z", TensorProto.FLOAT, ["b", "s", n])]
+    outs += [helper.make_tensor_value_info("g", TensorProto.FLOAT, ["b", "s", n])] if expose_gate else []
+    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.array([n, n], np.int64), "sizes")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "s", k])], outs, inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.skipif(blocks_op.library() is None, reason="the block kernels were not built (no C compiler)")
+@pytest.mark.parametrize("recipe", ["q4_1", "q8_0"])
+def test_a_gated_mlp_folds_into_its_product(tmp_path, recipe):
+    """export/gated.py: Split, Sigmoid and the two Muls fold into one gated MatMulBlocks, which
+    ONNX Runtime runs to the unfolded graph's values on the same blocks (the exp polynomial's
+    few ulps: 1e-5 of the output's scale); with the gate also a graph output nothing is folded."""
+    k, n = 64, 32
+    w = weights(k, 2 * n, seed=5)
+    x = np.random.default_rng(6).standard_normal((2, 3, k)).astype(np.float32)
+    options = ort.SessionOptions()
+    assert blocks_op.register(options)
+    outs = {}
+    for expose in (False, True):
+        path = tmp_path / f"m{expose}.onnx"
+        onnx.save(gated_mlp_model(k, n, w, expose), str(path))
+        quantize_weight_only(path, "int4", WeightOnly(body=recipe))
+        nodes = onnx.load(str(path)).graph.node
+        gated = [a.i for node in nodes if node.op_type == "MatMulBlocks" for a in node.attribute if a.name == "gated"]
+        assert ([node.op_type for node in nodes], gated) == ((["MatMulBlocks"], [1]) if not expose else (["MatMulBlocks", "Split", "Sigmoid", "Mul", "Mul"], []))
+        outs[expose] = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"]).run(["z"], {"x": x})[0]
+    np.testing.assert_allclose(outs[False], outs[True], rtol=0, atol=1e-5 * np.abs(outs[True]).max())
+
+
 def test_head_is_found_and_kept_at_8_bits(tmp_path):
     """The MatMul that makes ``logits`` is the head: int4 stores it as q8_0 (as llama.cpp's Q4_1
     files keep the output matrix at Q8_0); the others as q4_1."""

@@ -174,6 +174,7 @@ def test_quantized_bundle(llama_bundle, tmp_path, quantize, draft_quantize):
             formats = {a.i for n in nodes if n.op_type == "MatMulBlocks" for a in n.attribute if a.name == "format"}
             assert formats == ({2, 0} if q == "int4" else {0})  # int4: the body q4_1, the head q8_0 (export/quantize.py PRECISIONS)
             assert {n.domain for n in nodes if n.op_type == "GroupQueryAttention"} == {"ai.specdec"}  # row-invariant attention too
+            assert not {"Split", "Sigmoid"} & {n.op_type for n in nodes}  # the gated MLPs folded into their products (export/gated.py)
         size = (out / g.data[0]).stat().st_size
         full = (fp32 / f32.graph(model, "dynamic")[1].data[0]).stat().st_size
         assert size < 0.7 * full if q else size == full, (model, size, full)
