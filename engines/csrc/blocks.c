@@ -207,8 +207,14 @@ static void panels_portable(const sd_args *x, int64_t p0, int64_t p1) {
         cr[t] = x->nc + (r0 + t) * nb;                                                                           \
     }
 
-/* four activation codes (K positions at i .. i + 3 of row t's block b) in every 32-bit lane */
-#define QUAD(t, b, i) (*(const int32_t *)(qr[t] + (b) * SD_QK + (i)))
+/* four activation codes (K positions at i .. i + 3 of row t's block b) as one 32-bit lane
+ * (memcpy: an unaligned load, without reading int8 storage through an int32 lvalue) */
+static inline int32_t quad(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+#define QUAD(t, b, i) quad(qr[t] + (b) * SD_QK + (i))
 
 /* AVX2: 8 columns (half a panel, ``half`` 0 or 1) per register. u8 x s8 pair products summed
  * to int32 lanes by maddubs + madd: Q8_0's |code - 128| <= 128 times |q| <= 127, pairs <= 32512;
