@@ -63,9 +63,8 @@ def nbits_graph(bundle: Path, file: str) -> Path:
 
 def rewrite(model) -> int:
     """Replace ``model``'s ai.specdec nodes (in every subgraph) in place; returns how many."""
-    import onnx
-
     import numpy as np
+    import onnx
 
     from specdec.export.blocks import dequantize_column_blocks, ungated_blocks
     from specdec.export.quantize import PRECISIONS, _Blocked
