@@ -495,10 +495,11 @@ def _custom_ops(graphs: dict[str, GraphSpec], folder: Path) -> dict | None:
     import onnx
 
     from specdec.engines.blocks_op import DOMAIN, LIBRARY, WITHOUT
+    from specdec.manifest import BLOCKS_LAYOUT
 
     ops = sorted({n.op_type for g in graphs.values() for n in onnx.load(str(folder / g.file), load_external_data=False).graph.node
                   if n.domain == DOMAIN})  # fmt: skip
-    return {"domain": DOMAIN, "ops": ops, "library": LIBRARY, "without": WITHOUT} if ops else None
+    return {"domain": DOMAIN, "ops": ops, "library": LIBRARY, "without": WITHOUT, "layout": BLOCKS_LAYOUT} if ops else None
 
 
 def _manifest(cfg: ExportConfig, target: Source, specs: dict[str, ModelSpec], graphs: dict[str, GraphSpec], max_seq: int, *,

@@ -21,6 +21,7 @@ from specdec import integrity
 from specdec.errors import BundleError
 
 SCHEMA_VERSION = 2  # 2: graphs carry their I/O roles; role "prefill" became "dynamic"
+BLOCKS_LAYOUT = 2  # MatMulBlocks' weight bytes (engines/csrc/blocks.c): 2 = panels of 16 columns (1: a column at a time, never read now)
 MANIFEST_NAME = "manifest.json"
 DTYPES = ("float32", "float16", "int64", "int32", "bool")
 MODELS = ("target", "draft", "head")  # head: the feature drafter (export/head.py), one layer over the target's features
@@ -194,7 +195,7 @@ class Manifest:
     feature: dict[str, Any] | None = None  # {"width", "training": {...}}: how the head was trained, and the feature width d
     drafter: dict[str, Any] | None = None  # {"name", "gamma", "why"[, "stop_below"]}: the bundle's default drafter and γ; None: the draft model at gamma
     export_log: str | None = None  # relative path of what the libraries printed during export (not hashed: a bundle loads without it)
-    custom_ops: dict[str, Any] | None = None  # {"domain", "ops", "library", "without"}: specdec's own kernels the graphs use (int8/int4)
+    custom_ops: dict[str, Any] | None = None  # {"domain", "ops", "library", "without", "layout"}: specdec's own kernels the graphs use (int8/int4)
     schema_version: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:
@@ -204,6 +205,9 @@ class Manifest:
             )
         if self.gamma < 1:
             raise BundleError(f"manifest gamma={self.gamma}; expected >= 1: re-export the bundle")
+        if self.custom_ops is not None and self.custom_ops.get("layout") != BLOCKS_LAYOUT:
+            raise BundleError(f"manifest custom_ops layout={self.custom_ops.get('layout')!r}: this specdec's MatMulBlocks reads weight layout "
+                              f"{BLOCKS_LAYOUT} (panels of 16 columns); the bundle was exported by an earlier specdec: re-export it")  # fmt: skip
         object.__setattr__(self, "eos_token_ids", tuple(self.eos_token_ids))
         d = self.drafter
         if d is not None and not (isinstance(d, dict) and isinstance(d.get("name"), str)

@@ -16,6 +16,7 @@ from test_cli import SPECDEC  # noqa: E402
 from specdec import check  # noqa: E402
 from specdec.check import exactness  # noqa: E402
 from specdec.check.items import Loaded  # noqa: E402
+from specdec.errors import BundleError  # noqa: E402
 from specdec.manifest import load_manifest  # noqa: E402
 
 
@@ -170,8 +171,10 @@ def test_a_bundle_on_the_row_invariant_kernels_has_no_close_calls(llama_bundle):
     import numpy as np
 
     m = load_manifest(llama_bundle[2])
-    ops = {"domain": "ai.specdec", "ops": ["GroupQueryAttention", "MatMulBlocks"], "library": "x", "without": "x"}
+    ops = {"domain": "ai.specdec", "ops": ["GroupQueryAttention", "MatMulBlocks"], "library": "x", "without": "x", "layout": 2}
     blocks, nbits = dataclasses.replace(m, quantization="int8", custom_ops=ops), dataclasses.replace(m, quantization="int8")
+    with pytest.raises(BundleError, match="layout=None.*re-export"):  # the last stop's column-at-a-time bytes: refused, not misread
+        dataclasses.replace(m, quantization="int8", custom_ops={k: v for k, v in ops.items() if k != "layout"})
     logits = np.array([3.0, 2.99, -1.0])
     assert exactness.close_call_gap(blocks, logits) == 0.0 and exactness.row_invariant(blocks)
     assert exactness.close_call_gap(nbits, logits) == pytest.approx(exactness.CLOSE_QUANTIZED * 3.0) and not exactness.row_invariant(nbits)
