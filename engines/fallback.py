@@ -67,11 +67,11 @@ def rewrite(model) -> int:
     import onnx
 
     from specdec.export.blocks import dequantize_column_blocks, ungated_blocks
-    from specdec.export.quantize import PRECISIONS, _Blocked
+    from specdec.export.quantize import PRECISIONS, Blocked
 
     recipes = {v: k for k, v in blocks_op.FORMATS.items()}
     inits = {t.name: t for t in model.graph.initializer}
-    blocked = _Blocked(replace(PRECISIONS["int8"], kernel="nbits"))
+    blocked = Blocked(replace(PRECISIONS["int8"], kernel="nbits"))
     count = 0
 
     def graph(g) -> None:
@@ -92,13 +92,13 @@ def rewrite(model) -> int:
                 continue
             attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
             recipe, n, blob = recipes[attrs["format"]], attrs["N"], onnx.numpy_helper.to_array(inits[node.input[1]])
-            blocked.nodes, blocked.sums = [], {}  # this graph's nodes; block sums are per scope
+            blocked.scope()  # this node's rewrite, in this graph's scope
             if attrs.get("gated"):  # silu(x @ gate) * (x @ up) as the exporter wrote it before export/gated.py folded it
                 w = dequantize_column_blocks(ungated_blocks(blob), recipe, attrs["K"], n=2 * n)  # [K, 2N]
                 both, out_name = node.output[0] + "_gate_up", node.output[0]
                 product = onnx.helper.make_node(node.op_type, node.input, [both], name=node.name)
                 blocked.rewrite(product, w, recipe)
-                sizes = blocked._const(node.input[1] + "_sizes", np.array([n, n], np.int64))
+                sizes = blocked.const(node.input[1] + "_sizes", np.array([n, n], np.int64))
                 gate, up, sig, silu = (f"{both}_{part}" for part in ("gate", "up", "sigmoid", "silu"))
                 blocked.nodes += [onnx.helper.make_node("Split", [both, sizes], [gate, up], axis=-1), onnx.helper.make_node("Sigmoid", [gate], [sig]),
                                   onnx.helper.make_node("Mul", [gate, sig], [silu]), onnx.helper.make_node("Mul", [silu, up], [out_name])]  # fmt: skip

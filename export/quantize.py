@@ -134,7 +134,7 @@ def head_matmuls(model: onnx.ModelProto, output: str = "logits") -> list[str]:
     return found
 
 
-class _Blocked:
+class Blocked:
     """MatMul nodes rewritten as MatMulNBits by one scheme; new nodes and initializers collect here."""
 
     def __init__(self, scheme: WeightOnly):
@@ -145,7 +145,11 @@ class _Blocked:
         self.indicators: dict[int, str] = {}  # K -> the [K, K/block] 0/1 matrix that sums blocks
         self.made: set[str] = set()  # constants already written: a weight shared by several MatMuls is stored once
 
-    def _const(self, name: str, arr: np.ndarray) -> str:
+    def scope(self) -> None:
+        """Start another graph scope (a subgraph): its nodes and block sums apart, the constants shared."""
+        self.nodes, self.sums = [], {}
+
+    def const(self, name: str, arr: np.ndarray) -> str:
         if name not in self.made:
             self.made.add(name)
             self.inits.append(onnx.numpy_helper.from_array(arr, name))
@@ -156,7 +160,7 @@ class _Blocked:
         if x not in self.sums:
             if k not in self.indicators:
                 ind = np.kron(np.eye(k // self.s.block_size, dtype=np.float32), np.ones((self.s.block_size, 1), np.float32))
-                self.indicators[k] = self._const(f"block_sum_{k}x{k // self.s.block_size}", ind)  # [K, K/block]
+                self.indicators[k] = self.const(f"block_sum_{k}x{k // self.s.block_size}", ind)  # [K, K/block]
             self.sums[x] = f"{x}_block_sums"
             self.nodes.append(helper.make_node("MatMul", [x, self.indicators[k]], [self.sums[x]], name=f"{x}_block_sums"))
         return self.sums[x]
@@ -168,7 +172,7 @@ class _Blocked:
         if self.s.kernel == "blocks":
             from specdec.engines.blocks_op import DOMAIN, FORMATS, OP
 
-            ins = [node.input[0], self._const(node.input[1] + f"_{recipe}", blocks.column_blocks(w, recipe, self.s.block_size))]
+            ins = [node.input[0], self.const(node.input[1] + f"_{recipe}", blocks.column_blocks(w, recipe, self.s.block_size))]
             self.nodes.append(helper.make_node(OP, ins, list(node.output), name=node.name + f"_{recipe}", domain=DOMAIN, K=k, N=n,
                                                format=FORMATS[recipe]))  # fmt: skip
             return
@@ -176,22 +180,22 @@ class _Blocked:
         attrs = dict(K=k, N=n, block_size=self.s.block_size, accuracy_level=self.s.accuracy_level)
         if recipe == "q8_0":
             codes, scale = blocks.q8_0(w, self.s.block_size)
-            ins = [x, self._const(base + "_q8", codes), self._const(base + "_scale", scale.reshape(-1))]
+            ins = [x, self.const(base + "_q8", codes), self.const(base + "_scale", scale.reshape(-1))]
             self.nodes.append(helper.make_node("MatMulNBits", ins, [out], name=node.name + "_q8", domain="com.microsoft", bits=8, **attrs))
             return
         if recipe == "q4_0":
             codes, scale = blocks.q4_0(w, self.s.block_size)
-            ins = [x, self._const(base + "_q4", blocks.pack_nibbles(codes)), self._const(base + "_scale", scale.reshape(-1))]
+            ins = [x, self.const(base + "_q4", blocks.pack_nibbles(codes)), self.const(base + "_scale", scale.reshape(-1))]
             self.nodes.append(helper.make_node("MatMulNBits", ins, [out], name=node.name + "_q4", domain="com.microsoft", bits=4, **attrs))
             return
         if recipe != "q4_1":
             raise ValueError(f"unknown block recipe {recipe!r}; expected q4_0, q4_1 or q8_0")
         codes, scale, minimum = blocks.q4_1(w, self.s.block_size)
         z, r = blocks.split_minimum(scale, minimum)
-        ins = [x, self._const(base + "_q4", blocks.pack_nibbles(codes)), self._const(base + "_scale", scale.reshape(-1)),
-               self._const(base + "_zp", blocks.pack_zero_points(z).reshape(-1))]  # fmt: skip
+        ins = [x, self.const(base + "_q4", blocks.pack_nibbles(codes)), self.const(base + "_scale", scale.reshape(-1)),
+               self.const(base + "_zp", blocks.pack_zero_points(z).reshape(-1))]  # fmt: skip
         self.nodes.append(helper.make_node("MatMulNBits", ins, [out + "_int"], name=node.name + "_q4", domain="com.microsoft", bits=4, **attrs))
-        rest = self._const(base + "_residual", np.ascontiguousarray(r.T))  # [K/block, N]: min - scale * z per block
+        rest = self.const(base + "_residual", np.ascontiguousarray(r.T))  # [K/block, N]: min - scale * z per block
         self.nodes.append(helper.make_node("MatMul", [self._block_sums(x, k), rest], [out + "_res"], name=node.name + "_res"))
         self.nodes.append(helper.make_node("Add", [out + "_int", out + "_res"], [out], name=node.name + "_add"))
 
@@ -232,7 +236,7 @@ def quantize_weight_only(path: Path, kind: str, scheme: WeightOnly | None = None
     _gemm_to_matmul(model)
     head = set(head_matmuls(model))
     inits = {t.name: t for t in model.graph.initializer}
-    out = _Blocked(s)
+    out = Blocked(s)
     for node in model.graph.node:
         w = inits.get(node.input[1]) if node.op_type == "MatMul" and len(node.input) == 2 else None
         if w is None or len(w.dims) != 2 or w.dims[0] % s.block_size or w.data_type != onnx.TensorProto.FLOAT:
