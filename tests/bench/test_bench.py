@@ -256,26 +256,4 @@ def test_results_name_the_command_as_typed():
     main = str(REPO / "specdec" / "__main__.py")
     assert command_line([main, "bench", "B", "--tokens", "8"]) == "python -m specdec bench B --tokens 8"
     assert command_line(["/usr/bin/specdec", "bench", "B"]) == "specdec bench B"
-    assert command_line([str(REPO / "tools" / "bench_int8_rows.py"), "--calls", "5"]) == "python tools/bench_int8_rows.py --calls 5"
-
-
-@pytest.mark.parametrize("fmt", ["q8_0 blocks", "q4_1 blocks"])
-def test_int8_rows_blocks_keep_each_row_its_own(fmt):
-    """tools/bench_int8_rows.py's MatMulBlocks stacks: a row's result in a 3-row call equals its
-    1-row call bit for bit, as a verify call needs, and stays within the format's rounding of
-    float32 (2 % at 8 bits, 15 % at 4: 127 or 15 levels per block, two layers)."""
-    import sys
-
-    from specdec.engines import blocks_op
-
-    if blocks_op.library() is None:
-        pytest.skip("the block kernels were not built (no C compiler)")
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-    from bench_int8_rows import session, stack
-
-    x = np.random.default_rng(0).standard_normal((3, 64)).astype(np.float32)
-    run = lambda f, rows, feed: session(stack(f, 1, 64, 128, rows), 1).run(None, {"x": feed})[0]  # noqa: E731
-    three, one = run(fmt, 3, x), run(fmt, 1, x[1:2])
-    assert np.array_equal(three[1], one[0])
-    ref = run("float32", 3, x)
-    assert np.abs(three - ref).max() < (0.02 if fmt.startswith("q8") else 0.15) * np.abs(ref).max()
+    assert command_line([str(REPO / "tools" / "ab.py"), "B", "--rounds", "5"]) == "python tools/ab.py B --rounds 5"

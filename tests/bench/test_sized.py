@@ -38,7 +38,7 @@ def test_preset_bodies_and_draft_share(preset):
 
 
 def test_t5_base_preset_is_t5_base_with_t5_small_as_draft():
-    """The encoder-decoder preset (batching cost, tools/bench_seq2seq_rows.py): google-t5/t5-base's
+    """The encoder-decoder preset (batching cost, docs/bench/seq2seq/rows): google-t5/t5-base's
     body (223M parameters at its 32128-token vocabulary; 236M at SmolLM2's 49152), t5-small's as the
     draft. No draft-share bound: it is there for what a call of B rows costs, not for speculation."""
     torch = pytest.importorskip("torch")
