@@ -102,11 +102,6 @@ def peer_rows(stages: dict, single: list[dict]) -> list[dict]:
     return rows
 
 
-def _same(run) -> str:
-    same = run["same"]
-    return f"{sum(same)} / {len(same)} prompts as the CPU" + ("" if all(same) else f" (decoded: {run['got'][0][:4]}…)")
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("results", type=Path, nargs="?", help="results.json from the device call")

