@@ -4,7 +4,7 @@ Two sources:
 
 - a text corpus ("stdlib" or a folder of text files): windows of ``window`` tokens at random
   offsets of the files' concatenated tokens, every position trained on;
-- a self-distillation folder (``specdec distill``, specdec/distill/): one sequence per
+- a self-distillation folder (``specdec distill``, specdec/commands/distill/): one sequence per
   conversation, prompt + the target's answer, as the runtime sees it (fed from an empty
   cache); only the positions that predict answer tokens are trained on, as EAGLE trains on
   assistant turns. Conversations of topics whose salted sha256 is 0 mod 32 are the held-out ones
@@ -54,7 +54,7 @@ def corpus_files(corpus: str) -> tuple[list[Path], list[Path]]:
     """(training, held-out) files: "stdlib" is the demo pair's split; a folder gives its text files,
     every 20th (by sorted path) held out."""
     if corpus == "stdlib":
-        from specdec.bench.corpus import stdlib_files
+        from specdec.held_out import stdlib_files
 
         return stdlib_files(held_out=False), stdlib_files(held_out=True)
     root = Path(corpus)
@@ -101,8 +101,8 @@ def conversation(a, max_len: int) -> tuple[np.ndarray, np.ndarray]:
 def distilled(folder: str, max_len: int, limit: int | None = None, features: dict[int, np.ndarray] | None = None) -> tuple[Sequences, Sequences]:
     """(training, held-out) conversations of a ``specdec distill`` folder, each cut to ``max_len``
     tokens; ``features``: job -> its features [T, d], where they were computed with the answers
-    (specdec/distill/hf.py), attached as ``with_features`` would."""
-    from specdec.distill.shards import answers
+    (specdec/commands/distill/hf.py), attached as ``with_features`` would."""
+    from specdec.shards import answers
 
     plan = json.loads((Path(folder) / "plan.json").read_text())
     reqs, temps = plan["requests"], plan["settings"]["temperatures"]

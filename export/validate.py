@@ -227,7 +227,8 @@ def text_tokens(tokenizer, max_seq: int) -> tuple[int, ...]:
 def text_agreement(engine, cache: KVCache, model: torch.nn.Module, ids: tuple[int, ...]) -> dict[str, float]:
     """The dynamic graph on real text, teacher-forced from an empty cache, against PyTorch:
     top-1 agreement (near-ties excepted) and mean KL(PyTorch || graph) in nats over its positions."""
-    from specdec.bench.quality import kl, log_softmax
+    from specdec.divergence import kl
+    from specdec.runtime.sampling import log_softmax
 
     cache.rewind_to(0)
     ours = engine.run(np.asarray(ids, dtype=np.int64)).copy()  # [n, V]

@@ -1,3 +1,3 @@
-from specdec.cli import main
+from specdec.commands.cli import main
 
 main()

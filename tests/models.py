@@ -337,7 +337,7 @@ def assert_same_up_to_a_close_call(runner, prompt: list[int], got: list[int], wa
     up to a first difference, which may only fall at a close call: an int8 activation rounding
     that a verify call and a 1-token call cross differently moves the logits by ~1% of their
     scale; a wrong graph differs at clear calls. ``runner``: the bundle's ``TargetRunner``
-    (specdec.bench.quality), whose logits judge the call: its top two within 5% of the scale."""
+    (specdec.commands.bench.quality), whose logits judge the call: its top two within 5% of the scale."""
     import numpy as np
 
     i = next((k for k, (a, b) in enumerate(zip(got, want)) if a != b), None)

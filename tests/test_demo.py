@@ -12,7 +12,7 @@ pytest.importorskip("torch")
 
 from test_cli import SPECDEC  # noqa: E402
 
-from specdec import demo  # noqa: E402
+from specdec.commands import demo  # noqa: E402
 from specdec.errors import ModelError  # noqa: E402
 from specdec.manifest import SCHEMA_VERSION  # noqa: E402
 

@@ -22,10 +22,10 @@ import pytest
 
 pytest.importorskip("torch")
 
-from specdec.bench.corpus import HELD_OUT, HELD_OUT_CODE  # noqa: E402
-from specdec.distill import prompts as P  # noqa: E402
-from specdec.distill.run import Settings, distill  # noqa: E402
-from specdec.distill.shards import answers, shard_paths  # noqa: E402
+from specdec.commands.bench.corpus import HELD_OUT, HELD_OUT_CODE  # noqa: E402
+from specdec.commands.distill import prompts as P  # noqa: E402
+from specdec.commands.distill.run import Settings, distill  # noqa: E402
+from specdec.shards import answers, shard_paths  # noqa: E402
 from specdec.errors import ConfigError  # noqa: E402
 from specdec.export import train_head  # noqa: E402
 
@@ -174,7 +174,7 @@ def test_train_drafter_on_distilled_data(whole, chat_bundle, tmp_path):
 
 def test_a_plan_answered_by_transformers_is_the_targets_data(whole, chat_bundle, tmp_path):
     """The GPU path (tools/gpu/drafter.py): ``specdec distill --plan-only`` here, the jobs answered
-    by the same target in transformers, many rows per forward (specdec/distill/hf.py), in shards
+    by the same target in transformers, many rows per forward (specdec/commands/distill/hf.py), in shards
     the folder reads as its own. Greedy answers are the bundle's greedy decoding token for token,
     their top-20 the bundle's log-probabilities (float32 in two runtimes, both stored in float16);
     the features are what the LM head reads (their logits give the same top token); then the tool
@@ -182,9 +182,9 @@ def test_a_plan_answered_by_transformers_is_the_targets_data(whole, chat_bundle,
     import torch
     from transformers import AutoModelForCausalLM
 
-    from specdec.distill.hf import answer_all
-    from specdec.distill.run import plan_only, read_prompts
-    from specdec.distill.shards import write_shard
+    from specdec.commands.distill.hf import answer_all
+    from specdec.commands.distill.run import plan_only, read_prompts
+    from specdec.shards import write_shard
     from specdec.export.head_data import distilled
 
     out = tmp_path / "plan"
@@ -211,7 +211,7 @@ def test_a_plan_answered_by_transformers_is_the_targets_data(whole, chat_bundle,
         else:
             assert n <= 12 and (n == 12 or a.answer.answer[-1] in eos)
     # features of answers made elsewhere (a corpus brought back): one forward each, what the decoding passes gave
-    from specdec.distill.hf import features
+    from specdec.commands.distill.hf import features
 
     again = {job: (f, top) for job, f, top in features(model, [a.answer for a in got], rows=2, top_k=5)}
     for a in got:
@@ -350,7 +350,7 @@ def test_user_turn_forms_and_what_is_kept_of_them():
 def test_a_user_turn_plan_asks_the_target_from_its_template(chat_bundle, tmp_path):
     """The target is asked with its chat template cut where the user's text begins (the ids that
     open every rendered user turn), and the plan keeps only the turns that read as requests."""
-    from specdec.distill.run import _user_prefix, plan_only
+    from specdec.commands.distill.run import _user_prefix, plan_only
     from specdec.manifest import load_manifest
     from specdec.runtime.text import TextCodec
     from specdec.serve.chat import bundle_template
@@ -388,8 +388,8 @@ def test_merge_appends_answered_requests_and_keeps_the_first(whole, chat_bundle,
     second's answered requests are appended, each answer under (its new request, its temperature's
     index among the first's); prompts.npz covers every request; train-drafter's reader takes the
     result whole. Shapes that differ, temperatures outside the first's and an existing --out are refused."""
-    from specdec.distill.merge import merge
-    from specdec.distill.run import plan_only, read_prompts
+    from specdec.commands.distill.merge import merge
+    from specdec.commands.distill.run import plan_only, read_prompts
     from specdec.export.head_data import distilled
 
     first = tmp_path / "first"

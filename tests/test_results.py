@@ -1,7 +1,7 @@
 """Every results file under docs/bench names the command that regenerates it, and that command runs.
 
 A results JSON is an object whose ``provenance`` holds the ``command`` and the ``commit`` it ran
-at (``specdec.bench.report.write_results`` stamps it; older files were stamped by hand). A
+at (``specdec.commands.bench.report.write_results`` stamps it; older files were stamped by hand). A
 results Markdown file ends with a ``Regenerate:`` line naming the same. The command is either
 live (``specdec ...`` or ``python tools/...``: the program exists in this tree and accepts every
 option the command gives) or ``archived``: the question it answered is settled, its script was
@@ -65,7 +65,7 @@ def help_text(program: tuple[str, ...]) -> str:
     if program[0] in ("specdec", "-m"):
         from click.testing import CliRunner
 
-        from specdec.cli import cli
+        from specdec.commands.cli import cli
 
         sub = program[-1] if program[0] == "specdec" else program[2]
         res = CliRunner().invoke(cli, [sub, "--help"])
@@ -74,7 +74,7 @@ def help_text(program: tuple[str, ...]) -> str:
     if program[0] == "specdec-export":
         from click.testing import CliRunner
 
-        from specdec.cli import export_cmd
+        from specdec.commands.cli import export_cmd
 
         return CliRunner().invoke(export_cmd, ["--help"]).output
     script = ROOT / program[0]

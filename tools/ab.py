@@ -15,7 +15,7 @@ change), else both load BUNDLE.
   every case both trees know must give the same tokens, or the tool exits 1 naming them.
   Adaptive γ is left out: its choices follow measured time.
 - **Speed**: each round sends every measurement to both workers in turn, the order reversed
-  every other round (``specdec.bench.sweep.interleaved``): the decoder on one prompt x 128 tokens at T=0 and T=1 (the bundle's γ, the draft
+  every other round (``specdec.commands.bench.sweep.interleaved``): the decoder on one prompt x 128 tokens at T=0 and T=1 (the bundle's γ, the draft
   model) and the batched engine on 8 requests x 96 tokens (T=0). Reported: the median tok/s of
   each and the median of the per-round new/old ratios.
 """
@@ -30,8 +30,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from specdec.bench.report import write_results
-from specdec.bench.sweep import interleaved
+from specdec.commands.bench.report import write_results
+from specdec.commands.bench.sweep import interleaved
 
 WORKER = r'''
 import json, sys, time

@@ -30,7 +30,7 @@ from packaging.utils import canonicalize_name, parse_sdist_filename, parse_wheel
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from specdec.bench.report import write_results  # noqa: E402
+from specdec.commands.bench.report import write_results  # noqa: E402
 
 EXTRAS = ("export", "gpu", "bench", "serve", "store", "gcs", "azure", "ray", "docs")
 # a candidate pip looked at: a wheel or sdist it downloaded, found on disk or took from its cache

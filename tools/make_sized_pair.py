@@ -66,7 +66,7 @@ def write(preset: str, out: Path, seed: int) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
 
-    from specdec.demo import smollm2_gguf
+    from specdec.commands.demo import smollm2_gguf
 
     gguf = smollm2_gguf()
     tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specdec import bench
+from specdec.commands import bench
 
 
 def test_stdlib_split_is_disjoint_and_stable():
@@ -52,7 +52,7 @@ def test_bench_cli_chat_requests_go_through_the_template_and_end_at_eos(chat_bun
     stops at EOS (its tokens may be fewer than --tokens), and γ = 0 and the drafter decode the same."""
     from test_cli import run
 
-    from specdec.bench.corpus import HELD_OUT, chat_prompts
+    from specdec.commands.bench.corpus import HELD_OUT, chat_prompts
     from specdec.runtime import SpeculativeDecoder
 
     out = tmp_path / "b"
@@ -73,7 +73,7 @@ def test_bench_cli_chat_requests_go_through_the_template_and_end_at_eos(chat_bun
 def test_code_prompts_are_function_openings_from_third_party_packages():
     from tokenizers import Tokenizer
 
-    from specdec.bench.corpus import CODE_PACKAGES, package_files
+    from specdec.commands.bench.corpus import CODE_PACKAGES, package_files
 
     tok = Tokenizer.from_file(str(Path(__file__).parents[2] / "models" / "demo" / "target" / "tokenizer.json"))
     encode = lambda text: tok.encode(text).ids  # noqa: E731
@@ -107,7 +107,7 @@ def test_function_sources_are_whole_functions(corpus):
 
 
 def test_bandwidth_floor_counts_weights_without_the_embedding_and_the_kv_rows(llama_bundle):
-    from specdec.bench.floor import Floor, call_bytes, read_bandwidth
+    from specdec.commands.bench.floor import Floor, call_bytes, read_bandwidth
     from specdec.manifest import load_manifest
 
     out = llama_bundle[2]
@@ -154,7 +154,7 @@ def test_bench_cli_bad_input(llama_bundle, args, msg):
 def test_synthetic_acceptance_keeps_drafts_at_the_asked_rate(llama_bundle):
     """Benchmark-only: the real graphs run, then each draft is kept with probability A; A = 1 and
     0 are exact bounds, A = 0.6 is recovered by the MLE within 5 binomial standard deviations."""
-    from specdec.bench.synthetic import enable
+    from specdec.commands.bench.synthetic import enable
     from specdec.errors import ConfigError, InputError
     from specdec.runtime.batch import BatchEngine
     from specdec.runtime.decoder import SpeculativeDecoder
@@ -223,7 +223,7 @@ def test_op_split_counts_each_node_of_a_call_once(llama_bundle, tmp_path):
     optimized form), their times inside the call's, grouped as MatMul / attention / other."""
     import onnxruntime as ort
 
-    from specdec.bench.opsplit import profile_calls
+    from specdec.commands.bench.opsplit import profile_calls
     from specdec.engines.threads import ThreadPolicy
     from specdec.manifest import load_manifest
 
@@ -251,7 +251,7 @@ def test_op_split_counts_each_node_of_a_call_once(llama_bundle, tmp_path):
 def test_results_name_the_command_as_typed():
     """A results file's command is what a user types again: ``python -m specdec`` (not the path
     of specdec's __main__.py), a console script by its name, a tools/ script relative to the checkout."""
-    from specdec.bench.report import REPO, command_line
+    from specdec.commands.bench.report import REPO, command_line
 
     main = str(REPO / "specdec" / "__main__.py")
     assert command_line([main, "bench", "B", "--tokens", "8"]) == "python -m specdec bench B --tokens 8"

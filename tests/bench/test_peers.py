@@ -46,7 +46,7 @@ def test_bench_peers_chat_requests_and_modes(chat_bundle, tmp_path):
     asked modes only; without --draft, transformers' assisted mode is listed as unavailable."""
     from test_cli import run
 
-    from specdec.bench.corpus import chat_prompts
+    from specdec.commands.bench.corpus import chat_prompts
     from specdec.runtime import SpeculativeDecoder
 
     target, bundle = chat_bundle
@@ -77,7 +77,7 @@ def test_bench_peers_bad_modes_and_chat_without_bundle(chat_bundle, tmp_path, ar
 
 def test_greedy_agreement_counts_the_tokens_both_wrote():
     """transformers may end a request early; its tokens agree if they are the reference's first ones."""
-    from specdec.bench.peers.cli import agree
+    from specdec.commands.bench.peers.cli import agree
 
     assert agree([5, 6, 7], [5, 6, 7, 8]) and agree([5, 6, 7, 8], [5, 6, 7])
     assert not agree([5, 6, 9], [5, 6, 7, 8]) and not agree([], [5]) and not agree(None, [5])

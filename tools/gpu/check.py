@@ -158,7 +158,7 @@ def run_exports(jobs: dict[str, list[str]], work: Path) -> None:
     # bundles sent whole are timed, and the load average is recorded beside each timing.
     threads = str(max(1, min(4, (os.cpu_count() or 2) // len(jobs))))
     env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "TOKENIZERS_PARALLELISM": "false"}
-    code = "import sys; from specdec.cli import export_main; sys.argv[0] = 'specdec-export'; export_main()"
+    code = "import sys; from specdec.commands.cli import export_main; sys.argv[0] = 'specdec-export'; export_main()"
     procs = {}
     for name, args in jobs.items():
         log = open(work / f"{name}.log", "w")
@@ -215,7 +215,7 @@ def prompts_for(bundle: Path, count: int) -> list[list[int]]:
     m = load_manifest(bundle, "size")
     codec = TextCodec.from_bundle(bundle, m)
     try:
-        from specdec.bench.corpus import chat_prompts
+        from specdec.commands.bench.corpus import chat_prompts
 
         chat = chat_prompts(bundle, m, codec, "chat", count // 2) + chat_prompts(bundle, m, codec, "code", count - count // 2)
     except Exception:  # no chat template (the demo pair): plain text
@@ -229,7 +229,7 @@ def greedy(dec, prompts, tokens: int, gamma=None) -> list[list[int]]:
 
 def compare(got: list[list[int]], want: list[list[int]]) -> dict:
     """Per pair, None where the tokens are the same, else how many agree before the first difference."""
-    from specdec.bench.quality import kept
+    from specdec.commands.bench.quality import kept
 
     diffs = [None if g == w else kept(w, g) for g, w in zip(got, want)]
     return {"equal": all(d is None for d in diffs), "first_diff": diffs}
@@ -289,7 +289,7 @@ def cli(bundle: Path, provider: str, tokens: int) -> dict:
 
 def traffic(bundle: Path, provider: str) -> dict:
     """The target's graph over device KV: what ORT copies per call, from its profile."""
-    from specdec.bench.opsplit import profile_events
+    from specdec.commands.bench.opsplit import profile_events
     from specdec.manifest import load_manifest
 
     m = load_manifest(bundle, "size")
@@ -428,7 +428,7 @@ def main() -> None:
         return
     run = Run(args.out, args.budget)
     p = args.provider
-    from specdec.bench.report import provenance
+    from specdec.commands.bench.report import provenance
 
     stages = f" --stages {args.stages}" if args.stages else ""
     run.results["provenance"] = {**provenance(), "command": f"python tools/gpu/check.py --provider {p} --budget {args.budget:.0f}{stages}"}

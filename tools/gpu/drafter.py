@@ -8,7 +8,7 @@ device machine: torch with CUDA, transformers from the payload, no network):
         --rows 384 --minutes 2 --deadline-minutes 9.2 --steps 100000 --batch 16 --unroll 3 --draft-vocab 8192 --bf16
 
 1. answer: the plan's jobs in batches of ``--rows`` with the target loaded by transformers in
-   float32 (specdec/distill/hf.py), shards written into DATA as ``specdec distill`` writes them,
+   float32 (specdec/commands/distill/hf.py), shards written into DATA as ``specdec distill`` writes them,
    until ``--tokens`` answer tokens or ``--minutes``;
    Answers already in DATA (an earlier run's, or a corpus brought back by ``--corpus-top``,
    with ``--minutes 0`` to answer nothing more) get their features from one forward each;
@@ -51,9 +51,9 @@ def load_target(gguf: Path | None, model: Path | None, device: str):
 
 def answer(model, data: Path, rows: int, tokens: int | None, minutes: float | None, report) -> tuple[dict[int, np.ndarray], dict]:
     """Answer the plan's jobs not answered yet into ``data``; returns job -> features and a record."""
-    from specdec.distill.hf import answer_all
-    from specdec.distill.run import read_prompts
-    from specdec.distill.shards import done_jobs, shard_paths, write_shard
+    from specdec.commands.distill.hf import answer_all
+    from specdec.commands.distill.run import read_prompts
+    from specdec.shards import done_jobs, shard_paths, write_shard
 
     plan = json.loads((data / "plan.json").read_text())
     s = plan["settings"]
@@ -83,7 +83,7 @@ def answer(model, data: Path, rows: int, tokens: int | None, minutes: float | No
 def earlier_features(model, data: Path, feats: dict[int, np.ndarray], rows: int, report, relabel: int = 0, bf16: bool = False,
                      cache: Path | None = None) -> dict:  # fmt: skip
     """Features, into ``feats``, for the answers in ``data`` that this run did not make (an earlier
-    run's, or a corpus answered elsewhere): one forward each (specdec/distill/hf.py ``features``).
+    run's, or a corpus answered elsewhere): one forward each (specdec/commands/distill/hf.py ``features``).
 
     ``relabel``: answers with fewer top labels than this get the top-``relabel`` of the same
     forward, their shards written again (a corpus that came back with its top-1 only).
@@ -92,8 +92,8 @@ def earlier_features(model, data: Path, feats: dict[int, np.ndarray], rows: int,
     from tqdm import tqdm
 
     from specdec.atomic import write_atomic
-    from specdec.distill.hf import features
-    from specdec.distill.shards import read_shard, shard_paths, write_shard
+    from specdec.commands.distill.hf import features
+    from specdec.shards import read_shard, shard_paths, write_shard
 
     earlier = [a for path in shard_paths(data) for a in read_shard(path) if a.job not in feats]
     labels: dict[int, tuple] = {}
@@ -163,7 +163,7 @@ def train(model, data: Path, feats: dict[int, np.ndarray], recipe, device: str, 
     """The feature head on the answers with features in ``feats`` (export/train_head.py ``fit``),
     its optimizer steps fit into ``seconds`` and before ``deadline`` (a ``time.perf_counter`` time);
     from the head saved in ``init`` where given (a fresh learning-rate schedule), else a new one."""
-    from specdec.distill.run import read_prompts
+    from specdec.commands.distill.run import read_prompts
     from specdec.export.head_data import distilled
     from specdec.export.train_head import fit, new_head
 
@@ -204,7 +204,7 @@ def slim_corpus(data: Path, out: Path, k: int, size: int, parts: int) -> dict:
     import tarfile
     import tempfile
 
-    from specdec.distill.shards import done_jobs, read_shard, shard_paths, write_shard
+    from specdec.shards import done_jobs, read_shard, shard_paths, write_shard
 
     tokens = done_jobs(data)[1]
     keep = next((n for n in (k, 2) if n <= k and tokens * (BYTES_PER_TOKEN[0] + BYTES_PER_TOKEN[1] * n) <= size * parts), 1)
@@ -278,14 +278,14 @@ def main() -> None:
     ap.add_argument("--split-mib", type=int, default=15, help="split written files larger than this into .part-NN pieces (the device call returns files of 16 MiB at most; 0: whole)")
     args = ap.parse_args()
 
-    from specdec.bench.report import provenance
+    from specdec.commands.bench.report import provenance
     from specdec.export.head import save_head
     from specdec.export.train_head import Recipe
 
     def report(line: str) -> None:
         print(line, flush=True)
 
-    from specdec.distill.run import PLAN, PROMPTS
+    from specdec.commands.distill.run import PLAN, PROMPTS
 
     if not all((args.data / name).is_file() for name in (PLAN, PROMPTS)):
         ap.error(f"--data {args.data}: expected {PLAN} and {PROMPTS}; make them with specdec distill BUNDLE --out {args.data} --plan-only")

@@ -71,7 +71,7 @@ def add_wheel(tar: tarfile.TarFile, wheel: Path, prefix: str) -> None:
 
 def smollm2_gguf() -> Path:
     sys.path.insert(0, str(ROOT))
-    from specdec.demo import smollm2_gguf as find
+    from specdec.commands.demo import smollm2_gguf as find
 
     return find()
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from specdec.bench.corpus import stdlib_files
+from specdec.commands.bench.corpus import stdlib_files
 
 ROOT = Path(__file__).resolve().parents[2]
 

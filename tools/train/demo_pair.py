@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from common import ROOT, agreement, corpus_files, freeze, losses, pair_args, read, save, train
 
-from specdec.bench.corpus import CODE_PACKAGES, package_files
+from specdec.commands.bench.corpus import CODE_PACKAGES, package_files
 
 VOCAB = 4096
 SEQ = 256

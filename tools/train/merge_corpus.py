@@ -1,4 +1,4 @@
-"""Merge ``specdec distill`` folders into one corpus for tools/gpu/drafter.py --data (specdec/distill/merge.py).
+"""Merge ``specdec distill`` folders into one corpus for tools/gpu/drafter.py --data (specdec/commands/distill/merge.py).
 
     python tools/train/merge_corpus.py FIRST OTHER [OTHER ...] --out MERGED
 
@@ -19,7 +19,7 @@ def main() -> None:
     ap.add_argument("sources", type=Path, nargs="+", help="specdec distill folders; the first keeps its job numbers")
     ap.add_argument("--out", type=Path, required=True, help="a new folder")
     args = ap.parse_args()
-    from specdec.distill.merge import merge
+    from specdec.commands.distill.merge import merge
     from specdec.errors import ConfigError
 
     try:

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from common import ROOT, optimizer_step
 
-from specdec.demo import smollm2_gguf
+from specdec.commands.demo import smollm2_gguf
 from specdec.export import shared_draft
 
 WORK = ROOT / ".bench" / "smollm2"
@@ -43,7 +43,7 @@ TOP_K = 32  # soft labels kept per answer position (the rest of the target's mas
 
 
 def checkpoint(folder: Path | None = None) -> Path:
-    """The target's GGUF (``specdec.demo.smollm2_gguf``) dequantized into a float32 checkpoint folder, made once."""
+    """The target's GGUF (``specdec.commands.demo.smollm2_gguf``) dequantized into a float32 checkpoint folder, made once."""
     folder = folder or WORK / "fp32"
     if not (folder / "config.json").is_file():
         from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -15,10 +15,10 @@ from pathlib import Path
 import click
 
 from specdec import __version__
-from specdec.bench.corpus import CHAT_CORPORA
-from specdec.bench.peers.cli import bench_peers_cmd
-from specdec.bench.serve import bench_serve_cmd
-from specdec.distill.prompts import FORM_SETS
+from specdec.commands.bench.corpus import CHAT_CORPORA
+from specdec.commands.bench.peers.cli import bench_peers_cmd
+from specdec.commands.bench.serve import bench_serve_cmd
+from specdec.commands.distill.prompts import FORM_SETS
 from specdec.errors import ConfigError, SpecDecError
 from specdec.runtime.drafters import DRAFTERS
 
@@ -284,8 +284,8 @@ def distill_cmd(bundle: Path, out: Path, tokens: int | None, minutes: float | No
     and their top-20 log-probabilities go to --out for specdec train-drafter --corpus.
 
     Resumable: run the same command again to continue. Held-out topics never enter (see
-    specdec/distill/prompts.py)."""
-    from specdec.distill.run import Settings, distill
+    specdec/commands/distill/prompts.py)."""
+    from specdec.commands.distill.run import Settings, distill
     from specdec.manifest import load_manifest
 
     m = load_manifest(bundle)
@@ -297,7 +297,7 @@ def distill_cmd(bundle: Path, out: Path, tokens: int | None, minutes: float | No
         raise ConfigError(f"--temperatures {temperatures!r}: expected numbers >= 0, e.g. 0,1")
     settings = Settings(max_new_tokens=max_new_tokens, temperatures=temps, seed=seed, docs=docs, forms=forms)
     if plan_only:
-        from specdec.distill.run import plan_only as make
+        from specdec.commands.distill.run import plan_only as make
 
         make(bundle, out, settings, max_batch or m.max_batch, report=lambda line: click.echo(line, err=True))
         return
@@ -319,7 +319,7 @@ def distill_cmd(bundle: Path, out: Path, tokens: int | None, minutes: float | No
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (for CI pipelines).")
 def check_cmd(bundle: Path, prompts_file: Path | None, reference: str | None, threads: int | None, quick: bool, as_json: bool) -> None:
     """Is this bundle exact on this box, and does speculation pay here? Integrity, exactness, speed; exit status 1 on any failure."""
-    from specdec import check
+    from specdec.commands import check
     from specdec.errors import InputError
 
     if not (bundle / "manifest.json").is_file():
@@ -535,10 +535,10 @@ def bench_cmd(bundle: Path, gammas: str | None, drafters: str, adaptive: bool, t
               prompt_tokens: int, tokens: int, rounds: int, threads: int | None, out: Path | None, op_split: bool, provider: str,
               synthetic_acceptance: float | None) -> None:  # fmt: skip
     """Drafters and γ against γ = 0, side by side and interleaved, with Theorem 3.8's prediction."""
-    from specdec import bench
-    from specdec.bench.corpus import CODE_PACKAGES, SOURCE_CORPORA
-    from specdec.bench.floor import Floor
-    from specdec.bench.report import write_results
+    from specdec.commands import bench
+    from specdec.commands.bench.corpus import CODE_PACKAGES, SOURCE_CORPORA
+    from specdec.commands.bench.floor import Floor
+    from specdec.commands.bench.report import write_results
     from specdec.errors import ConfigError, InputError
     from specdec.runtime.decoder import SpeculativeDecoder
 
@@ -557,7 +557,7 @@ def bench_cmd(bundle: Path, gammas: str | None, drafters: str, adaptive: bool, t
         raise InputError(f"bundle {bundle} has no tokenizer; specdec bench draws its prompts from text")
     decoders = {names[0]: dec, **{d: dec.fork(drafter=d) for d in names[1:]}}
     if synthetic_acceptance is not None:
-        from specdec.bench.synthetic import enable
+        from specdec.commands.bench.synthetic import enable
 
         for d in decoders.values():
             enable(d, synthetic_acceptance)
@@ -569,7 +569,7 @@ def bench_cmd(bundle: Path, gammas: str | None, drafters: str, adaptive: bool, t
                                                   else "whole functions are sources for encoder-decoder bundles; use stdlib or code"))  # fmt: skip
     chat = corpus in CHAT_CORPORA
     if chat:
-        from specdec.bench.corpus import chat_prompts
+        from specdec.commands.bench.corpus import chat_prompts
 
         prompts = chat_prompts(bundle, dec.manifest, dec.codec, CHAT_CORPORA[corpus], n_prompts)
     else:
@@ -582,7 +582,7 @@ def bench_cmd(bundle: Path, gammas: str | None, drafters: str, adaptive: bool, t
     if op_split and seq2seq:
         raise InputError("--op-split profiles a decoder-only target's calls; this bundle is an encoder-decoder")
     if op_split:
-        from specdec.bench.opsplit import profile_calls
+        from specdec.commands.bench.opsplit import profile_calls
 
         m = dec.manifest
         for k in sorted({1, m.k}):
@@ -608,12 +608,12 @@ def bench_cmd(bundle: Path, gammas: str | None, drafters: str, adaptive: bool, t
            f"x up to {tokens} new tokens (to EOS) per configuration, interleaved; " if chat else
            f"{len(prompts)} held-out prompts ({corpus}) of {prompt_tokens} tokens x {rounds} rounds x {tokens} new tokens per configuration, interleaved; ")
         + "α is the maximum-likelihood estimate from accepted and rejected drafts, c is per drafted token\n"
-        + (f"{floor.line()}; × bandwidth floor = decode time / the floor of the calls it made (specdec/bench/floor.py)\n" if floor else
+        + (f"{floor.line()}; × bandwidth floor = decode time / the floor of the calls it made (specdec/commands/bench/floor.py)\n" if floor else
            "sources encoded once per request by both encoders (prefill); requests end at EOS or --tokens\n" if seq2seq else
            f"provider {provider}: no bandwidth floor (it is this CPU's memory bandwidth)\n")
     )
     if synthetic_acceptance is not None:
-        from specdec.bench.synthetic import banner
+        from specdec.commands.bench.synthetic import banner
 
         header = banner(synthetic_acceptance) + header
     md = header + "\n" + "\n".join(text)
@@ -637,9 +637,9 @@ def bench_cmd(bundle: Path, gammas: str | None, drafters: str, adaptive: bool, t
 def bench_batch_cmd(bundle: Path, concurrency: str, temperatures: str, requests: int, prompt_tokens: int, tokens: int,
                     threads: int | None, timeout: float, out: Path | None, synthetic_acceptance: float | None) -> None:  # fmt: skip
     """The batched engine under N concurrent clients: adaptive, fixed and no speculation, and fork per thread."""
-    from specdec.bench import held_out_prompts
-    from specdec.bench.load import markdown, plot, sweep
-    from specdec.bench.report import write_results
+    from specdec.commands.bench import held_out_prompts
+    from specdec.commands.bench.load import markdown, plot, sweep
+    from specdec.commands.bench.report import write_results
     from specdec.errors import InputError
     from specdec.manifest import load_manifest
     from specdec.runtime.text import TextCodec
@@ -654,7 +654,7 @@ def bench_batch_cmd(bundle: Path, concurrency: str, temperatures: str, requests:
         raise InputError(f"bundle {bundle} has no tokenizer; specdec bench-batch draws its prompts from text")
     prompts = held_out_prompts(codec.encode, 8, prompt_tokens)
     if synthetic_acceptance is not None:
-        from specdec.bench.synthetic import check_rate
+        from specdec.commands.bench.synthetic import check_rate
 
         check_rate(synthetic_acceptance)
     rows = sweep(bundle, counts, _numbers("--temperatures", temperatures, float), prompts, tokens, requests, _threads(threads), timeout,
@@ -663,7 +663,7 @@ def bench_batch_cmd(bundle: Path, concurrency: str, temperatures: str, requests:
     header = (f"bundle {bundle}: max-batch {m.max_batch}, γ {m.gamma}; {requests} requests per client of {prompt_tokens} prompt + {tokens} new "
               "tokens (held-out stdlib prompts), EOS ignored; modes interleaved at each concurrency")
     if synthetic_acceptance is not None:
-        from specdec.bench.synthetic import banner
+        from specdec.commands.bench.synthetic import banner
 
         header = banner(synthetic_acceptance) + header
     md = markdown(rows, header)
@@ -671,8 +671,8 @@ def bench_batch_cmd(bundle: Path, concurrency: str, temperatures: str, requests:
     write_results(out, md, rows, plot=lambda path: plot(rows, path.with_name("load.png")))
 
 
-cli.add_command(bench_serve_cmd)  # `specdec serve` under load: specdec/bench/serve.py
-cli.add_command(bench_peers_cmd)  # specdec against the peers on one pair: specdec/bench/peers/
+cli.add_command(bench_serve_cmd)  # `specdec serve` under load: specdec/commands/bench/serve.py
+cli.add_command(bench_peers_cmd)  # specdec against the peers on one pair: specdec/commands/bench/peers/
 
 
 def _text_or_ids(option: str, text: str | None, ids: str | None) -> str | list[int] | None:
@@ -781,7 +781,7 @@ def serve_cmd(bundle: str, gamma: str | None, run_check: bool, use_ray: bool, re
 
 def _check_before_serving(bundle: Path, threads: int | None) -> None:
     """``specdec serve --check``: the quick check, its verdict logged; a failure refuses to serve."""
-    from specdec import check
+    from specdec.commands import check
     from specdec.errors import BundleError
 
     items, seconds = check.timed(check.run, bundle, quick=True, threads=_threads(threads))
@@ -822,7 +822,7 @@ def demo_cmd(which: str, models: Path | None, prompt: str | None, max_new_tokens
              threads: int | None) -> None:  # fmt: skip
     """Complete code with the embedded demo pair, or answer a chat prompt with a real model
     (--model smollm2); compare with autoregressive decoding in the same run."""
-    from specdec import demo
+    from specdec.commands import demo
     from specdec.runtime.decoder import SpeculativeDecoder
 
     if which == "smollm2":

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-from specdec.bench.peers.base import ModeUnavailable, Options, Peer, Sample, checkpoint_key, log
+from specdec.commands.bench.peers.base import ModeUnavailable, Options, Peer, Sample, checkpoint_key, log
 
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
@@ -65,7 +65,7 @@ LLAMACPP = VenvSpec("llamacpp-venv", (f"llama-cpp-python=={LLAMACPP_VERSION}", "
 
 def default_work() -> Path:
     """``$SPECDEC_CACHE/peers``, else ``~/.cache/specdec/peers`` (the demo bundles' cache root)."""
-    from specdec.demo import cache_root
+    from specdec.commands.demo import cache_root
 
     return cache_root() / "peers"
 
@@ -215,7 +215,7 @@ class OptimumPeer(WorkerPeer):
                            lambda tmp: run_logged([python, WORKER, "optimum-export", o.target.resolve(), tmp], o.work / "optimum" / "export.log",
                                                   f"optimum-onnx export of {o.target}", env=OFFLINE),
                            f"optimum-onnx export of {o.target}", o.setup)
-        from specdec.bench.peers.local import pad_id
+        from specdec.commands.bench.peers.local import pad_id
 
         return {"model": str(cache), "pad": pad_id(o.target)}, {"cache": str(cache), "ort_intra_op_threads": o.threads}
 

@@ -20,18 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
+from specdec.divergence import kl, nll  # re-exported
 from specdec.runtime.sampling import log_softmax  # float64, positions x vocabulary (re-exported)
-
-
-def nll(logp: np.ndarray, tokens: Sequence[int]) -> np.ndarray:
-    """Negative log-likelihood of each next token: logp[i] predicts tokens[i + 1]. [n - 1]"""
-    nxt = np.asarray(tokens[1:], dtype=np.int64)
-    return -logp[np.arange(len(nxt)), nxt]
-
-
-def kl(ref_logp: np.ndarray, logp: np.ndarray) -> np.ndarray:
-    """KL(ref || other) per position, in nats. [n]"""
-    return (np.exp(ref_logp) * (ref_logp - logp)).sum(axis=-1)
 
 
 def kept(reference: Sequence[int], tokens: Sequence[int]) -> int:
@@ -46,8 +36,8 @@ def kept(reference: Sequence[int], tokens: Sequence[int]) -> int:
 
 def prose_windows(encode: Callable[[str], list[int]], count: int, length: int) -> list[list[int]]:
     """``count`` windows of ``length`` tokens of English prose: the docstrings of the held-out
-    stdlib files (``specdec.bench.corpus``), concatenated in file order. Fixed for a Python version."""
-    from specdec.bench.corpus import stdlib_files
+    stdlib files (``specdec.commands.bench.corpus``), concatenated in file order. Fixed for a Python version."""
+    from specdec.commands.bench.corpus import stdlib_files
 
     ids: list[int] = []
     for f in stdlib_files(held_out=True):
@@ -67,7 +57,7 @@ def prose_windows(encode: Callable[[str], list[int]], count: int, length: int) -
 
 def code_windows(encode: Callable[[str], list[int]], count: int, length: int) -> list[list[int]]:
     """``count`` windows of ``length`` tokens of Python source: held-out stdlib files, one window each."""
-    from specdec.bench.corpus import stdlib_files
+    from specdec.commands.bench.corpus import stdlib_files
 
     out = []
     for f in stdlib_files(held_out=True):

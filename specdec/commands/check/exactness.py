@@ -19,8 +19,8 @@ from typing import Sequence
 
 import numpy as np
 
-from specdec.check import law
-from specdec.check.items import Item
+from specdec.commands.check import law
+from specdec.commands.check.items import Item
 
 SECTION = "exactness"
 LEVEL = 1e-3  # a sampled check fails below this p-value: a false alarm 1 run in 1000 per drafter; a broken
@@ -153,7 +153,7 @@ def greedy(bundle: Path, m, loaded, prompts: list[list[int]], tokens: int, threa
 def draft_pairing(bundle: Path, m, prompts: list[list[int]], greedy: list[list[int]], threads) -> Item | None:
     """An integrity item on whether the draft model is this target's (the same tokens): its argmax
     along the target's greedy continuations, teacher-forced (one draft call per request)."""
-    from specdec.bench.quality import TargetRunner
+    from specdec.commands.bench.quality import TargetRunner
 
     draft = TargetRunner(bundle, threads, model="draft")
     agree = positions = 0

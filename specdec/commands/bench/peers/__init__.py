@@ -67,9 +67,9 @@ thread than 2, measured under the PASSIVE wait policy the workers then had). tra
 
 from __future__ import annotations
 
-from specdec.bench.peers.base import Peer
-from specdec.bench.peers.local import HFPeer, SpecdecPeer
-from specdec.bench.peers.venv import GenaiPeer, LlamaCppPeer, OpenVINOPeer, OptimumPeer
+from specdec.commands.bench.peers.base import Peer
+from specdec.commands.bench.peers.local import HFPeer, SpecdecPeer
+from specdec.commands.bench.peers.venv import GenaiPeer, LlamaCppPeer, OpenVINOPeer, OptimumPeer
 
 # In start order (specdec last).
 PEER_CLASSES: dict[str, type[Peer]] = {p.name: p for p in (HFPeer, OptimumPeer, GenaiPeer, OpenVINOPeer, LlamaCppPeer, SpecdecPeer)}

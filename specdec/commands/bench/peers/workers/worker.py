@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The venv side of ``specdec bench-peers``' genai, openvino and llamacpp peers (standard library plus
-that peer's stack; ``specdec/bench/peers/__init__.py`` says what each mode is and how it is timed)::
+that peer's stack; ``specdec/commands/bench/peers/__init__.py`` says what each mode is and how it is timed)::
 
     worker.py {optimum,genai,openvino,llamacpp} SPEC_JSON   one reply line per request line, until stdin closes:
         {"cmd": "hello"} -> {"version", "unavailable": {mode: why}, ...}
@@ -333,7 +333,7 @@ def llama_quantize(src: str, dst: str, ftype: str) -> int:
 
 def llama_quality(spec: dict) -> int:
     """For one GGUF: ``out/logits.npy`` (float32 [sum of window lengths, V], each of ``windows``
-    evaluated from an empty context, as ``specdec.bench.quality`` does for a bundle) and
+    evaluated from an empty context, as ``specdec.commands.bench.quality`` does for a bundle) and
     ``out/greedy.json`` ({"tokens", "tokens_per_second"}: the argmax after each single-token
     ``eval`` of ``steps`` tokens past each of ``prompts``, no sampler, EOS ignored; tokens/s counts
     decoding after the prefill, one token a call, as specdec's autoregressive figure does)."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib.metadata as md
 from pathlib import Path
 
-from specdec.check.items import Item
+from specdec.commands.check.items import Item
 from specdec.errors import BundleError
 
 SECTION = "integrity"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from pathlib import Path
 
-from specdec.bench.sweep import Row
+from specdec.commands.bench.sweep import Row
 
 REPO = Path(__file__).resolve().parents[2]  # the checkout, when specdec runs from one
 

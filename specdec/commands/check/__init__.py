@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specdec.check.items import Item, Loaded
+from specdec.commands.check.items import Item, Loaded
 
 PLAIN_TEXTS = (  # built-in prompts of a bundle with a tokenizer and no chat template
     "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
@@ -65,7 +65,7 @@ def prompts(bundle: Path, m, count: int, texts: list[str] | None = None) -> list
     template = _template(bundle, m, codec)
     if texts is None:
         if template is not None:
-            from specdec.bench.corpus import chat_texts
+            from specdec.commands.bench.corpus import chat_texts
 
             texts = [t for pair in zip(chat_texts("chat", count), chat_texts("code", count)) for t in pair][:count]
         else:
@@ -87,7 +87,7 @@ def _template(bundle: Path, m, codec):
 def run(bundle: Path, *, quick: bool = False, texts: list[str] | None = None, reference: str | None = None, threads=None,
         progress=lambda step: None) -> list[Item]:  # fmt: skip
     """Every section's items, in order; ``progress(step)`` is told as each step starts."""
-    from specdec.check import exactness, integrity, speed
+    from specdec.commands.check import exactness, integrity, speed
 
     s = Settings.of(quick)
     progress("integrity")
@@ -102,7 +102,7 @@ def run(bundle: Path, *, quick: bool = False, texts: list[str] | None = None, re
     items += exactness.greedy(bundle, m, loaded, ps, s.tokens, threads, drafters if s.every_drafter_batched else drafters[:1])
     if reference:
         progress("reference")
-        from specdec.check import reference as ref
+        from specdec.commands.check import reference as ref
 
         items += ref.check(m, loaded, reference, ps, s.tokens)
     progress("sampled exactness")

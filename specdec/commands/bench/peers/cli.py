@@ -9,10 +9,10 @@ from typing import Any
 
 import click
 
-from specdec.bench.corpus import CHAT_CORPORA
-from specdec.bench.peers import PEER_CLASSES, PEERS
-from specdec.bench.sweep import interleaved
-from specdec.bench.peers.base import ModeUnavailable, Options, Tally, log
+from specdec.commands.bench.corpus import CHAT_CORPORA
+from specdec.commands.bench.peers import PEER_CLASSES, PEERS
+from specdec.commands.bench.sweep import interleaved
+from specdec.commands.bench.peers.base import ModeUnavailable, Options, Tally, log
 
 WARMUP_TOKENS = 8
 Key = tuple[str, str, float]  # (peer, mode, T)
@@ -47,9 +47,9 @@ def bench_peers_cmd(target: Path, draft: Path | None, bundle: Path | None, corpu
                     rounds: int, threads: int, temperatures: str, only: str, only_modes: str | None, draft_tokens: int | None, ngram_size: int, work: Path | None, no_setup: bool,
                     out: Path | None, note: str) -> None:  # fmt: skip
     """specdec against transformers, optimum, onnxruntime-genai, OpenVINO GenAI and llama.cpp on one pair, interleaved."""
-    from specdec.bench import prompts as corpus_prompts
-    from specdec.bench.peers.venv import default_work, gguf_checkpoint
-    from specdec.bench.report import write_results
+    from specdec.commands.bench import prompts as corpus_prompts
+    from specdec.commands.bench.peers.venv import default_work, gguf_checkpoint
+    from specdec.commands.bench.report import write_results
     from specdec.errors import InputError, ModelError
 
     names = [p.strip() for p in only.split(",") if p.strip()]
@@ -81,7 +81,7 @@ def bench_peers_cmd(target: Path, draft: Path | None, bundle: Path | None, corpu
     from transformers import AutoTokenizer
 
     if chat:
-        from specdec.bench.corpus import chat_prompts
+        from specdec.commands.bench.corpus import chat_prompts
         from specdec.manifest import load_manifest
         from specdec.runtime.text import TextCodec
 

@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 
 from specdec.atomic import write_atomic
-from specdec.distill.run import PLAN, PROMPTS, read_prompts
-from specdec.distill.shards import Answer, offsets, read_shard, shard_paths, write_shard
+from specdec.commands.distill.run import PLAN, PROMPTS, read_prompts
+from specdec.shards import Answer, offsets, read_shard, shard_paths, write_shard
 from specdec.errors import ConfigError
 
 SAME = ("max_new_tokens", "top_k", "max_prompt_tokens")

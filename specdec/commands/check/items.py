@@ -22,11 +22,11 @@ class Loaded(NamedTuple):
     the same sessions) and the target's dynamic graph (None for an encoder-decoder)."""
 
     decoders: dict[str, Any]  # drafter name -> SpeculativeDecoder; the first is the bundle's default
-    runner: Any  # specdec.bench.quality.TargetRunner, or None
+    runner: Any  # specdec.commands.bench.quality.TargetRunner, or None
 
     @classmethod
     def of(cls, bundle: Path, m, drafters: list[str], threads) -> Loaded:
-        from specdec.bench.quality import TargetRunner
+        from specdec.commands.bench.quality import TargetRunner
         from specdec.runtime.decoder import SpeculativeDecoder
 
         base = SpeculativeDecoder.load(bundle, threads=threads, drafter=drafters[0], verify="size")  # digests: the integrity section

@@ -1,6 +1,6 @@
 """Section 3 of ``specdec check``: does speculation pay on this box, and with what settings?
 
-1. One interleaved sweep (specdec/bench/sweep.py) of γ = 0 and every drafter at the bundle's γ,
+1. One interleaved sweep (specdec/commands/bench/sweep.py) of γ = 0 and every drafter at the bundle's γ,
    greedy: α (maximum likelihood), c (draft time per drafted token / a 1-token target call) and
    v (the verify call / a 1-token call) per drafter.
 2. The verify cost curve v(k): the target's dynamic graph timed at k = 1..K new tokens over a
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specdec.check.items import Item
+from specdec.commands.check.items import Item
 
 SECTION = "speed"
 AGREE = 0.10  # the prediction is called good within 10% of the measured speedup (issue 48's goal)
@@ -71,7 +71,7 @@ def outside_calls(t) -> float:
 
 def sweep(decoders: dict, configs: list, prompts: list[list[int]], tokens: int, rounds: int) -> tuple[dict, dict]:
     """{Config: Row} of one interleaved greedy sweep, and {Config: o} (``outside_calls``)."""
-    from specdec import bench
+    from specdec.commands import bench
 
     tallies = bench.run(decoders, configs, prompts, tokens, rounds, 0.0, ignore_eos=True)
     rows = bench.summarize(tallies)
@@ -80,7 +80,7 @@ def sweep(decoders: dict, configs: list, prompts: list[list[int]], tokens: int, 
 
 def thread_advice(bundle: Path, m, prompts: list[list[int]], tokens: int, rounds: int, given) -> Item:
     """Plain decoding's tok/s at 1 thread per session, one per core, and ``given`` (a ThreadPolicy or None)."""
-    from specdec.bench.sweep import interleaved
+    from specdec.commands.bench.sweep import interleaved
     from specdec.engines.threads import ThreadPolicy
     from specdec.runtime.decoder import SpeculativeDecoder
 
@@ -101,7 +101,7 @@ def thread_advice(bundle: Path, m, prompts: list[list[int]], tokens: int, rounds
 
 def check(bundle: Path, m, loaded, prompts: list[list[int]], tokens: int, rounds: int, threads, quick: bool) -> list[Item]:
     """The section's items; ``threads``: the thread policy asked for (None: one thread per core)."""
-    from specdec.bench.sweep import Config
+    from specdec.commands.bench.sweep import Config
 
     if m.seq2seq:
         return [Item(SECTION, "speed", None, "not measured for encoder-decoder bundles yet: specdec bench --corpus functions measures them")]

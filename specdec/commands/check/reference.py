@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from specdec.check.exactness import CLOSE_QUANTIZED, SECTION, first_difference
-from specdec.check.items import Item
+from specdec.commands.check.exactness import CLOSE_QUANTIZED, SECTION, first_difference
+from specdec.commands.check.items import Item
 from specdec.errors import ConfigError
 
 NEAR_TIE = 1e-3  # export/validate.py's: a top-2 gap below this x max(1, max|logit|)

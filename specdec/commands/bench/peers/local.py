@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from specdec.bench.peers.base import ModeUnavailable, Options, Peer, Sample
-from specdec.bench.peers.workers.timed_generate import timed_generate
+from specdec.commands.bench.peers.base import ModeUnavailable, Options, Peer, Sample
+from specdec.commands.bench.peers.workers.timed_generate import timed_generate
 
 
 def hf_generate(model, prompt: list[int], tokens: int, temperature: float, seed: int, pad: int | None, stats=dict, **kwargs) -> Sample:

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import click
 
-from specdec.bench.load import Load, markdown, plot, run_load
+from specdec.commands.bench.load import Load, markdown, plot, run_load
 from specdec.errors import ConfigError, InputError
 
 RESERVED = ("host", "port", "served_model_name")  # the benchmark sets these
@@ -53,7 +53,7 @@ def parse_servers(specs: tuple[str, ...] | list[str]) -> dict[str, tuple[list[st
     name ends at the first ``=`` followed by an option or by nothing (so ``γ=4=--gamma 4`` works)."""
     from click.core import ParameterSource
 
-    from specdec.cli import serve_cmd
+    from specdec.commands.cli import serve_cmd
 
     out: dict[str, tuple[list[str], dict]] = {}
     for spec in specs:
@@ -263,9 +263,9 @@ def stop(procs: dict) -> None:
 def bench_serve(bundle: Path, server: tuple[str, ...], old: Path | None, concurrency: str, requests: int, prompt_tokens: int, tokens: int,
                 temperature: float, distinct: bool, turns: int, n: int, chat: bool, timeout: float, overhead: bool, overhead_rounds: int,
                 overhead_requests: int, out: Path | None) -> None:  # fmt: skip
-    from specdec.bench import held_out_prompts
-    from specdec.bench.report import write_results
-    from specdec.cli import _numbers
+    from specdec.commands.bench import held_out_prompts
+    from specdec.commands.bench.report import write_results
+    from specdec.commands.cli import _numbers
     from specdec.manifest import load_manifest
     from specdec.runtime.text import TextCodec
 

@@ -96,8 +96,8 @@ def run_load(stream_for, mode: str, concurrency: int, temperature: float, prompt
 def sweep(bundle: Path, concurrency: list[int], temperatures: list[float], prompts: list[list[int]], tokens: int, requests: int,
           threads: int | None, timeout: float, report=print, synthetic: float | None = None) -> list[dict]:  # fmt: skip
     """Every mode at every concurrency and temperature, interleaved; returns the rows.
-    ``synthetic``: cost only, draft tokens kept with that probability (specdec.bench.synthetic)."""
-    from specdec.bench.synthetic import enable
+    ``synthetic``: cost only, draft tokens kept with that probability (specdec.commands.bench.synthetic)."""
+    from specdec.commands.bench.synthetic import enable
     from specdec.runtime.batch import BatchEngine
     from specdec.runtime.decoder import SpeculativeDecoder
 

@@ -4,7 +4,7 @@ would take hours (tools/gpu/drafter.py).
 ``specdec distill --plan-only`` writes the plan and every request's prompt ids through the
 bundle's chat template (prompts.npz); this module answers its jobs with the same target loaded
 by transformers (float32), many rows per forward, and writes shards in the format
-``specdec distill`` writes (specdec/distill/shards.py), so ``train-drafter --corpus`` and
+``specdec distill`` writes (specdec/shards.py), so ``train-drafter --corpus`` and
 ``export/head_data.py`` read them as their own. One pass gives all a head's training needs:
 
     prefill   the left-padded prompts [B, P]: each row's features (the last hidden state, which
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from specdec.distill.shards import Answer
+from specdec.shards import Answer
 
 
 @dataclass

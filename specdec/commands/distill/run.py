@@ -1,7 +1,7 @@
 """``specdec distill``: the target answers varied prompts through its chat template, on our BatchEngine;
-its answers and top-K log-probabilities become a drafter's training data (specdec/distill/shards.py).
+its answers and top-K log-probabilities become a drafter's training data (specdec/shards.py).
 
-    plan      the training side of the topic split (specdec/distill/prompts.py); self-instruct
+    plan      the training side of the topic split (specdec/commands/distill/prompts.py); self-instruct
               requests first: the target writes a question per topic, kept when it looks like one
     jobs      job j = (request j // T, temperature j % T) over ``temperatures`` (greedy and T = 1 by
               default: two answers per prompt, the second a sample of the target's law)
@@ -25,8 +25,8 @@ from typing import Callable
 import numpy as np
 
 from specdec.atomic import write_atomic
-from specdec.distill import prompts as P
-from specdec.distill.shards import Answer, done_jobs, offsets, shard_paths, write_shard
+from specdec.commands.distill import prompts as P
+from specdec.shards import Answer, done_jobs, offsets, shard_paths, write_shard
 from specdec.errors import ConfigError
 
 PLAN = "plan.json"
@@ -40,7 +40,7 @@ class Settings:
     top_k: int = 20  # log-probabilities kept per answer position (the runtime's logprobs bound)
     seed: int = 0
     docs: int = 1500  # coding requests made from installed docstrings
-    forms: str = "templates"  # the request forms (specdec/distill/prompts.py FORM_SETS)
+    forms: str = "templates"  # the request forms (specdec/commands/distill/prompts.py FORM_SETS)
     shard_size: int = 64
     max_prompt_tokens: int = 512
     requests: list[dict] = field(default_factory=list, compare=False)  # given: these instead of the topic split's (tests)
