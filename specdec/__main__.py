@@ -1,3 +1,3 @@
-from specdec.commands.cli import main
+from specdec.commands.cli.main import main
 
 main()

@@ -65,7 +65,7 @@ def help_text(program: tuple[str, ...]) -> str:
     if program[0] in ("specdec", "-m"):
         from click.testing import CliRunner
 
-        from specdec.commands.cli import cli
+        from specdec.commands.cli.main import cli
 
         sub = program[-1] if program[0] == "specdec" else program[2]
         res = CliRunner().invoke(cli, [sub, "--help"])
@@ -74,7 +74,7 @@ def help_text(program: tuple[str, ...]) -> str:
     if program[0] == "specdec-export":
         from click.testing import CliRunner
 
-        from specdec.commands.cli import export_cmd
+        from specdec.commands.cli.bundle import export_cmd
 
         return CliRunner().invoke(export_cmd, ["--help"]).output
     script = ROOT / program[0]

@@ -128,7 +128,7 @@ def test_cli_push_and_a_bad_uri(s3, llama_bundle, fetch_cache):
     finally:
         engine.close()
     # a scheme whose driver is not installed (import gcsfs fails, in a fresh process): exit 2, one line naming it
-    no_driver = "import sys; sys.modules['gcsfs'] = None; from specdec.commands.cli import main; main()"
+    no_driver = "import sys; sys.modules['gcsfs'] = None; from specdec.commands.cli.main import main; main()"
     r = subprocess.run([sys.executable, "-c", no_driver, "inspect", "gs://bucket/b"], capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 2 and "gs://bucket/b: no driver for this scheme" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
 
@@ -169,7 +169,7 @@ def test_export_straight_to_the_store(s3, llama_bundle, fetch_cache):
     prefix is refused before any work unless --overwrite."""
     target, draft, bundle = llama_bundle
     env = dict(os.environ)
-    cmd = [sys.executable, "-c", "from specdec.commands.cli import export_main; export_main()", "--target", str(target), "--draft", str(draft),
+    cmd = [sys.executable, "-c", "from specdec.commands.cli.main import export_main; export_main()", "--target", str(target), "--draft", str(draft),
            "--out", "s3://models/exported", "--max-seq-len", "64"]  # fmt: skip
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0 and "pushed to s3://models/exported" in r.stdout, r.stderr[-2000:]

@@ -25,7 +25,7 @@ EXPORT = console_script("specdec-export")
 
 
 def export_cli(*args: str) -> subprocess.CompletedProcess:
-    cmd = [EXPORT, *args] if EXPORT else [sys.executable, "-c", "from specdec.commands.cli import export_main; export_main()", *args]
+    cmd = [EXPORT, *args] if EXPORT else [sys.executable, "-c", "from specdec.commands.cli.main import export_main; export_main()", *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
 
 

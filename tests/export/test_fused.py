@@ -121,7 +121,7 @@ def test_fused_draft_plans_both_variants_per_batch_size(tmp_path):
 def test_inspect_summarizes_a_bundle_with_fused_graphs(family_bundle):
     from click.testing import CliRunner
 
-    from specdec.commands.cli import cli
+    from specdec.commands.cli.main import cli
 
     out = family_bundle[3]
     res = CliRunner().invoke(cli, ["inspect", str(out)])

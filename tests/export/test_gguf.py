@@ -20,7 +20,7 @@ gguf = pytest.importorskip("gguf")
 from models import config_for, make_tokenizer, peaked_model, rope_theta  # noqa: E402
 from test_bad_input import assert_one_line_error, export_cli  # noqa: E402
 
-from specdec.commands.cli import export_main  # noqa: E402
+from specdec.commands.cli.main import export_main  # noqa: E402
 from specdec.export import optimize  # noqa: E402
 from specdec.manifest import load_manifest  # noqa: E402
 

@@ -151,7 +151,7 @@ def test_unwritable_stamp_file_only_costs_hashing(bundle, monkeypatch, tmp_path)
 def test_inspect_hashes_everything_and_names_the_file(bundle, monkeypatch):
     from click.testing import CliRunner
 
-    from specdec.commands.cli import cli
+    from specdec.commands.cli.main import cli
 
     monkeypatch.setattr(integrity, "RACY_NS", 0)
     load_manifest(bundle)  # stamped

@@ -279,7 +279,7 @@ def test_a_draft_folder_with_a_head_makes_it_the_bundles_default_drafter(feature
     draft, config = _draft_with_head(family_bundle[2], root / "head", tmp_path / "draft",
                                      {"drafter": "feature-lookup", "gamma": 2, "stop_below": 0.5, "why": "measured best here"})
     out = tmp_path / "bundle"
-    run = subprocess.run([sys.executable, "-c", "from specdec.commands.cli import export_main; export_main()", "--target", str(target), "--draft", str(draft), "--out", str(out),
+    run = subprocess.run([sys.executable, "-c", "from specdec.commands.cli.main import export_main; export_main()", "--target", str(target), "--draft", str(draft), "--out", str(out),
                           "--max-seq-len", "128"], capture_output=True, text=True)  # fmt: skip
     assert run.returncode == 0, run.stderr[-2000:]
     m = json.loads((out / "manifest.json").read_text())

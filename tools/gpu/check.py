@@ -158,7 +158,7 @@ def run_exports(jobs: dict[str, list[str]], work: Path) -> None:
     # bundles sent whole are timed, and the load average is recorded beside each timing.
     threads = str(max(1, min(4, (os.cpu_count() or 2) // len(jobs))))
     env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "TOKENIZERS_PARALLELISM": "false"}
-    code = "import sys; from specdec.commands.cli import export_main; sys.argv[0] = 'specdec-export'; export_main()"
+    code = "import sys; from specdec.commands.cli.main import export_main; sys.argv[0] = 'specdec-export'; export_main()"
     procs = {}
     for name, args in jobs.items():
         log = open(work / f"{name}.log", "w")

@@ -53,7 +53,7 @@ def parse_servers(specs: tuple[str, ...] | list[str]) -> dict[str, tuple[list[st
     name ends at the first ``=`` followed by an option or by nothing (so ``γ=4=--gamma 4`` works)."""
     from click.core import ParameterSource
 
-    from specdec.commands.cli import serve_cmd
+    from specdec.commands.cli.serve import serve_cmd
 
     out: dict[str, tuple[list[str], dict]] = {}
     for spec in specs:
@@ -265,11 +265,11 @@ def bench_serve(bundle: Path, server: tuple[str, ...], old: Path | None, concurr
                 overhead_requests: int, out: Path | None) -> None:  # fmt: skip
     from specdec.commands.bench import held_out_prompts
     from specdec.commands.bench.report import write_results
-    from specdec.commands.cli import _numbers
+    from specdec.commands.cli.options import parse_numbers
     from specdec.manifest import load_manifest
     from specdec.runtime.text import TextCodec
 
-    levels = _numbers("--concurrency", concurrency, int)
+    levels = parse_numbers("--concurrency", concurrency, int)
     for opt, value in (("--requests", requests), ("--prompt-tokens", prompt_tokens), ("--tokens", tokens), ("--turns", turns), ("--n", n),
                        ("--overhead-rounds", overhead_rounds), ("--overhead-requests", overhead_requests), *(("--concurrency", c) for c in levels)):  # fmt: skip
         if value < 1:
