@@ -150,6 +150,7 @@ class BatchEngine:
             raise QueueFullError("the batch engine is closed; create a new one")
         m = self.manifest
         req = make_request(prompt, params, self.limits, self.codec, source, m.decoder_start_token_id if m.seq2seq else None)
+        self.engine.check(req)
         stats = Stats(gamma=req.gamma, prompt_tokens=len(req.prompt), drafter=self.drafter_name, adaptive=req.adaptive,
                       lenience=req.lenience, threads=self.threads.label)  # fmt: skip
         return Handle(req, self.codec, stats)

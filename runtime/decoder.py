@@ -129,6 +129,7 @@ class SpeculativeDecoder:
         params = params if params is not None else SamplingParams.of(**fields)
         start = self.manifest.decoder_start_token_id if self.manifest.seq2seq else None
         req = make_request(prompt, params, self.limits, self.codec, source, start)
+        self.engine.check(req)
         return req
 
     def generate(self, prompt: str | Sequence[int] | None = None, params: SamplingParams | None = None, *,

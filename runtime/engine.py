@@ -31,7 +31,7 @@ from specdec.runtime.handles import Handle
 from specdec.runtime.request import Request
 from specdec.runtime.stats import Iteration
 from specdec.runtime.logprobs import score
-from specdec.runtime.step import Row, schedule, speculative_step
+from specdec.runtime.step import Row, schedule, speculative_step, tree_step
 
 clock = time.perf_counter
 
@@ -118,11 +118,17 @@ class Engine:
         best = max(free, key=lambda s: (self.reusable(req, s), -self.last_used[s]))
         return best if self.reusable(req, best) else lru
 
+    def check(self, req: Request) -> None:
+        """Refuse a request this engine's drafter cannot serve as asked (a ``ConfigError``)."""
+        if getattr(self.proposer, "tree", False) and req.lenience < 1.0:
+            raise ConfigError(f"lenience={req.lenience}: drafter {self.proposer.name!r} verifies trees exactly; pass lenience=1 or use a chain drafter")
+
     def start(self, req: Request, sink: Handle, slot: int, reuse: bool | None = None) -> Row:
         """Give ``req`` the slot: caches emptied, or with ``reuse`` (default: the engine's) rolled
         back to the prefix of its prompt they hold; an encoder-decoder's source encoded by each
         model (its time counts as prefill); the rest of the prompt is fed by the next steps."""
         t0, L = clock(), len(req.prompt)
+        self.check(req)
         use = self.reuse if reuse is None else reuse
         keep = self.reusable(req, slot) if use else 0
         if use and not keep and self.held(slot) and self.last_used[slot] >= 0:
@@ -162,7 +168,11 @@ class Engine:
                 self.proposer.start(r)
         if not rows:
             return
-        its = speculative_step(rows, [g for _, g in plan.decode], self.proposer, self.target, self.synthetic)
+        gammas = [g for _, g in plan.decode]
+        if getattr(self.proposer, "tree", False):
+            its = tree_step(rows, gammas, self.proposer, self.target)
+        else:
+            its = speculative_step(rows, gammas, self.proposer, self.target, self.synthetic)
         policy = self._policy(len(rows), rows) if any(r.req.adaptive for r in rows) else None
         if policy:  # a batch's acceptance step is part of what verifying k costs
             it = its[0]

@@ -1,12 +1,10 @@
 """Proposers: what drafts for every row of a step, batched.
 
     start(row)                       a row is fed and about to decode (seq[:L] is its prompt)
-    propose(rows, gammas) -> drafts  per row a chain: k_r <= γ_r tokens written at seq[L:L+k_r]
-                                     (unless sampling is greedy, the q rows they were drawn from
-                                     at q[:k_r]), or a tree of at most γ_r levels
-                                     (``tree.DraftTree``; such a proposer has ``tree = True``)
-    commit(rows, accepted)           the target kept n_r of row r's drafted positions (its token
-                                     at seq[L+n_r])
+    propose(rows, gammas) -> ks      write k_r <= γ_r tokens at seq[L:L+k_r] of each row, and
+                                     unless sampling is greedy the q rows they were drawn from
+    commit(rows, accepted, logits)   the target kept n_r of row r's drafts (its token at
+                                     seq[L+n_r]); ``logits`` [n, S, V] is the target call's output
 
 Two kinds:
 - ``DraftModel``: the bundle's draft model over its own ``Executor``, all rows in one call per
@@ -42,9 +40,9 @@ class Proposer(Protocol):
 
     def start(self, row: Row) -> None: ...
 
-    def propose(self, rows: Sequence[Row], gammas: Sequence[int]) -> list[int | DraftTree]: ...
+    def propose(self, rows: Sequence[Row], gammas: Sequence[int]) -> list[int]: ...
 
-    def commit(self, rows: Sequence[Row], accepted: Sequence[int]) -> None: ...
+    def commit(self, rows: Sequence[Row], accepted: Sequence[int], logits: np.ndarray) -> None: ...
 
 
 class DraftModel:
@@ -112,7 +110,7 @@ class DraftModel:
                 done = stop
         return r.seq[done:end]
 
-    def commit(self, rows: Sequence[Row], accepted: Sequence[int]) -> None:
+    def commit(self, rows: Sequence[Row], accepted: Sequence[int], logits: np.ndarray) -> None:
         for r, n in zip(rows, accepted):
             self.draft.rewind_to(r.slot, min(self.draft.length(r.slot), r.length + n))
 
@@ -137,7 +135,7 @@ class PerRow:
     def propose(self, rows: Sequence[Row], gammas: Sequence[int]) -> list[int]:
         return [self.drafters[r.slot].propose(r.seq, r.length, g, r.req.sampling, r.rng, r.q) if g else 0 for r, g in zip(rows, gammas)]
 
-    def commit(self, rows: Sequence[Row], accepted: Sequence[int]) -> None:
+    def commit(self, rows: Sequence[Row], accepted: Sequence[int], logits: np.ndarray) -> None:
         for r, n in zip(rows, accepted):
             self.drafters[r.slot].commit(r.seq, r.length, n)
 
@@ -156,11 +154,11 @@ class LookupTree:
     def start(self, row: Row) -> None:
         pass
 
-    def propose(self, rows: Sequence[Row], gammas: Sequence[int]) -> list[DraftTree]:
+    def propose_trees(self, rows: Sequence[Row], gammas: Sequence[int]) -> list[DraftTree]:
         self.calls += 1
         return [lookup_tree(r.seq, r.length, self.nodes, g) if g else EMPTY_TREE for r, g in zip(rows, gammas)]
 
-    def commit(self, rows: Sequence[Row], accepted: Sequence[int]) -> None:
+    def commit(self, rows: Sequence[Row], accepted: Sequence[int], logits: np.ndarray | None) -> None:
         pass
 
 
@@ -241,7 +239,7 @@ class FeatureHead:
         top = x.max()
         return 1.0 / float(np.exp(x - top).sum()) if np.isfinite(top) else 1.0
 
-    def commit(self, rows: Sequence[Row], accepted: Sequence[int]) -> None:
+    def commit(self, rows: Sequence[Row], accepted: Sequence[int], logits: np.ndarray | None) -> None:
         for r in rows:
             self.head.rewind_to(r.slot, min(self.head.length(r.slot), r.length))
 
@@ -268,7 +266,7 @@ class FeatureTree(FeatureHead):
         self.nodes = nodes
         self.q = np.zeros((target.slots, nodes, vocab), dtype=np.float64)  # [slots, N, V]: each node's proposal
 
-    def propose(self, rows: Sequence[Row], gammas: Sequence[int]) -> list[DraftTree]:
+    def propose_trees(self, rows: Sequence[Row], gammas: Sequence[int]) -> list[DraftTree]:
         return [self.tree_for(r, min(g, self.nodes)) if g else EMPTY_TREE for r, g in zip(rows, gammas)]
 
     def tree_for(self, r: Row, depth: int) -> DraftTree:

@@ -27,14 +27,13 @@ whose token is the target's argmax.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import NamedTuple, Sequence
 
 import numpy as np
 
 from specdec.runtime.sampling import sample
-from specdec.runtime.speculative import _residual, check_lenience
+from specdec.runtime.speculative import _residual
 
 
 class DraftTree(NamedTuple):
@@ -97,19 +96,14 @@ def sibling_ranks(parents: Sequence[int]) -> list[int]:
     return out
 
 
-def verify_tree_greedy(tokens: np.ndarray, parents: np.ndarray, logits: np.ndarray, lenience: float = 1.0) -> TreeVerdict:
-    """Argmax verification of a tree: tokens/parents [N], logits [N + 1, V] (row 0: the root).
-    ``lenience`` l < 1 (Appendix A.5, as ``speculative.verify_greedy_batch``): where no child is
-    the argmax, the first child with p(x) >= l * max p is kept; the token after the path is the argmax."""
+def verify_tree_greedy(tokens: np.ndarray, parents: np.ndarray, logits: np.ndarray) -> TreeVerdict:
+    """Argmax verification of a tree: tokens/parents [N], logits [N + 1, V] (row 0: the root)."""
     kids = children_of(parents)
     top = logits.argmax(axis=-1)  # [N + 1]
-    floor = math.log(check_lenience(lenience))
     path: list[int] = []
     row = 0
     while True:
         nxt = next((c for c in kids[row] if tokens[c] == top[row]), None)
-        if nxt is None and floor < 0.0:
-            nxt = next((c for c in kids[row] if logits[row, tokens[c]] - logits[row, top[row]] >= floor), None)
         if nxt is None:
             return TreeVerdict(tuple(path), int(top[row]))
         path.append(nxt)
@@ -117,14 +111,11 @@ def verify_tree_greedy(tokens: np.ndarray, parents: np.ndarray, logits: np.ndarr
 
 
 def verify_tree(tokens: np.ndarray, parents: np.ndarray, q: np.ndarray | None, p: np.ndarray,
-                rng: np.random.Generator, lenience: float = 1.0) -> TreeVerdict:  # fmt: skip
+                rng: np.random.Generator) -> TreeVerdict:  # fmt: skip
     """Recursive rejection over siblings (the module docstring): tokens/parents [N]; ``q`` [N, V]:
     the proposal each node's token was drawn from (None: every node is a fixed candidate, a point
-    mass); ``p`` [N + 1, V]: the target's standardized distributions (row 0: the root).
-    ``lenience`` l < 1 (Appendix A.5, the chain's rule at each sibling): a child is kept when
-    u * l * q(x) <= r(x), the residual unchanged; the output is then NOT the target's."""
+    mass); ``p`` [N + 1, V]: the target's standardized distributions (row 0: the root)."""
     kids = children_of(parents)
-    scale = check_lenience(lenience)
     path: list[int] = []
     row = 0
     while True:
@@ -133,7 +124,7 @@ def verify_tree(tokens: np.ndarray, parents: np.ndarray, q: np.ndarray | None, p
         for c in kids[row]:
             x = int(tokens[c])
             qx = 1.0 if q is None else q[c, x]  # a fixed candidate: q = δ_x
-            if r[x] > 0 and not rng.random() * scale * qx > r[x]:  # accept with min(1, r(x) / (l q(x))); never a token r cannot emit
+            if r[x] > 0 and not rng.random() * qx > r[x]:  # accept with min(1, r(x) / q(x)); never a token r cannot emit
                 accepted = c
                 break
             if q is None:  # max(0, r - δ_x): r without x
