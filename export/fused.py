@@ -18,6 +18,14 @@ picks every token inside the graph, for B rows at once (B = 1 for the decoder):
 A second variant takes no sampling inputs and returns no probs: every row greedy, argmax only
 (a call of it skips the softmax the sampling graph computes for its If; 20% of a demo draft call).
 
+The graph is not traced: each step is a copy of the draft's exported 1-token graph of B rows
+(its step graph for one row, its batched graph for B; optimized and quantized already, so the
+steps are exactly the graph the step-by-step loop calls), its names prefixed ``step<j>/`` and
+its weights shared, with step j's positions, seqlens_k and per-row totals (seqlens_k + j + 1)
+computed in front of it. The choice of a token is ``choose`` below, traced once per process
+with B and V dynamic and copied after every step. Tracing the model γ times (and optimizing
+the unrolled graph) was most of a ``--fused-draft`` export.
+
 The graph is correct only when every present output is bound to its row's past buffer (as
 engines/fused.py binds them): that aliasing is how step j + 1 sees step j's KV row. Run with
 unbound outputs (a plain ``session.run``), later steps would attend without the earlier ones.
@@ -29,13 +37,15 @@ token x_γ is not fed (as in the step-by-step loop); its KV row is written by th
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
+import numpy as np
+import onnx
 import torch
+from onnx import helper
 
-from specdec.export import attention
-from specdec.export.batched import ATTN_NAME, RowsState
-from specdec.manifest import GraphIO, TensorSpec
+from specdec.manifest import GraphIO, GraphSpec, TensorSpec
 
 SAMPLING_INPUTS = (  # (name, dtype) per row, after the ids, positions and seqlens
     ("uniforms", "float32"),  # [B, γ] in [0, 1): one per drafted token
@@ -98,43 +108,25 @@ def choose(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
     return torch.cond((temperature > 0).any(), _sampled, _greedy, (probs, logits, temperature, u)), probs
 
 
-class _FusedWrapper(torch.nn.Module):
-    def __init__(self, model: torch.nn.Module, rows: int, gamma: int):
-        super().__init__()
-        self.model, self.rows, self.gamma = model, rows, gamma
+class _Pick(torch.nn.Module):
+    """One step's choice: (logits [B, V], temperature, top_k, top_p, u [B]) -> (tokens [B], q [B, V])."""
 
-    def forward(self, input_ids, position_ids, seqlens_k, uniforms, temperature, top_k, top_p, past: list[torch.Tensor]):
-        return self.steps(input_ids, position_ids, seqlens_k, past, lambda logits, j: choose(logits, temperature, top_k, top_p, uniforms[:, j]))
-
-    def steps(self, input_ids, position_ids, seqlens_k, past: list[torch.Tensor], pick):
-        layers = self.model.config.num_hidden_layers
-        pk = [[past[2 * (b * layers + i)] for b in range(self.rows)] for i in range(layers)]
-        pv = [[past[2 * (b * layers + i) + 1] for b in range(self.rows)] for i in range(layers)]
-        ids, tokens, probs, kv = input_ids, [], [], []
-        for j in range(self.gamma):
-            # Every step reads the graph's own past inputs and writes a present output that the
-            # runtime binds to the same buffer: ORT appends step j's row in place, where step
-            # j + 1 (which depends on step j's token) reads it. No buffer is ever copied.
-            # Step j's totals are computed here, from seqlens_k: CUDA's GroupQueryAttention read
-            # such a total wrong (docs/gpu.md), so on CUDA the draft model runs its step graphs.
-            state = RowsState(pk, pv, seqlens_k + j, [(seqlens_k[b] + j + 1).to(torch.int32) for b in range(self.rows)])
-            with attention.call_state(state):
-                out = self.model(input_ids=ids, position_ids=position_ids + j, past_key_values=attention.PassThroughCache(), use_cache=True)
-            tok, q = pick(out.logits[:, -1].float(), j)
-            tokens.append(tok)
-            probs.append(q)
-            ids = tok[:, None]
-            for b in range(self.rows):
-                for i in range(layers):
-                    kv += [state.present_k[i][b], state.present_v[i][b]]
-        return (torch.stack(tokens, 1), *([torch.stack(probs, 1)] if probs[0] is not None else []), *kv)
+    def forward(self, logits, temperature, top_k, top_p, u):
+        return choose(logits, temperature, top_k, top_p, u)
 
 
-class _GreedyWrapper(_FusedWrapper):
-    """Every row greedy: argmax only, no sampling inputs and no probabilities out."""
+PICK_INPUTS = ("logits", "temperature", "top_k", "top_p", "u")
 
-    def forward(self, input_ids, position_ids, seqlens_k, past: list[torch.Tensor]):
-        return self.steps(input_ids, position_ids, seqlens_k, past, lambda logits, j: (logits.argmax(-1), None))
+
+@functools.cache
+def pick_graph() -> bytes:
+    """``choose`` as an ONNX graph (serialized), B and V dynamic: traced once per process."""
+    b, v = torch.export.Dim("B", min=1, max=1024), torch.export.Dim("V", min=2)
+    args = (torch.randn(2, 16), torch.ones(2), torch.zeros(2, dtype=torch.long), torch.ones(2), torch.full((2,), 0.5))
+    with torch.no_grad():
+        program = torch.onnx.export(_Pick().eval(), args, dynamo=True, input_names=list(PICK_INPUTS), output_names=["token", "q"],
+                                    dynamic_shapes=({0: b, 1: v}, {0: b}, {0: b}, {0: b}, {0: b}), optimize=True, verbose=False)  # fmt: skip
+    return program.model_proto.SerializeToString()
 
 
 def signature(layers: int, rows: int, gamma: int, kv_heads: int, head_dim: int, vocab: int, max_seq: int, dtype: str, greedy: bool = False):
@@ -160,19 +152,118 @@ def signature(layers: int, rows: int, gamma: int, kv_heads: int, head_dim: int, 
     return inputs, outputs, io
 
 
-def export_fused(model: torch.nn.Module, path: Path, rows: int, gamma: int, max_seq: int, kv_heads: int, head_dim: int, dtype: str,
-                 greedy: bool = False):  # fmt: skip
-    """Export ``model``'s γ-step fused draft graph for ``rows`` rows to ``path`` (+ external data);
-    ``greedy``: the argmax-only variant (a call where every row samples nothing skips softmax)."""
-    from specdec.export.graphs import TORCH_DTYPES
+def _renamed(graph: onnx.GraphProto, prefix: str, names: dict[str, str]) -> list[onnx.NodeProto]:
+    """Copies of ``graph``'s nodes with every value renamed: ``names`` where given, else
+    ``prefix`` + name (subgraphs alike, so an If's branches keep reading what they read)."""
 
-    cfg = model.config
-    layers = cfg.num_hidden_layers
-    inputs, outputs, io = signature(layers, rows, gamma, kv_heads, head_dim, cfg.vocab_size, max_seq, dtype, greedy)
-    starts = torch.tensor([2 + 3 * (b % 2) for b in range(rows)])  # trace after 2 and 5 committed rows
-    sampling = (torch.full((rows, gamma), 0.5), torch.ones(rows), torch.zeros(rows, dtype=torch.long), torch.ones(rows))
-    past = [torch.zeros(1, kv_heads, max_seq, head_dim, dtype=TORCH_DTYPES[dtype]) for _ in range(2 * layers * rows)]
-    args = (torch.zeros(rows, 1, dtype=torch.long), starts[:, None].clone(), starts.to(torch.int32), *(() if greedy else sampling), past)
-    wrapper = (_GreedyWrapper if greedy else _FusedWrapper)(model, rows, gamma).eval()
-    attention.export_traced(wrapper, args, path, inputs, outputs, config=cfg, attn=ATTN_NAME)
+    def rename(v: str) -> str:
+        return names.get(v, prefix + v) if v else v
+
+    def node(n: onnx.NodeProto, k: int) -> onnx.NodeProto:
+        out = onnx.NodeProto()
+        out.CopyFrom(n)
+        _rename_in_place(out, rename)
+        out.name = prefix + (n.name or f"{n.op_type}_{k}")
+        return out
+
+    return [node(n, k) for k, n in enumerate(graph.node)]
+
+
+def _rename_in_place(n: onnx.NodeProto, rename) -> None:
+    ins, outs = [rename(i) for i in n.input], [rename(o) for o in n.output]
+    del n.input[:], n.output[:], n.metadata_props[:]  # the exporter's per-node stack traces: most of a graph's bytes
+    n.input.extend(ins)
+    n.output.extend(outs)
+    for a in n.attribute:
+        for g in [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs):
+            for inner in g.node:
+                _rename_in_place(inner, rename)
+            for v in (*g.input, *g.output, *g.initializer):
+                v.name = rename(v.name)
+            del g.value_info[:]
+
+
+class _Consts:
+    """The small integer initializers the steps share, each made once."""
+
+    def __init__(self):
+        self.tensors: dict[str, onnx.TensorProto] = {}
+
+    def __call__(self, value: int | list[int], kind: int = onnx.TensorProto.INT64) -> str:
+        name = f"fused/{value}_{kind}".replace(" ", "")
+        if name not in self.tensors:
+            dims = [] if isinstance(value, int) else [len(value)]
+            self.tensors[name] = helper.make_tensor(name, kind, dims, [value] if isinstance(value, int) else value)
+        return name
+
+
+def _step(src: onnx.ModelProto, step: GraphSpec, io: GraphIO, j: int, ids: str, const: _Consts) -> list[onnx.NodeProto]:
+    """Step j: its positions, seqlens_k and per-row totals from the fused graph's inputs, then a
+    copy of the 1-token graph ``src`` on ``ids`` [B, 1], writing step j's present outputs and
+    ``step<j>/logits`` [B, 1, V]."""
+    p, i32 = f"step{j}/", onnx.TensorProto.INT32
+    names = {t.name: t.name for t in src.graph.initializer} | {step.io.ids: ids, step.io.logits: p + "logits"}
+    names |= {a: b for pair, fused in zip(step.io.past, io.past) for a, b in zip(pair, fused)}
+    names |= {a: b for pair, fused in zip(step.io.present, io.present[j * len(io.past) :]) for a, b in zip(pair, fused)}
+    nodes = []
+    if j:
+        nodes += [helper.make_node("Add", [io.positions, const(j)], [p + "position_ids"], name=p + "positions"),
+                  helper.make_node("Add", [io.seqlens, const(j, i32)], [p + "seqlens_k"], name=p + "seqlens")]  # fmt: skip
+    names |= {step.io.positions: p + "position_ids" if j else io.positions, step.io.seqlens: p + "seqlens_k" if j else io.seqlens}
+    # rows visible after step j, per row (seqlens_k + j + 1): each row's attention's total
+    nodes.append(helper.make_node("Add", [io.seqlens, const(j + 1, i32)], [p + "totals"], name=p + "totals"))
+    for b, total in enumerate(step.io.totals or (step.io.total,)):
+        nodes.append(helper.make_node("Gather", [p + "totals", const(b)], [p + f"total_{b}"], axis=0, name=p + f"total_{b}"))
+        names[total] = p + f"total_{b}"
+    return nodes + _renamed(src.graph, p, names)
+
+
+def _pick(pick: onnx.ModelProto | None, io: GraphIO, j: int, const: _Consts) -> tuple[list[onnx.NodeProto], str, str | None]:
+    """Step j's choice from ``step<j>/logits``: nodes, the token [B, 1] and the q row [B, 1, V]
+    (None in the greedy graph: an argmax)."""
+    p = f"step{j}/"
+    if pick is None:
+        return [helper.make_node("ArgMax", [p + "logits"], [p + "token"], axis=-1, keepdims=0, name=p + "argmax")], p + "token", None
+    one = const([1])
+    nodes = [helper.make_node("Squeeze", [p + "logits", one], [p + "logits_2d"], name=p + "squeeze"),
+             helper.make_node("Gather", [io.uniforms, const(j)], [p + "u"], axis=1, name=p + "u")]  # fmt: skip
+    feeds = dict(zip(PICK_INPUTS, (p + "logits_2d", io.temperature, io.top_k, io.top_p, p + "u")))
+    nodes += _renamed(pick.graph, p + "pick/", {t.name: "pick/" + t.name for t in pick.graph.initializer} | feeds)
+    nodes += [helper.make_node("Unsqueeze", [p + "pick/token", one], [p + "token"], name=p + "token"),
+              helper.make_node("Unsqueeze", [p + "pick/q", one], [p + "q"], name=p + "q")]  # fmt: skip
+    return nodes, p + "token", p + "q"
+
+
+def compose_fused(folder: Path, step: GraphSpec, path: Path, gamma: int, max_seq: int, kv_heads: int, head_dim: int, vocab: int,
+                  dtype: str, greedy: bool = False):  # fmt: skip
+    """Write ``path``: the fused draft graph of γ = ``gamma`` steps, each a copy of the exported
+    1-token graph ``step`` (in ``folder``: the draft's step graph for one row, its batched graph of
+    B rows for B, both already optimized and quantized), chained by their token choice; the
+    weights stay in ``step``'s external data. Returns the graph's inputs, outputs and I/O roles."""
+    src = onnx.load(str(folder / step.file), load_external_data=False)
+    inputs, outputs, io = signature(len(step.io.past) // step.batch, step.batch, gamma, kv_heads, head_dim, vocab, max_seq, dtype, greedy)
+    pick = None if greedy else onnx.load_from_string(pick_graph())
+    const, nodes, ids, tokens, probs = _Consts(), [], io.ids, [], []
+    for j in range(gamma):
+        nodes += _step(src, step, io, j, ids, const)
+        chosen, ids, q = _pick(pick, io, j, const)
+        nodes += chosen
+        tokens.append(ids)
+        probs += [q] if q else []
+    nodes.append(helper.make_node("Concat", tokens, [io.tokens], axis=1, name="tokens"))
+    if probs:
+        nodes.append(helper.make_node("Concat", probs, [io.logits], axis=1, name="probs"))
+    inits = [*src.graph.initializer, *const.tensors.values()]
+    opsets = {o.domain: o.version for o in src.opset_import}
+    for t in pick.graph.initializer if pick is not None else ():
+        inits.append(onnx.TensorProto())
+        inits[-1].CopyFrom(t)
+        inits[-1].name = "pick/" + t.name
+    for o in pick.opset_import if pick is not None else ():
+        opsets[o.domain] = max(o.version, opsets.get(o.domain, 0))
+    value = lambda t: helper.make_tensor_value_info(t.name, helper.np_dtype_to_tensor_dtype(np.dtype(t.dtype)), list(t.shape))  # noqa: E731
+    graph = helper.make_graph(nodes, path.stem, [value(t) for t in inputs], [value(t) for t in outputs], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in opsets.items()], producer_name="specdec",
+                              ir_version=max(src.ir_version, pick.ir_version if pick is not None else 0))  # fmt: skip
+    onnx.save(model, str(path))
     return inputs, outputs, io

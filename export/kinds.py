@@ -28,7 +28,7 @@ class ExportContext(NamedTuple):
     max_source: int | None  # an encoder-decoder's source tokens; None: decoder-only
     models: dict  # "target"/"draft" -> the float32 torch model (validation's reference)
     specs: dict  # "target"/"draft" -> ModelSpec
-    graphs: dict  # graph name -> GraphSpec, once exported
+    graphs: dict  # graph name -> GraphSpec, once exported (while exporting: those before, for a derived kind)
     text: tuple[int, ...] = ()  # validate.VALIDATION_TEXT in the target's tokens (empty: no tokenizer)
     gguf_types: dict = {}  # "target"/"draft" -> the GGUF tensor types of its source (() when not a GGUF)
 
@@ -76,10 +76,13 @@ def _validate_decoder(ctx, name, g):
 
 
 def _export_fused(ctx, plan, model, spec, path, tokens):
-    from specdec.export.fused import export_fused
+    """γ copies of the model's 1-token graph of ``plan.batch`` rows (its step graph, or its batched
+    graph of that many rows), optimized and quantized already: no trace of its own."""
+    from specdec.export.fused import compose_fused
 
-    return export_fused(model, path, plan.batch, ctx.cfg.gamma, ctx.max_seq, spec.num_kv_heads, spec.head_dim, ctx.cfg.dtype,
-                        greedy=plan.role == "fused_greedy")  # fmt: skip
+    step = ctx.graphs[f"{plan.model}_step" if plan.batch == 1 else f"{plan.model}_batch{plan.batch}"]
+    return compose_fused(ctx.tmp, step, path, ctx.cfg.gamma, ctx.max_seq, spec.num_kv_heads, spec.head_dim, model.config.vocab_size,
+                         ctx.cfg.dtype, greedy=plan.role == "fused_greedy")  # fmt: skip
 
 
 def _validate_fused(ctx, name, g):
@@ -163,7 +166,7 @@ KINDS: dict[str, GraphKind] = {
     "decoder": GraphKind(_export_decoder, _validate_decoder),  # the dynamic-length graph
     "static": GraphKind(_export_static, _validate_decoder, derived=True),  # K-token verify, 1-token step: the dynamic one, S fixed
     "portable": GraphKind(_export_decoder, _validate_decoder, float_only=True),  # standard ops, static shapes
-    "fused": GraphKind(_export_fused, _validate_fused),  # the draft's γ steps in one call
+    "fused": GraphKind(_export_fused, _validate_fused, derived=True),  # the draft's γ steps in one call, from its 1-token graph
     "batched": GraphKind(_export_batched, _validate_batched),  # B rows, each over its own cache slot
     "encoder": GraphKind(_export_encoder, lambda ctx, name, g: None),  # checked with its model's decoder
     "seq2seq": GraphKind(_export_seq2seq, _validate_seq2seq),  # an encoder-decoder's decoder graphs

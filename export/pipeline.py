@@ -371,7 +371,9 @@ def _build(cfg: ExportConfig, read: tuple[dict[str, Source], int | None, int], f
         plans = planned_graphs(cfg, max_source is not None)
         ctx = ExportContext(cfg, max_seq, tmp, max_source, models, specs, {}, text_tokens(sources["target"].tokenizer, max_seq),
                             {role: sources[role].gguf_types for role in sources})  # fmt: skip
-        graphs = {p.name: _export_graph(p, ctx, exported[p.model], progress) for p in plans}
+        graphs = ctx.graphs  # in plan order: a derived kind reads the graphs it is made from
+        for p in plans:
+            graphs[p.name] = _export_graph(p, ctx, exported[p.model], progress)
         progress("share weights")
         graphs = _share_weights(graphs, tmp)
         plans = {p.name: p for p in plans}

@@ -1,9 +1,8 @@
 """Fused draft graphs (export/fused.py): γ draft steps and their token choices in one call.
 
-Per family, the sampling variant is exported from a tiny peaked draft and checked by the
-export's own validation against PyTorch (the greedy variant differs only in its pick, and the
-llama bundle's export validates it): greedy tokens are PyTorch's argmax on the row's sequence, sampled
-tokens are the inverse CDF of the q row the graph returns, and that q row is NumPy's
+Per family, both variants are composed from a tiny peaked draft's step graph, as the export
+composes them, and checked by the export's own validation against PyTorch: greedy tokens are
+PyTorch's argmax on the row's sequence, sampled tokens are the inverse CDF of the q row the graph returns, and that q row is NumPy's
 ``standardize`` of PyTorch's logits under temperature, top-k and top-p (to 1e-4, float32's
 rounding over a softmax, as for every float32 graph) — across calls that roll back. On the
 llama bundle (exported with --fused-draft) the runner is checked against the step graph: the
@@ -32,8 +31,8 @@ def test_fused_graphs_match_pytorch_for_every_family(family, tmp_path):
     from models import config_for, peaked_model
 
     from specdec.export.families import family_of
-    from specdec.export.fused import export_fused
-    from specdec.export.graphs import export_decoder
+    from specdec.export.fused import compose_fused
+    from specdec.export.graphs import export_decoder, fix_tokens
     from specdec.export.optimize import optimize_for_cpu
     from specdec.export.validate import validate_fused
     from specdec.manifest import GraphSpec, sha256_of
@@ -45,16 +44,19 @@ def test_fused_graphs_match_pytorch_for_every_family(family, tmp_path):
 
     def spec(file, role, tokens, io_triple, batch=1):
         inputs, outputs, io = io_triple
-        optimize_for_cpu(tmp_path / file, MAX_SEQ)
-        return GraphSpec(file, sha256_of(tmp_path / file), "draft", role, tokens, inputs, outputs, io, (file + ".data",), "ort", batch)
+        return GraphSpec(file, sha256_of(tmp_path / file), "draft", role, tokens, inputs, outputs, io, ("dyn.onnx.data",), "ort", batch)
 
-    dynamic = ("draft_dynamic", spec("dyn.onnx", "dynamic", None, export_decoder(model, tmp_path / "dyn.onnx", None, MAX_SEQ, kv_heads, head_dim, "float32")))
+    shape = (cfg.num_hidden_layers, kv_heads, head_dim, cfg.vocab_size, MAX_SEQ, "float32")
+    io = export_decoder(model, tmp_path / "dyn.onnx", None, MAX_SEQ, kv_heads, head_dim, "float32")
+    optimize_for_cpu(tmp_path / "dyn.onnx", MAX_SEQ)
+    dynamic = ("draft_dynamic", spec("dyn.onnx", "dynamic", None, io))
+    step = spec("step.onnx", "step", 1, fix_tokens(tmp_path / "dyn.onnx", tmp_path / "step.onnx", 1, *shape))  # as the export derives it
     kv = (cfg.num_hidden_layers, kv_heads, MAX_SEQ, head_dim, "float32")
-    # the sampling variant: its greedy rows take the argmax the greedy variant takes, after the
-    # same model steps; the greedy variant's own graph is the llama bundle's (validated at its export)
-    g = spec("fused.onnx", "fused", GAMMA, export_fused(model, tmp_path / "fused.onnx", 1, GAMMA, MAX_SEQ, kv_heads, head_dim, "float32"))
-    figures = validate_fused(model, tmp_path, ("fused", g), dynamic, kv, seed=1, rounds=6)
-    assert figures["top1_agreement"] == 1.0 and figures["logits"] < 1e-4, (family, figures)
+    for greedy in (False, True):  # both variants: composing one is a few ms, not a trace
+        file = f"fused_{greedy}.onnx"
+        fused = compose_fused(tmp_path, step, tmp_path / file, GAMMA, MAX_SEQ, kv_heads, head_dim, cfg.vocab_size, "float32", greedy=greedy)
+        figures = validate_fused(model, tmp_path, ("fused", spec(file, "fused", GAMMA, fused)), dynamic, kv, seed=1, rounds=6)
+        assert figures["top1_agreement"] == 1.0 and (greedy or figures["logits"] < 1e-4), (family, greedy, figures)
 
 
 def _prefilled(bundle, manifest, sessions, prompt) -> Executor:
