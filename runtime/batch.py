@@ -22,19 +22,16 @@ import threading
 from pathlib import Path
 from typing import Sequence
 
-from specdec.engines.executor import FUSED_PROVIDERS, graph_names, open_sessions
 from specdec.engines.threads import ThreadPolicy
 from specdec.errors import ConfigError, InputError, QueueFullError, SpecDecError
 from specdec.manifest import Manifest, load_manifest
 from specdec.store import local
-from specdec.runtime.drafters import bundle_default, check_drafter, models_for, needs_tree
+from specdec.runtime.drafters import bundle_default, check_drafter
 from specdec.runtime.engine import Engine
 from specdec.runtime.handles import Handle
 from specdec.runtime.beam_search import BeamResult, BeamRunner
 from specdec.runtime.params import BeamParams, SamplingParams
-from specdec.runtime.request import Limits, make_request
-from specdec.runtime.stats import Stats
-from specdec.runtime.text import TextCodec
+from specdec.runtime.loader import Loaded
 
 MAX_CACHE_SLOTS = 64  # KV slots a BatchEngine may allocate (each a full max-seq-len cache per model)
 PREFILL_CHUNK = 32  # prompt tokens a joining row feeds per iteration (a 32-token call: a few ms on the demo target)
@@ -69,8 +66,9 @@ class BatchEngine:
         drafter = bundle_default(m) if drafter is None else drafter
         self.max_batch = self.check_options(m, max_batch, drafter, max_queue, cache_slots)
         self.cache_slots = slots = self.max_batch if cache_slots is None else cache_slots
-        self.limits, self.codec, self.threads = Limits.of(m, drafter), TextCodec.from_bundle(bundle, m), ThreadPolicy.of(threads)
-        sessions = open_sessions(bundle, m, graph_names(m, models_for(drafter), self.max_batch, fused=provider in FUSED_PROVIDERS, tree=needs_tree(drafter)), provider, self.threads)
+        self.loaded, drafter = Loaded.open(bundle, drafter, self.max_batch, provider, threads, manifest=m)
+        self.limits, self.codec, self.threads = self.loaded.limits(drafter), self.loaded.codec, self.loaded.threads
+        sessions = self.loaded.sessions
         self.beams = BeamRunner(bundle, m, sessions, provider, self.threads, self.codec)  # beam searches, beside the rows in flight
         self.engine = Engine(bundle, m, sessions, drafter, slots, provider, prefill_chunk=PREFILL_CHUNK, reuse=prefix_reuse, rows=self.max_batch)
         self.drafter_name = self.engine.proposer.name
@@ -148,12 +146,8 @@ class BatchEngine:
         """A checked request's handle (its typed error otherwise), not yet queued."""
         if self._stop.is_set():
             raise QueueFullError("the batch engine is closed; create a new one")
-        m = self.manifest
-        req = make_request(prompt, params, self.limits, self.codec, source, m.decoder_start_token_id if m.seq2seq else None)
-        self.engine.check(req)
-        stats = Stats(gamma=req.gamma, prompt_tokens=len(req.prompt), drafter=self.drafter_name, adaptive=req.adaptive,
-                      lenience=req.lenience, threads=self.threads.label)  # fmt: skip
-        return Handle(req, self.codec, stats)
+        req = self.loaded.request(prompt, params, self.limits, source)
+        return Handle(req, self.codec, self.loaded.stats(req, self.drafter_name))
 
     def _full(self) -> QueueFullError:
         return QueueFullError(f"{self.max_queue} requests are already waiting for {self.max_batch} slots; retry later")
@@ -163,9 +157,7 @@ class BatchEngine:
         """``SpeculativeDecoder.beam_search`` on this engine's sessions, on the caller's thread: its
         own KV slots, beside the rows the engine thread decodes (one search at a time)."""
         params = params if params is not None else BeamParams.of(**fields)
-        m = self.manifest
-        req = make_request(prompt, params.request_params, self.limits, self.codec, source, m.decoder_start_token_id if m.seq2seq else None)
-        return self.beams.run(req, params)
+        return self.beams.run(self.loaded.request(prompt, params.request_params, self.limits, source), params)
 
     def generate_many(self, prompts: Sequence[str | Sequence[int]], **kw) -> list:
         """Decode every prompt (all in flight together, up to max_batch at a time); waits for all."""
@@ -179,7 +171,7 @@ class BatchEngine:
         for row in list(self.engine.rows.values()):
             self.engine.free(row, "cancelled")
         while not self.waiting.empty():
-            self.waiting.get_nowait()._finish("cancelled")
+            self.waiting.get_nowait().finish("cancelled")
 
     def __enter__(self) -> BatchEngine:
         return self
@@ -221,11 +213,11 @@ class BatchEngine:
             with self._group:  # a group being queued is queued whole before any of it starts
                 pass
             if handle.cancelled.is_set():
-                handle._finish("cancelled")
+                handle.finish("cancelled")
                 continue
             slot = engine.slot_for(handle.request)
             try:
                 engine.start(handle.request, handle, slot)
             except Exception as e:
-                engine.rows.pop(slot, None)
-                handle._finish("error", RuntimeError(f"prefill failed: {e}"))
+                engine.leave(slot)
+                handle.finish("error", RuntimeError(f"prefill failed: {e}"))

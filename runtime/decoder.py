@@ -16,20 +16,16 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, Sequence
 
-from specdec.engines.executor import FUSED_PROVIDERS, graph_names, open_sessions
 from specdec.engines.threads import ThreadPolicy
 from specdec.errors import BusyError, InputError
-from specdec.manifest import Manifest, load_manifest
-from specdec.store import local
 from specdec.runtime.adaptive import AdaptiveGamma
-from specdec.runtime.drafters import Drafter, bundle_default, check_drafter, models_for, needs_tree
+from specdec.runtime.drafters import Drafter
 from specdec.runtime.engine import Engine, clip
 from specdec.runtime.handles import GenerationResult, Handle, Piece
 from specdec.runtime.beam_search import BeamResult, BeamRunner
 from specdec.runtime.params import BeamParams, SamplingParams
-from specdec.runtime.request import Limits, Request, make_request
-from specdec.runtime.stats import Stats
-from specdec.runtime.text import TextCodec
+from specdec.runtime.loader import Loaded
+from specdec.runtime.request import Request
 
 if TYPE_CHECKING:
     from specdec.runtime.session import Session
@@ -52,21 +48,27 @@ class SpeculativeDecoder:
     setting, kept from request to request (a fork starts with none).
     """
 
-    def __init__(self, bundle: Path, manifest: Manifest, sessions: dict, codec: TextCodec | None, provider: str,
-                 drafter: str | Drafter = "model", threads: ThreadPolicy | None = None):  # fmt: skip
-        self.bundle, self.manifest, self.codec, self.provider = bundle, manifest, codec, provider
-        self.sessions, self.threads = sessions, threads or ThreadPolicy()
-        self.limits = Limits.of(manifest, drafter)
+    def __init__(self, loaded: Loaded, drafter: str | Drafter = "model"):
+        self.loaded = loaded
+        self.bundle, self.manifest, self.codec, self.provider = loaded.bundle, loaded.manifest, loaded.codec, loaded.provider
+        self.threads = loaded.threads
+        self.limits = loaded.limits(drafter)
         self.drafter_spec = drafter
-        self.engine = Engine(bundle, manifest, sessions, drafter, slots=1, provider=provider)
+        self.engine = Engine(loaded.bundle, loaded.manifest, loaded.sessions, drafter, slots=1, provider=loaded.provider)
         self._lock = threading.Lock()
         self._owner: int | None = None
         self._beams: BeamRunner | None = None  # made on the first beam search
 
+    @property
+    def sessions(self) -> dict:
+        """Graph name -> ONNX Runtime session, shared by this decoder's forks."""
+        return self.loaded.sessions
+
     @classmethod
     def load(cls, bundle: str | Path, provider: str = "cpu", threads: ThreadPolicy | int | None = None,
              drafter: str | Drafter | None = None, verify: str = "full") -> SpeculativeDecoder:  # fmt: skip
-        """Check the bundle (manifest, paths, hashes, graph signatures) and load its graphs.
+        """Check the bundle (manifest, paths, hashes, graph signatures) and load the graphs its
+        drafter needs (``runtime/loader.py``).
 
         Args:
             bundle: the folder specdec-export wrote, or a stored bundle's URI (s3://, https://,
@@ -82,28 +84,17 @@ class SpeculativeDecoder:
                 before and has not changed since); "size" checks sizes only, for a bundle you
                 trust: changed bytes then load and run as another model (``load_manifest``).
         """
-        bundle = local(bundle)  # a stored bundle's URI: this machine's verified copy
-        manifest = load_manifest(bundle, verify)
-        drafter = bundle_default(manifest) if drafter is None else drafter
-        check_drafter(drafter)
-        policy = ThreadPolicy.of(threads)
-        models = ("target", "draft", *(m for m in models_for(drafter) if m == "head"))
-        sessions = open_sessions(bundle, manifest, graph_names(manifest, models, 1, fused=provider in FUSED_PROVIDERS, tree=needs_tree(drafter)), provider, policy)
-        return cls(bundle, manifest, sessions, TextCodec.from_bundle(bundle, manifest), provider, drafter, policy)
+        loaded, drafter = Loaded.open(bundle, drafter, 1, provider, threads, verify)
+        return cls(loaded, drafter)
 
     def fork(self, drafter: str | Drafter | None = None) -> SpeculativeDecoder:
         """Another decoder over the same sessions, with its own buffers: one per thread.
-        ``drafter`` swaps the drafter (default: a fresh one of the same kind)."""
-        if drafter is None:
-            drafter = self.drafter_spec
-        check_drafter(drafter)
-        sessions = self.sessions
-        extra = tuple(m for m in models_for(drafter) if m == "head")
-        if needs_tree(drafter) or extra:  # the tree graph, the feature head: opened on first use, shared from then on
-            missing = [n for n in graph_names(self.manifest, extra, 1, fused=False, tree=needs_tree(drafter)) if n not in sessions]
-            sessions = {**sessions, **open_sessions(self.bundle, self.manifest, missing, self.provider, self.threads)}
-            self.sessions = sessions
-        return SpeculativeDecoder(self.bundle, self.manifest, sessions, self.codec, self.provider, drafter, self.threads)
+        ``drafter`` swaps the drafter (default: a fresh one of the same kind); the graphs it
+        needs that are not open yet (the draft model, the tree graph, the feature head) are
+        opened on first use and shared from then on."""
+        drafter = self.drafter_spec if drafter is None else drafter
+        self.loaded.need(drafter)
+        return SpeculativeDecoder(self.loaded, drafter)
 
     @property
     def drafter(self):
@@ -127,10 +118,7 @@ class SpeculativeDecoder:
         Encoder-decoder bundles (``manifest.seq2seq``): the first argument is the source, or pass
         ``source=`` and then ``prompt`` is a decoder prefix after the decoder start token."""
         params = params if params is not None else SamplingParams.of(**fields)
-        start = self.manifest.decoder_start_token_id if self.manifest.seq2seq else None
-        req = make_request(prompt, params, self.limits, self.codec, source, start)
-        self.engine.check(req)
-        return req
+        return self.loaded.request(prompt, params, self.limits, source)
 
     def generate(self, prompt: str | Sequence[int] | None = None, params: SamplingParams | None = None, *,
                  source: str | Sequence[int] | None = None, **fields) -> GenerationResult | BeamResult:  # fmt: skip
@@ -219,8 +207,7 @@ class Stream:
     """
 
     def __init__(self, decoder: SpeculativeDecoder, req: Request, incremental_text: bool = True, reuse: bool = False):
-        stats = Stats(gamma=req.gamma, prompt_tokens=len(req.prompt), drafter=decoder.engine.proposer.name,
-                      adaptive=req.adaptive, lenience=req.lenience, threads=decoder.threads.label)  # fmt: skip
+        stats = decoder.loaded.stats(req, decoder.engine.proposer.name)
         self.decoder, self.request, self.stats = decoder, req, stats
         self.handle = Handle(req, decoder.codec if incremental_text else None, stats, pump=decoder.engine.step)
         # The generator must not reference this object, or the two would form a cycle that
@@ -258,5 +245,5 @@ def _pieces(dec: SpeculativeDecoder, handle: Handle, reuse: bool = False) -> Ite
         yield from handle
     finally:
         handle.stats.total_seconds = clock() - start
-        engine.rows.pop(0, None)  # an early close, or a failed call
+        engine.leave(0)  # an early close, or a failed call
         dec.release()

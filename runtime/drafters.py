@@ -16,7 +16,7 @@ a batched proposer of its own (``proposers.DraftModel``, registered here as "mod
 "model-steps"). Encoder-decoder requests: before ``start`` a drafter with a ``use_source(ids)``
 method gets the request's source ids [N]; prompt lookup then copies from the source too (what
 makes speculation pay for translation and summarization), the per-request bigram table counts
-it, and the hierarchical drafter passes it to its inner drafter.
+it, and the hierarchical drafter's lookup (``proposers.Hierarchical``) reads ``row.req.source``.
 
 Drafters are registered by name (``register``; ``DRAFTERS`` maps a name to its factory,
 whether it needs the bundle's draft model and whether it is batched). Both engines also take
@@ -30,10 +30,9 @@ from, so every drafter here keeps the target's output distribution:
   --ngram-corpus``) or, without one, from each request's prompt.
 - ``LookupDrafter``: prompt lookup, copying what followed the latest earlier occurrence of
   the last n tokens of prompt + output (§3.6, "copying from the prompt").
-- ``HierarchicalDrafter``: a cheap drafter proposes tokens *for the draft model*, which checks
-  them with one call and speculative sampling against its own q. What it emits is then
-  distributed exactly as the draft model's own samples, so the q rows handed to the target
-  are the draft's and the target level stays exact.
+- ``proposers.Hierarchical`` ("hierarchical"): prompt lookup proposes tokens *for the draft
+  model*, which checks them with one call and speculative sampling against its own q; built
+  on ``proposers.DraftModel``.
 """
 
 from __future__ import annotations
@@ -47,9 +46,8 @@ import numpy as np
 
 from specdec.errors import BundleError, ConfigError
 from specdec.ngram_table import NgramTable
-from specdec.runtime.lookup import latest_match, one_hot
-from specdec.runtime.sampling import SamplingConfig, standardize
-from specdec.runtime.speculative import verify, verify_greedy
+from specdec.runtime.lookup import lookup_chain, one_hot
+from specdec.runtime.sampling import SamplingConfig
 
 
 @runtime_checkable
@@ -94,31 +92,10 @@ class LookupDrafter:
     def start(self, seq: np.ndarray, length: int) -> None:
         pass
 
-    def match(self, seq: np.ndarray, length: int) -> int:
-        """Start of the continuation of the latest occurrence of the longest suffix (up to
-        max_ngram tokens, at least min_ngram) in seq[:length-1], or -1."""
-        end, n = latest_match(seq[: length - 1], seq[:length], self.max_ngram)
-        return end if n >= self.min_ngram else -1
-
     def propose(self, seq, length, gamma, cfg, rng, q) -> int:
         self.calls += 1
-        limit = self.max_tokens or gamma
-        end, n = latest_match(seq[: length - 1], seq[:length], self.max_ngram)
-        if self.source is not None:
-            src_end, src_n = latest_match(self.source[:-1], seq[:length], self.max_ngram)  # a match needs a token after it
-            if src_n > n and src_n >= self.min_ngram:
-                k = min(gamma, len(self.source) - src_end, limit)
-                seq[length : length + k] = self.source[src_end : src_end + k]
-                if not cfg.greedy:
-                    one_hot(q, seq[length : length + k])
-                return k
-        if n < self.min_ngram or end < 0:
-            return 0
-        k = min(gamma, length - end, limit)
-        seq[length : length + k] = seq[end : end + k]
-        if not cfg.greedy:
-            one_hot(q, seq[length : length + k])
-        return k
+        limit = min(gamma, self.max_tokens or gamma)
+        return lookup_chain(seq, length, limit, None if cfg.greedy else q, self.max_ngram, self.min_ngram, self.source)
 
     def commit(self, seq: np.ndarray, length: int, accepted: int) -> None:
         pass
@@ -191,65 +168,6 @@ class NgramDrafter:
             self.counts.add(seq[length : length + accepted + 1].tolist(), int(seq[length - 1]))
 
 
-class HierarchicalDrafter:
-    """The bundle's draft model checking an ``inner`` drafter's guesses (one slot of it:
-    ``proposers.SlotModel``). The engine feeds the prompt to the draft's slot.
-
-    Cache invariant: rows for seq[:cache.length] are held; seq[cache.length:L] (1 token, or
-    2 after a fully accepted call) are fed on the next call.
-    """
-
-    def __init__(self, model, inner: Drafter):
-        self.model = model  # proposers.SlotModel: cache, run(feed)
-        self.inner = inner
-        self.name = f"hierarchical({inner.name})"
-        self.calls = 0  # draft-model calls, for the stats
-        self._r = None  # [γ, V] inner proposals' one-hot rows, allocated on first use
-
-    def use_source(self, source: np.ndarray) -> None:
-        """The source is encoded by the engine (the draft's encoder too); the inner drafter may copy from it."""
-        if hasattr(self.inner, "use_source"):
-            self.inner.use_source(source)
-
-    def start(self, seq: np.ndarray, length: int) -> None:
-        self.inner.start(seq, length)
-
-    def _run(self, feed: np.ndarray) -> np.ndarray:
-        """Logits [len(feed), V] for the tokens fed, appended to the cache (caller rewinds)."""
-        rows = self.model.run(feed)
-        self.model.cache.append(len(feed))
-        self.calls += 1
-        return rows
-
-    def propose(self, seq, length, gamma, cfg, rng, q) -> int:
-        """Fill seq[length:length+gamma] with draft-model samples, each call checking the inner
-        drafter's guesses: feed pending + guesses y_1..y_h, keep the accepted prefix and the
-        draft's own next token (Algorithm 1 one level down)."""
-        cache, inner = self.model.cache, self.inner
-        if self._r is None:
-            self._r = np.zeros_like(q)
-        cur = length  # next position to fill
-        while cur < length + gamma:
-            room = length + gamma - cur
-            h = inner.propose(seq, cur, room - 1, cfg, rng, self._r) if room > 1 else 0
-            rows = self._run(seq[cache.length : cur + h])[-(h + 1) :]  # [h+1, V]: the draft's rows at cur..cur+h
-            if cfg.greedy:
-                m, token = verify_greedy(seq[cur : cur + h], rows)
-            else:
-                p = standardize(rows, cfg)  # [h+1, V]
-                m, token = verify(seq[cur : cur + h], self._r[:h], p, rng)
-                q[cur - length : cur - length + m + 1] = p[: m + 1]  # m <= h <= room - 1: all fit
-            seq[cur + m] = token
-            inner.commit(seq, cur, m)
-            cache.rewind_to(cur + m)  # rows for the guesses kept; the draft's own token is not fed yet
-            cur += m + 1
-        return gamma
-
-    def commit(self, seq: np.ndarray, length: int, accepted: int) -> None:
-        cache = self.model.cache
-        cache.rewind_to(min(cache.length, length + accepted))
-
-
 class DrafterContext(NamedTuple):
     """What a drafter factory may use: the bundle, and with ``needs_draft_model`` the draft
     model: its ``Executor`` for a batched factory, one slot of it (``proposers.SlotModel``) for
@@ -303,7 +221,7 @@ def _draft_model(fused: bool) -> Callable[[DrafterContext], object]:
 
 register("model", needs_draft_model=True, batched=True)(_draft_model(fused=True))
 register("model-steps", needs_draft_model=True, batched=True)(_draft_model(fused=False))  # one call per draft token
-register("hierarchical", needs_draft_model=True)(lambda ctx: HierarchicalDrafter(ctx.draft, inner=LookupDrafter()))
+register("hierarchical", needs_draft_model=True, batched=True)(lambda ctx: _hierarchical(ctx))
 register("feature", batched=True, needs_head=True)(lambda ctx: _feature(ctx))
 register("feature-tree", batched=True, tree=True, needs_head=True)(lambda ctx: _feature(ctx, tree=True))
 register("feature-lookup", batched=True, needs_head=True)(lambda ctx: _feature_lookup(ctx))
@@ -323,6 +241,12 @@ def check_drafter(spec) -> None:
             f"drafter={type(spec).__name__!r} object lacks the Drafter interface (name, calls, start, propose, commit); "
             f"pass one of {', '.join(DRAFTERS)} or such an object"
         )
+
+
+def _hierarchical(ctx: DrafterContext):
+    from specdec.runtime.proposers import Hierarchical
+
+    return Hierarchical(ctx.draft, ctx.manifest.gamma, ctx.manifest.vocab_size)
 
 
 def _lookup_tree(ctx: DrafterContext):

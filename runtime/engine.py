@@ -31,7 +31,7 @@ from specdec.runtime.handles import Handle
 from specdec.runtime.request import Request
 from specdec.runtime.stats import Iteration
 from specdec.runtime.logprobs import score
-from specdec.runtime.step import Row, schedule, speculative_step, tree_step
+from specdec.runtime.step import Row, schedule, speculative_step
 
 clock = time.perf_counter
 
@@ -118,17 +118,11 @@ class Engine:
         best = max(free, key=lambda s: (self.reusable(req, s), -self.last_used[s]))
         return best if self.reusable(req, best) else lru
 
-    def check(self, req: Request) -> None:
-        """Refuse a request this engine's drafter cannot serve as asked (a ``ConfigError``)."""
-        if getattr(self.proposer, "tree", False) and req.lenience < 1.0:
-            raise ConfigError(f"lenience={req.lenience}: drafter {self.proposer.name!r} verifies trees exactly; pass lenience=1 or use a chain drafter")
-
     def start(self, req: Request, sink: Handle, slot: int, reuse: bool | None = None) -> Row:
         """Give ``req`` the slot: caches emptied, or with ``reuse`` (default: the engine's) rolled
         back to the prefix of its prompt they hold; an encoder-decoder's source encoded by each
         model (its time counts as prefill); the rest of the prompt is fed by the next steps."""
         t0, L = clock(), len(req.prompt)
-        self.check(req)
         use = self.reuse if reuse is None else reuse
         keep = self.reusable(req, slot) if use else 0
         if use and not keep and self.held(slot) and self.last_used[slot] >= 0:
@@ -168,11 +162,7 @@ class Engine:
                 self.proposer.start(r)
         if not rows:
             return
-        gammas = [g for _, g in plan.decode]
-        if getattr(self.proposer, "tree", False):
-            its = tree_step(rows, gammas, self.proposer, self.target)
-        else:
-            its = speculative_step(rows, gammas, self.proposer, self.target, self.synthetic)
+        its = speculative_step(rows, [g for _, g in plan.decode], self.proposer, self.target, self.synthetic)
         policy = self._policy(len(rows), rows) if any(r.req.adaptive for r in rows) else None
         if policy:  # a batch's acceptance step is part of what verifying k costs
             it = its[0]
@@ -266,9 +256,13 @@ class Engine:
         r.length, r.left = r.length + n + 1, r.left - len(emitted)
         r.stats.new_tokens += len(emitted)
         r.stats.total_seconds = clock() - r.sink.start_time
-        r.sink._push(emitted, r.scored[: len(emitted)] if r.scored is not None else None)
+        r.sink.push(emitted, r.scored[: len(emitted)] if r.scored is not None else None)
         if stopped or r.left == 0:
             self.free(r, "eos" if stopped else "length")
+
+    def leave(self, slot: int) -> None:
+        """Whatever row holds ``slot`` leaves it, its handle untouched (a closed stream, a failed start)."""
+        self.rows.pop(slot, None)
 
     def free(self, r: Row, reason: str | None, error: BaseException | None = None) -> None:
         """The row leaves its slot; its handle ends with ``reason`` (and ``error``)."""
@@ -276,4 +270,4 @@ class Engine:
         r.stats.total_seconds = clock() - r.sink.start_time
         if r.req.grammar is not None:
             r.stats.grammar_seconds = r.req.grammar.seconds
-        r.sink._finish(reason, error)
+        r.sink.finish(reason, error)

@@ -1,8 +1,8 @@
 """A request's handle: the engine pushes tokens, the caller reads pieces.
 
 The same object serves both drivers. ``BatchEngine``: the engine thread pushes and the
-caller's thread reads; thread-safe by construction, since the engine only calls ``_push`` /
-``_finish`` and the caller iterates, waits on ``result()`` or calls ``cancel()``.
+caller's thread reads; thread-safe by construction, since the engine only calls ``push`` /
+``finish`` and the caller iterates, waits on ``result()`` or calls ``cancel()``.
 ``SpeculativeDecoder``: a handle with a ``pump`` steps the engine on the caller's thread
 whenever no piece is waiting. Text is decoded on the caller's side, so an engine thread
 spends no time in the tokenizer.
@@ -61,7 +61,7 @@ class Handle:
 
     # -- engine side ----------------------------------------------------------------------
 
-    def _push(self, tokens: list[int], logprobs: list[TokenLogprob] | None = None) -> None:
+    def push(self, tokens: list[int], logprobs: list[TokenLogprob] | None = None) -> None:
         self.tokens += tokens
         if self.logprobs is not None and logprobs is not None:
             self.logprobs += logprobs
@@ -69,7 +69,7 @@ class Handle:
         if self._notify:
             self._notify()
 
-    def _finish(self, reason: str | None = None, error: BaseException | None = None) -> None:
+    def finish(self, reason: str | None = None, error: BaseException | None = None) -> None:
         if reason:
             self.stats.finish_reason = reason
         self.error = error

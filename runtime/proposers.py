@@ -1,10 +1,12 @@
 """Proposers: what drafts for every row of a step, batched.
 
     start(row)                       a row is fed and about to decode (seq[:L] is its prompt)
-    propose(rows, gammas) -> ks      write k_r <= γ_r tokens at seq[L:L+k_r] of each row, and
-                                     unless sampling is greedy the q rows they were drawn from
-    commit(rows, accepted, logits)   the target kept n_r of row r's drafts (its token at
-                                     seq[L+n_r]); ``logits`` [n, S, V] is the target call's output
+    propose(rows, gammas) -> drafts  per row a chain: k_r <= γ_r tokens written at seq[L:L+k_r]
+                                     (unless sampling is greedy, the q rows they were drawn from
+                                     at q[:k_r]), or a tree of at most γ_r levels
+                                     (``tree.DraftTree``; such a proposer has ``tree = True``)
+    commit(rows, accepted)           the target kept n_r of row r's drafted positions (its token
+                                     at seq[L+n_r])
 
 Two kinds:
 - ``DraftModel``: the bundle's draft model over its own ``Executor``, all rows in one call per
@@ -24,9 +26,10 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol, Sequence
 
 import numpy as np
 
-from specdec.runtime.lookup import latest_match, one_hot
-from specdec.runtime.sampling import draw, draw_within, sample, support_of
-from specdec.runtime.tree import EMPTY_TREE, DraftTree, lookup_tree
+from specdec.runtime.lookup import lookup_chain, lookup_tree
+from specdec.runtime.sampling import draw, draw_within, sample, standardize, support_of
+from specdec.runtime.speculative import verify, verify_greedy
+from specdec.runtime.tree import EMPTY_TREE, DraftTree
 
 if TYPE_CHECKING:
     from specdec.engines.executor import Executor
@@ -40,9 +43,9 @@ class Proposer(Protocol):
 
     def start(self, row: Row) -> None: ...
 
-    def propose(self, rows: Sequence[Row], gammas: Sequence[int]) -> list[int]: ...
+    def propose(self, rows: Sequence[Row], gammas: Sequence[int]) -> list[int | DraftTree]: ...
 
-    def commit(self, rows: Sequence[Row], accepted: Sequence[int], logits: np.ndarray) -> None: ...
+    def commit(self, rows: Sequence[Row], accepted: Sequence[int]) -> None: ...
 
 
 class DraftModel:
@@ -110,9 +113,53 @@ class DraftModel:
                 done = stop
         return r.seq[done:end]
 
-    def commit(self, rows: Sequence[Row], accepted: Sequence[int], logits: np.ndarray) -> None:
+    def commit(self, rows: Sequence[Row], accepted: Sequence[int]) -> None:
         for r, n in zip(rows, accepted):
             self.draft.rewind_to(r.slot, min(self.draft.length(r.slot), r.length + n))
+
+
+class Hierarchical(DraftModel):
+    """The draft model checking prompt lookup's guesses (paper §3.6's hierarchy): per row, lookup
+    guesses the draft's next tokens; the draft model checks them in one call with speculative
+    sampling against its own q (Algorithm 1 one level down) and adds its own next token. What
+    it emits is distributed exactly as the draft model's own samples, so the q rows handed to
+    the target are the draft's and the target level stays exact. Rows are drafted one at a time.
+
+    The draft model's feeding, rewinds and the request's penalties and grammar are
+    ``DraftModel``'s; the draft-cache invariant is the same."""
+
+    def __init__(self, draft: Executor, gamma: int, vocab: int, max_ngram: int = 3, min_ngram: int = 1):
+        super().__init__(draft, gamma, fused=False)
+        self.name = "hierarchical(lookup)"
+        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        self.guesses = np.zeros((gamma, vocab), dtype=np.float64)  # [γ, V]: lookup's one-hot rows
+
+    def propose(self, rows: Sequence[Row], gammas: Sequence[int]) -> list[int]:
+        for r, g in zip(rows, gammas):
+            cur = r.length  # the next position to fill
+            while cur < r.length + g:
+                cur += self._check(r, cur, r.length + g - cur)
+        return list(gammas)
+
+    def _check(self, r: Row, cur: int, room: int) -> int:
+        """One draft-model call at position ``cur``: lookup guesses up to room - 1 tokens there,
+        the draft keeps m of them and draws its own next token; returns m + 1 (all within ``room``)."""
+        cfg, slot, L = r.req.sampling, r.slot, r.length
+        guesses = None if cfg.greedy else self.guesses
+        h = lookup_chain(r.seq, cur, room - 1, guesses, self.max_ngram, self.min_ngram, r.req.source) if room > 1 else 0
+        feed = r.seq[self.draft.length(slot) : cur + h]  # a lone row's call: the dynamic graph takes any length
+        logits = self.draft.forward([slot], [feed])[0, len(feed) - h - 1 : len(feed)]  # [h + 1, V]: the draft's rows at cur..cur+h
+        self.draft.commit(slot, len(feed))
+        rows = r.req.transform(logits, r.seq, cur)
+        if cfg.greedy:
+            m, token = verify_greedy(r.seq[cur : cur + h], rows)
+        else:
+            p = standardize(rows, cfg)  # [h + 1, V]
+            m, token = verify(r.seq[cur : cur + h], self.guesses[:h], p, r.rng)
+            r.q[cur - L : cur - L + m + 1] = p[: m + 1]  # m <= h <= room - 1: all fit
+        r.seq[cur + m] = token
+        self.draft.rewind_to(slot, cur + m)  # rows for the guesses kept; the draft's own token is not fed yet
+        return m + 1
 
 
 class PerRow:
@@ -135,13 +182,13 @@ class PerRow:
     def propose(self, rows: Sequence[Row], gammas: Sequence[int]) -> list[int]:
         return [self.drafters[r.slot].propose(r.seq, r.length, g, r.req.sampling, r.rng, r.q) if g else 0 for r, g in zip(rows, gammas)]
 
-    def commit(self, rows: Sequence[Row], accepted: Sequence[int], logits: np.ndarray) -> None:
+    def commit(self, rows: Sequence[Row], accepted: Sequence[int]) -> None:
         for r, n in zip(rows, accepted):
             self.drafters[r.slot].commit(r.seq, r.length, n)
 
 
 class LookupTree:
-    """Prompt lookup as a tree for every row (``runtime.tree.lookup_tree``): the continuations of
+    """Prompt lookup as a tree for every row (``runtime.lookup.lookup_tree``): the continuations of
     every earlier occurrence of the context's last tokens, as a trie of up to ``nodes`` nodes
     and γ levels. Every node is a fixed candidate, so verification keeps the target's law."""
 
@@ -154,11 +201,11 @@ class LookupTree:
     def start(self, row: Row) -> None:
         pass
 
-    def propose_trees(self, rows: Sequence[Row], gammas: Sequence[int]) -> list[DraftTree]:
+    def propose(self, rows: Sequence[Row], gammas: Sequence[int]) -> list[DraftTree]:
         self.calls += 1
         return [lookup_tree(r.seq, r.length, self.nodes, g) if g else EMPTY_TREE for r, g in zip(rows, gammas)]
 
-    def commit(self, rows: Sequence[Row], accepted: Sequence[int], logits: np.ndarray | None) -> None:
+    def commit(self, rows: Sequence[Row], accepted: Sequence[int]) -> None:
         pass
 
 
@@ -239,7 +286,7 @@ class FeatureHead:
         top = x.max()
         return 1.0 / float(np.exp(x - top).sum()) if np.isfinite(top) else 1.0
 
-    def commit(self, rows: Sequence[Row], accepted: Sequence[int], logits: np.ndarray | None) -> None:
+    def commit(self, rows: Sequence[Row], accepted: Sequence[int]) -> None:
         for r in rows:
             self.head.rewind_to(r.slot, min(self.head.length(r.slot), r.length))
 
@@ -266,7 +313,7 @@ class FeatureTree(FeatureHead):
         self.nodes = nodes
         self.q = np.zeros((target.slots, nodes, vocab), dtype=np.float64)  # [slots, N, V]: each node's proposal
 
-    def propose_trees(self, rows: Sequence[Row], gammas: Sequence[int]) -> list[DraftTree]:
+    def propose(self, rows: Sequence[Row], gammas: Sequence[int]) -> list[DraftTree]:
         return [self.tree_for(r, min(g, self.nodes)) if g else EMPTY_TREE for r, g in zip(rows, gammas)]
 
     def tree_for(self, r: Row, depth: int) -> DraftTree:
@@ -321,17 +368,9 @@ class FeatureLookup(FeatureHead):
     def propose(self, rows: Sequence[Row], gammas: Sequence[int]) -> list[int]:
         ks = []
         for r, g in zip(rows, gammas):
-            L = r.length
-            end, n = latest_match(r.seq[: L - 1], r.seq[:L], self.max_ngram) if g else (-1, 0)
-            if n >= self.min_ngram:
-                k = min(g, L - end)
-                r.seq[L : L + k] = r.seq[end : end + k]
-                if not r.req.sampling.greedy:
-                    one_hot(r.q, r.seq[L : L + k])
-            elif g:
+            k = lookup_chain(r.seq, r.length, g, None if r.req.sampling.greedy else r.q, self.max_ngram, self.min_ngram)
+            if g and not k:
                 k = self.chain(r, g, lambda j, logits, r=r: self.draw(logits, r, r.q[j]), self.stop_below)
-            else:
-                k = 0
             ks.append(k)
         return ks
 

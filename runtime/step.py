@@ -2,10 +2,17 @@
 
     schedule(rows) -> Plan          which rows feed a prompt chunk, which decode and with what γ
     speculative_step(rows, γs, proposer, target):
-        propose:  the proposer writes x_1..x_k at seq[L:L+k] of every row (and its q rows)
-        verify:   ONE target call: row r feeds [last_r, x_1..x_k_r] -> p_1..p_{k_r+1}
-        accept:   Algorithm 1 per row, with its own sampling settings and generator
-        commit:   the target keeps n_r + 1 rows per slot; the proposer sees what was kept
+        propose:  per row a draft: a chain of k tokens at seq[L:L+k] (its q rows at q[:k]), or a
+                  tree (``tree.DraftTree``); a grammar's forced tokens are a chain, whatever the drafter
+        verify:   the chains in ONE target call (row r feeds [last_r, x_1..x_k_r] -> p_1..p_{k_r+1});
+                  a tree in one tree call of its own ([last_r, its nodes], each seeing its ancestors)
+        accept:   Algorithm 1 along a chain, recursive rejection over a tree's siblings, each row with
+                  its own sampling settings, lenience and generator
+        commit:   the target keeps the rows of what was kept; the proposer sees what was kept
+
+A chain is the tree of width 1 whose nodes lie where they will be committed: the shape is data
+the step reads, so forced spans, penalties, constraints, lenience, logprobs and the stats hold for
+every drafter. Chains are kept apart only because they share one batched call.
 
 Invariant between steps, for a row with L committed tokens seq[:L]: the target's slot holds
 rows for seq[:L-1] (seq[L-1] is fed by the next call). Rows written past a slot's length
@@ -25,7 +32,7 @@ from specdec.runtime.lookup import one_hot
 from specdec.runtime.request import Request
 from specdec.runtime.sampling import standardize
 from specdec.runtime.speculative import accept, synthetic_accept
-from specdec.runtime.tree import EMPTY_TREE, depths, sibling_ranks, verify_tree, verify_tree_greedy
+from specdec.runtime.tree import DraftTree, depths, sibling_ranks, verify_tree, verify_tree_greedy
 from specdec.runtime.stats import Iteration, Stats
 
 if TYPE_CHECKING:
@@ -34,6 +41,8 @@ if TYPE_CHECKING:
     from specdec.runtime.proposers import Proposer
 
 clock = time.perf_counter
+
+Draft = int | DraftTree  # a chain of k tokens at seq[L:L+k] (q rows at q[:k]), or a tree
 
 
 @dataclass
@@ -63,6 +72,15 @@ class Plan(NamedTuple):
     decode: list[tuple[int, int]]  # (slot, γ): 0 is a plain target step
 
 
+class Kept(NamedTuple):
+    """What verification kept of one row's draft."""
+
+    drafted: int  # positions drafted: a chain's k, a tree's depth
+    accepted: int  # draft tokens kept (the target's own token follows them)
+    ranks: tuple[int, ...] | None = None  # a tree's kept nodes' sibling ranks (None: a chain)
+    tested: int | None = None  # a tree's positions where candidates were tested
+
+
 def schedule(rows: Sequence[Row], fed: Callable[[int], int], chunk: int | None, width: Callable[[list[Row]], int]) -> Plan:
     """The step plan for ``rows``. A joining row feeds prompt[:-1] (``fed(slot)`` tokens are in
     already) ``chunk`` tokens per step (None: all at once), and decodes in the step that feeds
@@ -84,38 +102,47 @@ def schedule(rows: Sequence[Row], fed: Callable[[int], int], chunk: int | None, 
 
 def speculative_step(rows: Sequence[Row], gammas: Sequence[int], proposer: Proposer, target: Executor,
                      synthetic: float | None = None) -> list[Iteration]:  # fmt: skip
-    """Propose, verify in one target call, accept and commit, for every row; returns what each
+    """Propose, verify, accept and commit, for every row (the module docstring); returns what each
     row's iteration did. ``row.length`` is left to the caller (it emits what was kept).
-    ``synthetic``: benchmarks only, keep each draft token with that probability instead
+    ``synthetic``: benchmarks only, keep each chain token with that probability instead
     (``speculative.synthetic_accept``; the output is then not the target's)."""
     t0, calls = clock(), proposer.calls
+    drafts = propose(rows, gammas, proposer, target)
+    t1 = clock()
+    kept: list[Kept] = [Kept(0, 0)] * len(rows)
+    chains = [i for i, d in enumerate(drafts) if isinstance(d, int)]
+    timed = [0.0, 0.0]  # target, acceptance seconds
+    if chains:
+        logits = target.forward([rows[i].slot for i in chains], [rows[i].seq[rows[i].length - 1 : rows[i].length + drafts[i] + 1] for i in chains])  # [n, S, V]
+        tb = clock()
+        for j, i in enumerate(chains):
+            kept[i] = accept_chain(rows[i], drafts[i], logits[j, : drafts[i] + 1], target, synthetic)
+        timed[0], timed[1] = tb - t1, clock() - tb
+    for i, d in enumerate(drafts):
+        if not isinstance(d, int):
+            kept[i] = verify_row_tree(rows[i], d, target, timed)
+    proposer.commit(rows, [k.accepted for k in kept])
+    draft_calls = proposer.calls - calls
+    return [Iteration(k.drafted, k.accepted, draft_calls, t1 - t0, timed[0], timed[1], k.ranks, k.tested) for k in kept]
+
+
+def propose(rows: Sequence[Row], gammas: Sequence[int], proposer: Proposer, target: Executor) -> list[Draft]:
+    """Each row's draft: the grammar's forced tokens where they make a better draft than the
+    drafter's (the drafter then drafts nothing for the row, at no draft cost), else the
+    proposer's; an empty tree is a chain of 0 (a plain target step). A tree drafter drafts
+    nothing for a row whose tree would not fit the tree call's rows past its length."""
     spans = [forced_span(r, g, len(r.q)) for r, g in zip(rows, gammas)]  # q: [the bundle's γ, V]
-    ks = proposer.propose(rows, [0 if f else g for f, g in zip(spans, gammas)])  # x_1..x_k at seq[L:L+k]
+    room = target.cache.max_seq - target.tree_runner.capacity + 1 if getattr(proposer, "tree", False) else target.cache.max_seq  # a tree call writes `capacity` rows from L - 1
+    drafts = proposer.propose(rows, [0 if f or r.length > room else g for r, f, g in zip(rows, spans, gammas)])
     for i, (r, f) in enumerate(zip(rows, spans)):
-        if f:  # the grammar's forced tokens are this row's draft, at no draft cost
-            ks[i] = len(f)
+        if f:
+            drafts[i] = len(f)
             r.seq[r.length : r.length + len(f)] = f
             if not r.req.sampling.greedy:
                 one_hot(r.q, r.seq[r.length : r.length + len(f)])
-    t1 = clock()
-    logits = target.forward([r.slot for r in rows], [r.seq[r.length - 1 : r.length + k] for r, k in zip(rows, ks)])  # [n, S, V]
-    t2 = clock()
-    kept = []
-    for i, (r, k) in enumerate(zip(rows, ks)):
-        rows_p = r.req.transform(logits[i, : k + 1], r.seq, r.length)  # [k + 1, V]: row j predicts seq[L + j]
-        if synthetic is None:
-            n, token = accept(r.seq[r.length : r.length + k], r.q[:k], rows_p, r.req.sampling, r.rng, r.req.lenience)
-        else:
-            n, token = synthetic_accept(r.seq[r.length : r.length + k], r.q[:k], rows_p, r.req.sampling, r.rng, synthetic)
-        target.commit(r.slot, n + 1)  # rows for seq[L-1] and x_1..x_n
-        r.seq[r.length + n] = token
-        if r.req.params.logprobs is not None:
-            r.scored = scored(r, logits[i, : n + 1], rows_p[: n + 1], r.seq[r.length : r.length + n + 1])
-        kept.append(n)
-    proposer.commit(rows, kept, logits)
-    t3 = clock()
-    draft_calls = proposer.calls - calls
-    return [Iteration(k, n, draft_calls, t1 - t0, t2 - t1, t3 - t2) for k, n in zip(ks, kept)]
+        elif not isinstance(drafts[i], int) and not drafts[i].tokens:
+            drafts[i] = 0
+    return drafts
 
 
 def forced_span(r: Row, gamma: int, room: int) -> list[int]:
@@ -128,6 +155,51 @@ def forced_span(r: Row, gamma: int, room: int) -> list[int]:
     return f if len(f) >= 2 or (f and gamma == 0) else []
 
 
+def accept_chain(r: Row, k: int, raw: np.ndarray, target: Executor, synthetic: float | None) -> Kept:
+    """Algorithm 1 on row ``r``'s chain of ``k`` drafts against the target's logits ``raw``
+    [k + 1, V] (row j predicts seq[L + j]); the target keeps the rows of the kept tokens."""
+    L = r.length
+    rows_p = r.req.transform(raw, r.seq, L)  # [k + 1, V]: with the request's penalties and grammar
+    if synthetic is None:
+        n, token = accept(r.seq[L : L + k], r.q[:k], rows_p, r.req.sampling, r.rng, r.req.lenience)
+    else:
+        n, token = synthetic_accept(r.seq[L : L + k], r.q[:k], rows_p, r.req.sampling, r.rng, synthetic)
+    target.commit(r.slot, n + 1)  # rows for seq[L-1] and x_1..x_n
+    r.seq[L + n] = token
+    if r.req.params.logprobs is not None:
+        r.scored = scored(r, raw[: n + 1], rows_p[: n + 1], r.seq[L : L + n + 1])
+    return Kept(k, n)
+
+
+def verify_row_tree(r: Row, tree: DraftTree, target: Executor, timed: list[float]) -> Kept:
+    """Row ``r``'s tree in one tree call over [seq[L-1], its nodes] (the last committed token is
+    the root), verified by recursive rejection over siblings (runtime/tree.py; with the
+    request's lenience), the accepted path's KV rows kept in place (``Executor.keep``). Adds
+    its target and acceptance seconds to ``timed``. ``drafted`` is the tree's depth (the
+    positions it drafted, as a chain's k), so per-position acceptance means per depth."""
+    L, cfg, (tokens, parents, q) = r.length, r.req.sampling, tree
+    ta = clock()
+    raw = target.tree(r.slot, [int(r.seq[L - 1]), *tokens], [-1, *(p + 1 for p in parents)])  # [n + 1, V]: row 0 the root
+    tb = clock()
+    nodes, links = np.asarray(tokens, dtype=np.int64), np.asarray(parents, dtype=np.int64)
+    logits = r.req.transform_tree(raw, r.seq, L, tokens, parents)  # penalties and grammar, each row with its own node's prefix
+    if cfg.greedy:
+        v = verify_tree_greedy(nodes, links, logits, r.req.lenience)
+    else:
+        v = verify_tree(nodes, links, q, standardize(logits, cfg), r.rng, r.req.lenience)
+    target.keep(r.slot, [L - 1, *(L + i for i in v.path)])  # the root's row and the path's
+    r.seq[L : L + len(v.path)] = [tokens[i] for i in v.path]
+    r.seq[L + len(v.path)] = v.token
+    if r.req.params.logprobs is not None:  # each kept token was predicted by its parent's row (the root's: 0)
+        at = [0, *(i + 1 for i in v.path)]
+        r.scored = scored(r, raw[at], logits[at], r.seq[L : L + len(v.path) + 1])
+    rank = sibling_ranks(parents)
+    last = v.path[-1] if v.path else -1  # the path's end (-1: the root); its children, if any, were tested too
+    timed[0] += tb - ta
+    timed[1] += clock() - tb
+    return Kept(max(depths(parents)), len(v.path), tuple(rank[i] for i in v.path), len(v.path) + (last in parents))
+
+
 def scored(r: Row, raw: np.ndarray, transformed: np.ndarray, tokens: np.ndarray) -> list:
     """The logprobs of ``tokens``, row i of raw [n, V] / transformed [n, V] (the same logits with
     the request's penalties) predicting tokens[i], in the request's ``logprobs_mode``."""
@@ -135,54 +207,3 @@ def scored(r: Row, raw: np.ndarray, transformed: np.ndarray, tokens: np.ndarray)
     if r.req.params.logprobs_mode == "processed":
         return score_probs(standardize(transformed, r.req.sampling), tokens, k)
     return score(raw, tokens, k)
-
-
-def tree_step(rows: Sequence[Row], gammas: Sequence[int], proposer, target: Executor) -> list[Iteration]:
-    """``speculative_step`` for a drafter that proposes trees (``proposer.propose_trees``): per
-    row ONE target call over [seq[L-1], the tree's nodes] (the tree graph; the last committed
-    token is the root), verification by recursive rejection over siblings (runtime/tree.py; each
-    node a fixed candidate), and the accepted path's KV rows kept in place (``Executor.keep``).
-    A row with an empty tree takes a plain target step. Rows run one call each: there is no
-    batched tree graph yet. An iteration's ``drafted`` is the tree's depth (the positions it
-    drafted, as a chain's γ), so per-position acceptance means per depth."""
-    t0, calls = clock(), proposer.calls
-    room = target.cache.max_seq - target.tree_runner.capacity + 1  # a tree call writes `capacity` rows from L - 1
-    trees = [t if r.length <= room else EMPTY_TREE for r, t in zip(rows, proposer.propose_trees(rows, gammas))]
-    t1 = clock()
-    target_s = accept_s = 0.0
-    kept, sizes, ranks, tested = [], [], [], []
-    for r, (tokens, parents, q) in zip(rows, trees):
-        L, cfg = r.length, r.req.sampling
-        ta = clock()
-        if tokens:
-            logits = target.tree(r.slot, [int(r.seq[L - 1]), *tokens], [-1, *(p + 1 for p in parents)])  # [n + 1, V]: row 0 the root
-        else:
-            logits = target.forward([r.slot], [r.seq[L - 1 : L]])[0]  # [1, V]
-        tb = clock()
-        nodes, tree_parents = np.asarray(tokens, dtype=np.int64), np.asarray(parents, dtype=np.int64)
-        raw = logits
-        logits = r.req.transform_tree(raw, r.seq, L, tokens, parents)  # penalties and grammar, each row with its own node's prefix
-        if cfg.greedy:
-            v = verify_tree_greedy(nodes, tree_parents, logits)
-        else:
-            v = verify_tree(nodes, tree_parents, q, standardize(logits, cfg), r.rng)
-        if tokens:
-            target.keep(r.slot, [L - 1, *(L + i for i in v.path)])  # the root's row and the path's
-        else:
-            target.commit(r.slot, 1)
-        r.seq[L : L + len(v.path)] = [tokens[i] for i in v.path]
-        r.seq[L + len(v.path)] = v.token
-        if r.req.params.logprobs is not None:  # each kept token was predicted by its parent's row (the root's: 0)
-            at = [0, *(i + 1 for i in v.path)]
-            r.scored = scored(r, raw[at], logits[at], r.seq[L : L + len(v.path) + 1])
-        kept.append(len(v.path))
-        sizes.append(max(depths(parents), default=0))  # the positions it drafted
-        rank = sibling_ranks(parents)
-        ranks.append(tuple(rank[i] for i in v.path))
-        last = v.path[-1] if v.path else -1  # the path's end (-1: the root); its children, if any, were tested too
-        tested.append(len(v.path) + (last in parents) if tokens else 0)
-        target_s += tb - ta
-        accept_s += clock() - tb
-    proposer.commit(rows, kept, None)
-    draft_calls = proposer.calls - calls
-    return [Iteration(k, n, draft_calls, t1 - t0, target_s, accept_s, rk, t) for k, n, rk, t in zip(sizes, kept, ranks, tested)]

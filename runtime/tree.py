@@ -27,13 +27,14 @@ whose token is the target's argmax.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import NamedTuple, Sequence
 
 import numpy as np
 
 from specdec.runtime.sampling import sample
-from specdec.runtime.speculative import _residual
+from specdec.runtime.speculative import _residual, check_lenience
 
 
 class DraftTree(NamedTuple):
@@ -96,14 +97,19 @@ def sibling_ranks(parents: Sequence[int]) -> list[int]:
     return out
 
 
-def verify_tree_greedy(tokens: np.ndarray, parents: np.ndarray, logits: np.ndarray) -> TreeVerdict:
-    """Argmax verification of a tree: tokens/parents [N], logits [N + 1, V] (row 0: the root)."""
+def verify_tree_greedy(tokens: np.ndarray, parents: np.ndarray, logits: np.ndarray, lenience: float = 1.0) -> TreeVerdict:
+    """Argmax verification of a tree: tokens/parents [N], logits [N + 1, V] (row 0: the root).
+    ``lenience`` l < 1 (Appendix A.5, as ``speculative.verify_greedy_batch``): where no child is
+    the argmax, the first child with p(x) >= l * max p is kept; the token after the path is the argmax."""
     kids = children_of(parents)
     top = logits.argmax(axis=-1)  # [N + 1]
+    floor = math.log(check_lenience(lenience))
     path: list[int] = []
     row = 0
     while True:
         nxt = next((c for c in kids[row] if tokens[c] == top[row]), None)
+        if nxt is None and floor < 0.0:
+            nxt = next((c for c in kids[row] if logits[row, tokens[c]] - logits[row, top[row]] >= floor), None)
         if nxt is None:
             return TreeVerdict(tuple(path), int(top[row]))
         path.append(nxt)
@@ -111,11 +117,14 @@ def verify_tree_greedy(tokens: np.ndarray, parents: np.ndarray, logits: np.ndarr
 
 
 def verify_tree(tokens: np.ndarray, parents: np.ndarray, q: np.ndarray | None, p: np.ndarray,
-                rng: np.random.Generator) -> TreeVerdict:  # fmt: skip
+                rng: np.random.Generator, lenience: float = 1.0) -> TreeVerdict:  # fmt: skip
     """Recursive rejection over siblings (the module docstring): tokens/parents [N]; ``q`` [N, V]:
     the proposal each node's token was drawn from (None: every node is a fixed candidate, a point
-    mass); ``p`` [N + 1, V]: the target's standardized distributions (row 0: the root)."""
+    mass); ``p`` [N + 1, V]: the target's standardized distributions (row 0: the root).
+    ``lenience`` l < 1 (Appendix A.5, the chain's rule at each sibling): a child is kept when
+    u * l * q(x) <= r(x), the residual unchanged; the output is then NOT the target's."""
     kids = children_of(parents)
+    scale = check_lenience(lenience)
     path: list[int] = []
     row = 0
     while True:
@@ -124,7 +133,7 @@ def verify_tree(tokens: np.ndarray, parents: np.ndarray, q: np.ndarray | None, p
         for c in kids[row]:
             x = int(tokens[c])
             qx = 1.0 if q is None else q[c, x]  # a fixed candidate: q = δ_x
-            if r[x] > 0 and not rng.random() * qx > r[x]:  # accept with min(1, r(x) / q(x)); never a token r cannot emit
+            if r[x] > 0 and not rng.random() * scale * qx > r[x]:  # accept with min(1, r(x) / (l q(x))); never a token r cannot emit
                 accepted = c
                 break
             if q is None:  # max(0, r - δ_x): r without x
@@ -140,37 +149,3 @@ def verify_tree(tokens: np.ndarray, parents: np.ndarray, q: np.ndarray | None, p
             return TreeVerdict(tuple(path), int(sample(r, rng)))
         path.append(accepted)
         row = accepted + 1
-
-
-def lookup_tree(seq: np.ndarray, length: int, nodes: int, depth: int, max_ngram: int = 3, min_ngram: int = 1) -> DraftTree:
-    """A prompt-lookup draft tree: the continuations of earlier occurrences of the context's
-    last tokens, longest match first and then the most recent, merged into a trie of at most
-    ``nodes`` nodes and ``depth`` levels. Returns (tokens, parents) in topological order; every
-    node is a fixed candidate (``verify_tree`` with q = None keeps the target's law)."""
-    tokens: list[int] = []
-    parents: list[int] = []
-    child: dict[tuple[int, int], int] = {}  # (parent, token) -> node
-    seen: set[int] = set()
-    for n in range(min(max_ngram, length - 1), min_ngram - 1, -1):
-        if len(tokens) >= nodes:
-            break
-        suffix = seq[length - n : length]
-        windows = np.lib.stride_tricks.sliding_window_view(seq[: length - 1], n)  # [length - n, n]: every earlier n-gram
-        ends = np.flatnonzero((windows == suffix).all(axis=1))[::-1] + n  # continuation starts, most recent first
-        for end in ends:
-            if end in seen:
-                continue
-            seen.add(int(end))
-            parent = -1
-            for tok in seq[end : min(end + depth, length)].tolist():
-                node = child.get((parent, tok))
-                if node is None:
-                    if len(tokens) >= nodes:
-                        break
-                    node = child[(parent, tok)] = len(tokens)
-                    tokens.append(tok)
-                    parents.append(parent)
-                parent = node
-            if len(tokens) >= nodes:
-                break
-    return DraftTree(tokens, parents)

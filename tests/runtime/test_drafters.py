@@ -42,14 +42,23 @@ def brute_match(seq: list[int], max_n: int, min_n: int) -> int:
 
 
 @pytest.mark.parametrize("max_n,min_n", [(1, 1), (3, 1), (4, 2)])
-def test_lookup_match_is_the_latest_longest_suffix(max_n, min_n):
+def test_lookup_chain_is_the_latest_longest_suffix_and_the_trees_first_branch(max_n, min_n):
+    """Prompt lookup written once (runtime/lookup.py): the chain copies what followed the brute
+    force's match, and the lookup tree's first branch is that chain."""
+    from specdec.runtime.lookup import lookup_chain, lookup_tree
+
     rng = np.random.default_rng(0)
-    d = LookupDrafter(max_ngram=max_n, min_ngram=min_n)
     found = 0
     for _ in range(400):
         seq = rng.integers(0, 4, size=int(rng.integers(2, 40)))  # few symbols: many partial matches
-        want = brute_match(seq.tolist(), max_n, min_n)
-        assert d.match(seq, len(seq)) == want, seq.tolist()
+        L, want = len(seq), brute_match(seq.tolist(), max_n, min_n)
+        buf = np.concatenate([seq, np.full(4, -1)])
+        k = lookup_chain(buf, L, 4, None, max_n, min_n)
+        assert k == (0 if want < 0 else min(4, L - want)), seq.tolist()
+        assert buf[L : L + k].tolist() == seq[want : want + k].tolist()
+        tokens, parents = lookup_tree(seq, L, nodes=16, depth=4, max_ngram=max_n, min_ngram=min_n)[:2]
+        branch = [tokens[i] for i in range(len(tokens)) if parents[i] == i - 1][:k]  # nodes 0, 1, ... down the first path
+        assert branch == buf[L : L + k].tolist(), seq.tolist()
         found += want >= 0
     assert found > 100
 

@@ -162,16 +162,21 @@ def test_sampled_constrained_tokens_follow_the_masked_target(family_bundle, name
     check_first_two(results, p1, p2, (0.05, 0.98), f"{name} T=1")
 
 
+FORCED = StructuredOutputs(json={"type": "object", "properties": {"alpha_key": {"enum": ["one", "two"]}, "beta_key_long": {"type": "boolean"}},
+                                 "required": ["alpha_key", "beta_key_long"], "additionalProperties": False})  # fmt: skip
+
+
 @LLAMA
-def test_forced_tokens_are_drafted_by_the_grammar(family_bundle):
-    """Without a drafter (γ = 0) a schema's forced spans (braces, keys) still come several per
-    target call; the output is still the masked argmax."""
+@pytest.mark.parametrize("drafter, gamma", [("lookup", 0), ("lookup-tree", 0), ("lookup-tree", 4)])
+def test_forced_tokens_are_drafted_by_the_grammar(family_bundle, drafter, gamma):
+    """Without a drafter (γ = 0), or in place of a tree drafter's tree, a schema's forced spans
+    (braces, keys) come several per target call, as one chain; the output is still the masked
+    argmax. (The feature tree's: tests/runtime/test_tree_decoding.py.)"""
     family, target, _, out, _ = family_bundle
     model = load_model(target)
-    dec = SpeculativeDecoder.load(out, drafter="lookup")
-    spec = StructuredOutputs(json={"type": "object", "properties": {"alpha_key": {"enum": ["one", "two"]}, "beta_key_long": {"type": "boolean"}},
-                                   "required": ["alpha_key", "beta_key_long"], "additionalProperties": False})  # fmt: skip
-    res = dec.generate(PROMPTS[0], max_new_tokens=NEW, gamma=0, structured_outputs=spec)
+    dec = SpeculativeDecoder.load(out, drafter=drafter)
+    spec = FORCED
+    res = dec.generate(PROMPTS[0], max_new_tokens=NEW, gamma=gamma, structured_outputs=spec)
     assert res.tokens == masked_argmax_loop(model, dec, PROMPTS[0], spec, NEW)
     assert res.stats.finish_reason == "eos"
     jsonschema.validate(json.loads(dec.codec.decode(res.tokens)), spec.json)

@@ -135,7 +135,7 @@ def test_a_tree_is_topologically_ordered():
 
 
 def test_lookup_tree_merges_earlier_continuations_into_a_trie():
-    from specdec.runtime.tree import lookup_tree
+    from specdec.runtime.lookup import lookup_tree
 
     #          0  1  2  3  4  5  6  7  8  9 10 11 12
     seq = np.array([7, 1, 2, 3, 9, 1, 2, 4, 5, 1, 2, 3, 1, 2])
@@ -147,3 +147,26 @@ def test_lookup_tree_merges_earlier_continuations_into_a_trie():
     children_of(np.array(parents))  # topological
     assert lookup_tree(seq, len(seq), nodes=2, depth=3)[:2] == ([3, 1], [-1, 0])
     assert lookup_tree(np.array([5, 6]), 2, nodes=8, depth=3)[:2] == ([], [])  # no earlier occurrence
+
+
+def test_lenience_at_a_node_is_the_chains_rule():
+    """A lenient tree (App. A.5) keeps a child drawn from q with probability min(1, p(x) / (l q(x))),
+    the chain's rule: over 20,000 draws the kept share is within 5 binomial standard errors of
+    the exact sum (l = 1: the exact acceptance). Greedy: with no argmax child, the first child
+    within l of the top probability is kept."""
+    rng = np.random.default_rng(7)
+    p = np.array([0.5, 0.3, 0.15, 0.05])
+    q = np.array([0.1, 0.6, 0.2, 0.1])
+    parents = np.array([-1])
+    for lenience in (1.0, 0.5):
+        want = float((q * np.minimum(1.0, p / (lenience * q))).sum())
+        runs, kept = 20000, 0
+        for _ in range(runs):
+            x = int(rng.choice(4, p=q))
+            v = verify_tree(np.array([x]), parents, q[None], np.stack([p, np.full(4, 0.25)]), rng, lenience)
+            kept += len(v.path)
+        assert abs(kept / runs - want) < 5 * np.sqrt(want * (1 - want) / runs), (lenience, kept / runs, want)
+    logits = np.log(np.stack([p, np.full(4, 0.25)]))
+    kids = np.array([2, 1])  # neither is the argmax (0); token 1 has p = 0.3 >= 0.5 * 0.5
+    assert verify_tree_greedy(kids, np.array([-1, -1]), np.vstack([logits, logits[1:]])).path == ()
+    assert verify_tree_greedy(kids, np.array([-1, -1]), np.vstack([logits, logits[1:]]), lenience=0.5).path == (1,)
