@@ -1,0 +1,48 @@
+"""What the routes share: the served model, its codec and chat template, the engine once loaded."""
+
+from __future__ import annotations
+
+import hmac
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import Request
+
+from specdec.runtime.text import TextCodec
+from specdec.serve.chat import ChatTemplate
+from specdec.serve.errors import RETRY_AFTER, Refused
+from specdec.serve.metrics import Metrics
+
+
+@dataclass
+class ServerState:
+    """What the routes share. ``engine`` is None until the bundle is loaded and warmed."""
+
+    model: str  # the served model name
+    max_seq_len: int
+    codec: TextCodec | None
+    chat: ChatTemplate | None
+    gamma: int | str | None  # each request's γ: an int, "auto", or None for the bundle's
+    api_key: str | None = None
+    engine: Any = None  # BatchEngine once ready
+    manifest: Any = None  # the bundle's Manifest, opened and verified once
+    metrics: Metrics | None = None
+    failed: str | None = None  # why loading failed
+    fingerprint: str | None = None  # OpenAI's system_fingerprint: which server (or Ray replica) answered
+    logprobs_mode: str = "raw"  # "raw" or "processed" (vLLM's --logprobs-mode raw_logprobs / processed_logprobs)
+    allowed_origins: tuple[str, ...] = ()  # CORS origins; none: no CORS headers
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def ready(self):
+        if self.engine is None:
+            why = f"the model failed to load: {self.failed}" if self.failed else "the model is still loading"
+            raise Refused(503, f"{why}; retry later", "server_error", code="not_ready", outcome="rejected", headers={"Retry-After": RETRY_AFTER})
+        return self.engine
+
+    def check_key(self, request: Request) -> None:
+        if self.api_key is None:
+            return
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), self.api_key.encode()):
+            raise Refused(401, "missing or wrong API key: send the header 'Authorization: Bearer <key>'", code="invalid_api_key")
