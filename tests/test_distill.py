@@ -22,7 +22,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from specdec.commands.bench.corpus import HELD_OUT, HELD_OUT_CODE  # noqa: E402
+from specdec.held_out import HELD_OUT, HELD_OUT_CODE  # noqa: E402
 from specdec.commands.distill import prompts as P  # noqa: E402
 from specdec.commands.distill.run import Settings, distill  # noqa: E402
 from specdec.shards import answers, shard_paths  # noqa: E402

@@ -308,6 +308,16 @@ def bench_serve(bundle: Path, server: tuple[str, ...], old: Path | None, concurr
     finally:
         stop(procs)
 
+    md = report(bundle, m, servers, old, rows, costs, tr, (requests, prompt_tokens, distinct, levels))
+    click.echo(md)
+    data = {"rows": rows, "overhead": costs, "servers": {k: a for k, (a, _) in servers.items()}, "old": str(old) if old else None}
+    write_results(out, md, data, plot=lambda path: plot(rows, path.with_name("load.png")))
+
+
+def report(bundle: Path, m, servers: dict, old: Path | None, rows: list[dict], costs: list[dict], tr: Traffic, run: tuple) -> str:
+    """bench-serve's tables: the runs, the CPU they took, per-turn TTFT, this tree against --old, the HTTP layer's cost."""
+    requests, prompt_tokens, distinct, levels = run
+    tokens, temperature, turns, n, chat = tr.tokens, tr.temperature, tr.turns, tr.n, tr.chat
     shape = (f"conversations of {turns} turns ({prompt_tokens} user + {tokens} reply tokens each, "
              f"{'chat messages through the template' if chat else 'token ids on /v1/completions'})" if turns > 1 else
              f"requests of {prompt_tokens} prompt + {tokens} new tokens{', each its own prompt' if distinct else ''}")  # fmt: skip
@@ -337,9 +347,7 @@ def bench_serve(bundle: Path, server: tuple[str, ...], old: Path | None, concurr
                "the rounds:\n\n| server | in-process tok/s (median) | served streamed / in-process | served whole / in-process |\n|---|---:|---:|---:|\n")  # fmt: skip
         span = lambda xs: f"{statistics.median(xs):.2f} ({min(xs):.2f}–{max(xs):.2f})"  # noqa: E731
         md += "".join(f"| {o['mode']} | {statistics.median(x[0] for x in o['rounds']):.0f} | {span(o['streamed_ratio'])} | {span(o['whole_ratio'])} |\n" for o in costs)
-    click.echo(md)
-    data = {"rows": rows, "overhead": costs, "servers": {k: a for k, (a, _) in servers.items()}, "old": str(old) if old else None}
-    write_results(out, md, data, plot=lambda path: plot(rows, path.with_name("load.png")))
+    return md
 
 
 @click.command("bench-serve")

@@ -3,7 +3,7 @@ writes itself (self-instruct), and coding requests from the installed packages' 
 
 Held-out prompts are separated by *topic*, not by line: a topic is held out when the sha256 of
 its name is 0 mod 8, and every topic of the benchmark's held-out chat and code prompts
-(``specdec.commands.bench.corpus.HELD_OUT``/``HELD_OUT_CODE``: the sky, sleep, hiking, …) is left out of
+(``specdec.held_out.HELD_OUT``/``HELD_OUT_CODE``: the sky, sleep, hiking, …) is left out of
 training altogether (``BENCH_TOPICS``). ``held_out(kind)`` gives a held-out set of its own,
 made the same way as the training prompts but from held-out topics only.
 """
@@ -17,6 +17,7 @@ import sysconfig
 from pathlib import Path
 
 from specdec.errors import ConfigError
+from specdec.held_out import HELD_OUT, HELD_OUT_CODE
 
 # Everyday topics, by area (hand-written; the hub and its datasets are unreachable here).
 TOPICS = {
@@ -59,7 +60,7 @@ TOPICS = {
     "choosing a gift, a rainy day at home, moving to a new city, learning to cook",
 }
 
-# Topics of the benchmark's held-out prompts (specdec.commands.bench.corpus): never trained on.
+# Topics of the benchmark's held-out prompts (specdec/held_out.py): never trained on.
 BENCH_TOPICS = {"the sky", "sleep", "hiking", "weather", "climate", "autumn leaves", "vaccines", "the immune system", "inflation",
                 "rice", "public speaking", "the water cycle", "morning routines", "cats", "prime numbers", "reversing words",
                 "fibonacci numbers", "vowels", "merging sorted lists", "list comprehensions", "bank accounts", "removing duplicates"}  # fmt: skip
@@ -233,9 +234,7 @@ def looks_like_question(text: str) -> bool:
 def looks_like_request(text: str) -> bool:
     """A user turn the target wrote, kept as a prompt: one paragraph of 4 to 60 words ending as a
     sentence does, with no role marker of a dialogue it went on to write, and none of the
-    benchmark's own requests (specdec.commands.bench.corpus)."""
-    from specdec.commands.bench.corpus import HELD_OUT, HELD_OUT_CODE
-
+    benchmark's own requests (specdec/held_out.py)."""
     text = text.strip()
     return ("\n" not in text and text[-1:] in "?.!" and 4 <= len(text.split()) <= 60 and ":" not in text.split()[0]
             and text.lower() not in {t.lower() for t in HELD_OUT + HELD_OUT_CODE})  # fmt: skip

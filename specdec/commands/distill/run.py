@@ -197,10 +197,7 @@ def distill(bundle: Path, out: Path, s: Settings, max_batch: int, tokens: int | 
             nonlocal shard, made
             if res.stats.finish_reason not in ("eos", "length"):  # cancelled: not a whole answer
                 return
-            top = res.logprobs  # one TokenLogprob per answer token, its top-K alternatives
-            ids = np.array([[t for t, _ in x.top] for x in top], np.int32).reshape(len(top), s.top_k)  # [A, K]
-            lps = np.array([[lp for _, lp in x.top] for x in top], np.float16).reshape(len(top), s.top_k)  # [A, K]
-            pending.append(Answer(j, list(prompt), list(res.tokens), ids, lps))
+            pending.append(_answer(j, prompt, res, s.top_k))
             state["tokens"] += len(res.tokens)
             bar.update(len(res.tokens))
             if len(pending) >= s.shard_size:
@@ -221,9 +218,21 @@ def distill(bundle: Path, out: Path, s: Settings, max_batch: int, tokens: int | 
                 made += len(pending)
                 pending.clear()
             bar.close()
+    return _record(out, len(reqs) * len(temps), interrupted, made, have, time.perf_counter() - t0)
+
+
+def _answer(j: int, prompt, res, top_k: int) -> Answer:
+    """A finished request as an Answer: its tokens, and each one's top-K alternatives and their log-probabilities."""
+    top = res.logprobs  # one TokenLogprob per answer token, its top-K alternatives
+    ids = np.array([[t for t, _ in x.top] for x in top], np.int32).reshape(len(top), top_k)  # [A, K]
+    lps = np.array([[lp for _, lp in x.top] for x in top], np.float16).reshape(len(top), top_k)  # [A, K]
+    return Answer(j, list(prompt), list(res.tokens), ids, lps)
+
+
+def _record(out: Path, jobs: int, interrupted: bool, made: int, have: int, seconds: float) -> dict:
+    """The folder's totals and this run's (``made`` answers, from ``have`` tokens), written to progress.json."""
     done, have_now = done_jobs(out)
-    seconds = time.perf_counter() - t0
-    record = {"answers": len(done), "answer_tokens": have_now, "jobs": len(reqs) * len(temps), "interrupted": interrupted, "this_run": {
+    record = {"answers": len(done), "answer_tokens": have_now, "jobs": jobs, "interrupted": interrupted, "this_run": {
         "answers": made, "answer_tokens": have_now - have, "seconds": round(seconds, 1), "tok_s": round((have_now - have) / seconds, 1)}}  # fmt: skip
     (out / "progress.json").write_text(json.dumps(record, indent=1))
     return record

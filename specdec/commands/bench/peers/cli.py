@@ -47,29 +47,11 @@ def bench_peers_cmd(target: Path, draft: Path | None, bundle: Path | None, corpu
                     rounds: int, threads: int, temperatures: str, only: str, only_modes: str | None, draft_tokens: int | None, ngram_size: int, work: Path | None, no_setup: bool,
                     out: Path | None, note: str) -> None:  # fmt: skip
     """specdec against transformers, optimum, onnxruntime-genai, OpenVINO GenAI and llama.cpp on one pair, interleaved."""
-    from specdec.commands.bench import prompts as corpus_prompts
     from specdec.commands.bench.peers.venv import default_work, gguf_checkpoint
     from specdec.commands.bench.report import write_results
-    from specdec.errors import InputError, ModelError
+    from specdec.errors import ModelError
 
-    names = [p.strip() for p in only.split(",") if p.strip()]
-    bad = [p for p in names if p not in PEERS]
-    if bad or not names:
-        raise InputError(f"--only {only!r}: unknown peer(s) {', '.join(bad) or '(none given)'}; choose from {', '.join(PEERS)}")
-    names = [p for p in PEERS if p in names and (p != "specdec" or bundle is not None)]
-    known = sorted({m for n in names for m in PEER_CLASSES[n].modes})
-    wanted = known if only_modes is None else [m.strip() for m in only_modes.split(",") if m.strip()]
-    if not wanted or (bad := [m for m in wanted if m not in known]):
-        raise InputError(f"--modes {only_modes!r}: unknown mode(s) {', '.join(bad) or '(none given)'} of {', '.join(names)}; choose from {', '.join(known)}")
-    try:
-        temps = [float(t) for t in temperatures.split(",")]
-    except ValueError:
-        temps = []
-    if not temps or min(temps) < 0:
-        raise InputError(f"--temperatures {temperatures!r}: expected comma-separated numbers >= 0 such as 0,1")
-    chat = corpus in CHAT_CORPORA
-    if chat and bundle is None:
-        raise InputError(f"--corpus {corpus}: chat prompts go through the bundle's chat template; give --bundle")
+    names, wanted, temps = _selection(only, only_modes, temperatures, corpus, bundle)
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()  # whole source files exceed model_max_length (only a prefix is used); a GGUF tokenizer's legacy notice
@@ -78,27 +60,8 @@ def bench_peers_cmd(target: Path, draft: Path | None, bundle: Path | None, corpu
         target = gguf_checkpoint(target, work, not no_setup)
     elif not (target / "config.json").is_file():
         raise ModelError(f"--target {target}: no config.json; expected a Hugging Face checkpoint folder or a .gguf file")
-    from transformers import AutoTokenizer
-
-    if chat:
-        from specdec.commands.bench.corpus import chat_prompts
-        from specdec.manifest import load_manifest
-        from specdec.runtime.text import TextCodec
-
-        manifest = load_manifest(bundle)
-        prompts = chat_prompts(bundle, manifest, TextCodec.from_bundle(bundle, manifest), CHAT_CORPORA[corpus], n_prompts)
-        described = f"{len(prompts)} {corpus} requests of {min(map(len, prompts))}-{max(map(len, prompts))} tokens (chat template)"
-    else:
-        tok = AutoTokenizer.from_pretrained(target)  # the target's own tokenizer, special tokens as transformers adds them
-        prompts = corpus_prompts(corpus, lambda text: tok(text)["input_ids"], n_prompts, prompt_tokens)
-        described = f"{len(prompts)} {corpus} prompts of {prompt_tokens} tokens"
-    if len(prompts) < n_prompts:
-        raise InputError(f"--prompts {n_prompts}: the {corpus} corpus has only {len(prompts)} prompts" + ("" if chat else
-                         f" long enough for {prompt_tokens} tokens; lower --prompts or --prompt-tokens"))
+    prompts, described = _prompts(target, bundle, corpus, n_prompts, prompt_tokens, tokens)
     longest = max(map(len, prompts))
-    ctx = json.loads((target / "config.json").read_text()).get("max_position_embeddings")
-    if ctx and longest + tokens > ctx:
-        raise InputError(f"prompt ({longest} tokens) + --tokens {tokens} = {longest + tokens} exceeds the target's context ({ctx})")
     log(described)
     options = Options(target, draft, bundle, work, threads, draft_tokens, ngram_size, longest + tokens + 64, not no_setup)
     peers, unavailable = [], {}
@@ -125,6 +88,61 @@ def bench_peers_cmd(target: Path, draft: Path | None, bundle: Path | None, corpu
     click.echo(md)
     config = {k: str(v) if isinstance(v, Path) else v for k, v in click.get_current_context().params.items()} | {"only": names, "temps": temps}
     write_results(out, md, {"config": config, "settings": settings, "prompts": prompts, "rows": rows})
+
+
+def _selection(only: str, only_modes: str | None, temperatures: str, corpus: str, bundle: Path | None) -> tuple[list[str], list[str], list[float]]:
+    """(peers, modes, temperatures) of --only, --modes and --temperatures, each checked."""
+    from specdec.errors import InputError
+
+    names = [p.strip() for p in only.split(",") if p.strip()]
+    bad = [p for p in names if p not in PEERS]
+    if bad or not names:
+        raise InputError(f"--only {only!r}: unknown peer(s) {', '.join(bad) or '(none given)'}; choose from {', '.join(PEERS)}")
+    names = [p for p in PEERS if p in names and (p != "specdec" or bundle is not None)]
+    known = sorted({m for n in names for m in PEER_CLASSES[n].modes})
+    wanted = known if only_modes is None else [m.strip() for m in only_modes.split(",") if m.strip()]
+    if not wanted or (bad := [m for m in wanted if m not in known]):
+        raise InputError(f"--modes {only_modes!r}: unknown mode(s) {', '.join(bad) or '(none given)'} of {', '.join(names)}; choose from {', '.join(known)}")
+    try:
+        temps = [float(t) for t in temperatures.split(",")]
+    except ValueError:
+        temps = []
+    if not temps or min(temps) < 0:
+        raise InputError(f"--temperatures {temperatures!r}: expected comma-separated numbers >= 0 such as 0,1")
+    chat = corpus in CHAT_CORPORA
+    if chat and bundle is None:
+        raise InputError(f"--corpus {corpus}: chat prompts go through the bundle's chat template; give --bundle")
+    return names, wanted, temps
+
+
+def _prompts(target: Path, bundle: Path | None, corpus: str, n_prompts: int, prompt_tokens: int, tokens: int) -> tuple[list[list[int]], str]:
+    """The prompts (the target's tokenizer, or the bundle's chat template) and a line saying what they are; checked against the target's context."""
+    from specdec.commands.bench import prompts as corpus_prompts
+    from specdec.errors import InputError
+
+    chat = corpus in CHAT_CORPORA
+    from transformers import AutoTokenizer
+
+    if chat:
+        from specdec.commands.bench.corpus import chat_prompts
+        from specdec.manifest import load_manifest
+        from specdec.runtime.text import TextCodec
+
+        manifest = load_manifest(bundle)
+        prompts = chat_prompts(bundle, manifest, TextCodec.from_bundle(bundle, manifest), CHAT_CORPORA[corpus], n_prompts)
+        described = f"{len(prompts)} {corpus} requests of {min(map(len, prompts))}-{max(map(len, prompts))} tokens (chat template)"
+    else:
+        tok = AutoTokenizer.from_pretrained(target)  # the target's own tokenizer, special tokens as transformers adds them
+        prompts = corpus_prompts(corpus, lambda text: tok(text)["input_ids"], n_prompts, prompt_tokens)
+        described = f"{len(prompts)} {corpus} prompts of {prompt_tokens} tokens"
+    if len(prompts) < n_prompts:
+        raise InputError(f"--prompts {n_prompts}: the {corpus} corpus has only {len(prompts)} prompts" + ("" if chat else
+                         f" long enough for {prompt_tokens} tokens; lower --prompts or --prompt-tokens"))
+    longest = max(map(len, prompts))
+    ctx = json.loads((target / "config.json").read_text()).get("max_position_embeddings")
+    if ctx and longest + tokens > ctx:
+        raise InputError(f"prompt ({longest} tokens) + --tokens {tokens} = {longest + tokens} exceeds the target's context ({ctx})")
+    return prompts, described
 
 
 def one_line(exc: Exception) -> str:
