@@ -21,18 +21,17 @@ load still checks (``Expected`` with ``size=None``).
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
 import os
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from specdec.atomic import write_atomic
 from specdec.errors import BundleError
 
 log = logging.getLogger("specdec.integrity")
@@ -190,13 +189,9 @@ class Stamps:
         if not self.changed:
             return
         keep = {k: v for k, v in list(self.entries.items())[-MAX_STAMPS:] if os.path.exists(k)}  # deleted bundles go
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.{threading.get_ident()}")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(json.dumps({"version": 1, "files": keep}))
-            os.replace(tmp, self.path)
+            write_atomic(self.path, lambda fh: fh.write(json.dumps({"version": 1, "files": keep}).encode()), unique=True)
             self.changed = False
         except OSError as e:
             log.debug("stamps not saved to %s: %s", self.path, e)
-            with contextlib.suppress(OSError):
-                tmp.unlink(missing_ok=True)

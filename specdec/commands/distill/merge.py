@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specdec.atomic import write_atomic
+from specdec.atomic import build_atomic, write_atomic
 from specdec.commands.distill.run import PLAN, PROMPTS, read_prompts
 from specdec.shards import Answer, offsets, read_shard, shard_paths, write_shard
 from specdec.errors import ConfigError
@@ -56,15 +56,7 @@ def merge(sources: list[Path], out: Path, shard_size: int = 64) -> dict:
         if extra:
             raise ConfigError(f"{src}: temperatures {extra} are not among {sources[0]}'s {temps}; expected a subset: put the folder with "
                               "every temperature first")  # fmt: skip
-    tmp = out.with_name(f".{out.name}.merging")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
-        record = _write(sources, plans, temps, tmp, shard_size)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)  # nothing half-written is left behind
-        raise
-    tmp.rename(out)
+    record = build_atomic(out, lambda tmp: _write(sources, plans, temps, tmp, shard_size))  # nothing half-written is left behind
     return {"out": str(out), **record}
 
 

@@ -8,7 +8,6 @@ import json
 import os
 import re
 import select
-import shutil
 import subprocess
 import sys
 import tarfile
@@ -18,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
+from specdec.atomic import build_atomic
 from specdec.commands.bench.peers.base import ModeUnavailable, Options, Peer, Sample, checkpoint_key, log
 
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
@@ -119,12 +119,9 @@ def build_once(out: Path, build: Callable[[Path], None], what: str, setup: bool 
         return out
     if not setup:
         raise ModeUnavailable(f"no {what} at {out} (--no-setup given; run without it to convert)")
-    tmp, t0 = out.with_name(out.name + ".partial"), time.perf_counter()
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    t0 = time.perf_counter()
     log(f"building {what} -> {out}")
-    build(tmp)
-    tmp.rename(out)
+    build_atomic(out, build)
     log(f"built {what} in {time.perf_counter() - t0:.0f}s")
     return out
 
