@@ -139,3 +139,32 @@ def export_batched(model: torch.nn.Module, path: Path, rows: int, max_seq: int, 
     dynamic = ({1: dim}, {1: dim}, None, [None] * rows, [None] * (2 * layers * rows))
     attention.export_traced(_RowsWrapper(model, rows), args, path, inputs, outputs, config=cfg, attn=ATTN_NAME, dynamic=dynamic)
     return inputs, outputs, io
+
+
+def one_row(dynamic: Path, path: Path, layers: int, kv_heads: int, head_dim: int, vocab: int, max_seq: int, dtype: str):
+    """Write ``path``: the 1-row batched graph (a rows graph's body for one row alone), which is
+    the model's ORT dynamic graph at ``dynamic`` (optimized and quantized already) under the
+    batched graph's names (past_key_i -> past_key_i_0, total_sequence_length ->
+    total_sequence_length_0, ...): one row's batched attention is that graph's attention, so it
+    is not traced again. Weights stay where ``dynamic``'s point (its external data)."""
+    import onnx
+
+    from specdec.export.graphs import signature as decoder_signature
+
+    inputs, outputs, io = signature(layers, 1, kv_heads, head_dim, vocab, max_seq, dtype)
+    _, _, one = decoder_signature(layers, kv_heads, head_dim, vocab, max_seq, None, dtype)
+    names = {one.total: io.totals[0]} | {a: b for mine, its in ((one.past, io.past), (one.present, io.present))
+                                          for pair, renamed in zip(mine, its) for a, b in zip(pair, renamed)}  # fmt: skip
+    proto = onnx.load(str(dynamic), load_external_data=False)
+    graph = proto.graph
+    if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for n in graph.node for a in n.attribute):
+        raise ValueError(f"{dynamic.name}: a node with a subgraph; a rows body is a flat graph")
+    for v in (*graph.input, *graph.output, *graph.value_info):
+        v.name = names.get(v.name, v.name)
+    for n in graph.node:
+        ins, outs = [names.get(i, i) for i in n.input], [names.get(o, o) for o in n.output]
+        del n.input[:], n.output[:]
+        n.input.extend(ins)
+        n.output.extend(outs)
+    onnx.save_model(proto, str(path))
+    return inputs, outputs, io

@@ -97,6 +97,15 @@ def _export_batched(ctx, plan, model, spec, path, tokens):
     return export_batched(model, path, plan.batch, ctx.max_seq, spec.num_kv_heads, spec.head_dim, ctx.cfg.dtype)
 
 
+def _export_batched_one(ctx, plan, model, spec, path, tokens):
+    """A rows graph's 1-row body: the model's dynamic graph under the batched graph's names."""
+    from specdec.export.batched import one_row
+
+    cfg = model.config
+    return one_row(ctx.tmp / f"{plan.model}_dynamic.onnx", path, cfg.num_hidden_layers, spec.num_kv_heads, spec.head_dim, cfg.vocab_size,
+                   ctx.max_seq, ctx.cfg.dtype)  # fmt: skip
+
+
 def _validate_batched(ctx, name, g):
     from specdec.export.validate import validate_batched
 
@@ -168,6 +177,7 @@ KINDS: dict[str, GraphKind] = {
     "portable": GraphKind(_export_decoder, _validate_decoder, float_only=True),  # standard ops, static shapes
     "fused": GraphKind(_export_fused, _validate_fused, derived=True),  # the draft's γ steps in one call, from its 1-token graph
     "batched": GraphKind(_export_batched, _validate_batched),  # B rows, each over its own cache slot
+    "batched_one": GraphKind(_export_batched_one, _validate_batched, derived=True),  # a rows graph's 1-row body: the dynamic graph renamed
     "encoder": GraphKind(_export_encoder, lambda ctx, name, g: None),  # checked with its model's decoder
     "seq2seq": GraphKind(_export_seq2seq, _validate_seq2seq),  # an encoder-decoder's decoder graphs
     "encoder_batched": GraphKind(_export_encoder_batched, lambda ctx, name, g: None),  # B padded sources; checked with the rows graph

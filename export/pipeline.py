@@ -276,7 +276,8 @@ def planned_graphs(cfg: ExportConfig, seq2seq: bool = False) -> tuple[GraphPlan,
     batched = []
     rows = (1,) if cfg.batch_graphs == "rows" else ()  # a rows graph's 1-row body (one row alone, in the same session)
     for b in (*rows, *batch_sizes(cfg.max_batch)) if cfg.max_batch > 1 else ():  # merged into one rows graph per model (_merge_rows)
-        batched += [GraphPlan(f"{m}_batch{b}", m, "dynamic", None, batch=b, kind="batched") for m in ("target", "draft")]
+        kind = "batched_one" if b == 1 else "batched"  # one row alone: the model's dynamic graph, renamed
+        batched += [GraphPlan(f"{m}_batch{b}", m, "dynamic", None, batch=b, kind=kind) for m in ("target", "draft")]
         if cfg.fused_draft and b > 1:
             batched += [GraphPlan(f"draft_{role}_batch{b}", "draft", role, "gamma", batch=b, kind="fused") for role in FUSED_ROLES]
     tree = (GraphPlan("target_tree", "target", "tree", "tree", kind="tree"),) if cfg.tree_nodes else ()
@@ -569,7 +570,7 @@ def _share_weights(graphs: dict[str, GraphSpec], tmp: Path) -> dict[str, GraphSp
     return out
 
 
-ROWS_KINDS = ("batched", "seq2seq_batched")  # the kinds a model's row counts are merged from
+ROWS_KINDS = ("batched", "batched_one", "seq2seq_batched")  # the kinds a model's row counts are merged from
 
 
 def _merge_rows(graphs: dict[str, GraphSpec], plans: dict[str, GraphPlan], tmp: Path) -> tuple[dict[str, GraphSpec], dict[str, GraphPlan]]:
@@ -580,7 +581,7 @@ def _merge_rows(graphs: dict[str, GraphSpec], plans: dict[str, GraphPlan], tmp: 
     graphs, plans = dict(graphs), dict(plans)
     for model in ("target", "draft"):
         names = {plans[n].batch: n for n in graphs if plans[n].kind in ROWS_KINDS and plans[n].model == model}
-        kind = plans[next(iter(names.values()))].kind
+        kind = plans[names[max(names)]].kind  # the largest body's (a 1-row body may be derived)
         spec = merge_rows(tmp, {b: graphs[n] for b, n in names.items()}, f"{model}_rows.onnx")
         for n in names.values():
             (tmp / graphs.pop(n).file).unlink()
