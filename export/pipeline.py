@@ -274,10 +274,9 @@ def planned_graphs(cfg: ExportConfig, seq2seq: bool = False) -> tuple[GraphPlan,
                                                  for b in sizes for m in ("target", "draft"))  # fmt: skip
     fused = tuple(GraphPlan(f"draft_{role}", "draft", role, "gamma", kind="fused") for role in FUSED_ROLES) if cfg.fused_draft else ()
     batched = []
-    rows = (1,) if cfg.batch_graphs == "rows" else ()  # a rows graph's 1-row body (one row alone, in the same session)
+    rows = (1,) if cfg.batch_graphs == "rows" else ()  # a rows graph's 1-row body (one row alone, in the same session): the dynamic graph renamed
     for b in (*rows, *batch_sizes(cfg.max_batch)) if cfg.max_batch > 1 else ():  # merged into one rows graph per model (_merge_rows)
-        kind = "batched_one" if b == 1 else "batched"  # one row alone: the model's dynamic graph, renamed
-        batched += [GraphPlan(f"{m}_batch{b}", m, "dynamic", None, batch=b, kind=kind) for m in ("target", "draft")]
+        batched += [GraphPlan(f"{m}_batch{b}", m, "dynamic", None, batch=b, kind="batched_one" if b == 1 else "batched") for m in ("target", "draft")]
         if cfg.fused_draft and b > 1:
             batched += [GraphPlan(f"draft_{role}_batch{b}", "draft", role, "gamma", batch=b, kind="fused") for role in FUSED_ROLES]
     tree = (GraphPlan("target_tree", "target", "tree", "tree", kind="tree"),) if cfg.tree_nodes else ()
@@ -372,11 +371,10 @@ def _build(cfg: ExportConfig, read: tuple[dict[str, Source], int | None, int], f
         plans = planned_graphs(cfg, max_source is not None)
         ctx = ExportContext(cfg, max_seq, tmp, max_source, models, specs, {}, text_tokens(sources["target"].tokenizer, max_seq),
                             {role: sources[role].gguf_types for role in sources})  # fmt: skip
-        graphs = ctx.graphs  # in plan order: a derived kind reads the graphs it is made from
-        for p in plans:
-            graphs[p.name] = _export_graph(p, ctx, exported[p.model], progress)
+        for p in plans:  # in plan order, into ctx.graphs: a derived kind reads the graphs it is made from
+            ctx.graphs[p.name] = _export_graph(p, ctx, exported[p.model], progress)
         progress("share weights")
-        graphs = _share_weights(graphs, tmp)
+        graphs = _share_weights(ctx.graphs, tmp)
         plans = {p.name: p for p in plans}
         if cfg.max_batch > 1 and cfg.batch_graphs == "rows":
             progress("merge batched graphs")
