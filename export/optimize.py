@@ -15,9 +15,6 @@
    negligible next to such a model's call (SmolLM2-135M: 113 MB not written twice):
 
        Gather(W, ids)                 ->  Transpose(Gather(Wᵀ, ids, axis=1), perm=[1, .., r, 0])
-
-   An unrolled graph (export/fused.py) exports the head as one Transpose(W) shared by every
-   step's MatMul instead; that Transpose becomes a stored Wᵀ (``fold_transposed_weights``).
 3. The fused rotary's cos/sin cache is rebuilt every call from ReduceMax(position_ids); it is
    a constant, so we evaluate that subgraph once for positions 0..max_seq-1 and store it.
 4. Reshape -> Transpose -> RotaryEmbedding (4-D) -> Transpose -> Reshape around each rotary
@@ -110,32 +107,6 @@ def untranspose_tied_head(model: onnx.ModelProto) -> int:
     return done
 
 
-def fold_transposed_weights(model: onnx.ModelProto) -> int:
-    """Transpose(W) feeding MatMuls only -> a stored Wᵀ: an unrolled graph (export/fused.py)
-    exports its tied head as one Transpose shared by every step's MatMul, which ORT would run
-    on every call. W itself stays when other nodes read it and it is small (as pass 2)."""
-    graph = model.graph
-    inits = {t.name: t for t in graph.initializer}
-    cons = _consumers(graph)
-    done = 0
-    for t in [n for n in graph.node if n.op_type == "Transpose" and n.input[0] in inits]:
-        w = inits[t.input[0]]
-        if len(w.dims) != 2 or _attrs(t).get("perm", [1, 0]) != [1, 0]:
-            continue
-        if any(n.op_type != "MatMul" or n.input[1] != t.output[0] for n in cons.get(t.output[0], [])):
-            continue
-        others = [n for n in cons.get(w.name, []) if n is not t]
-        if others and int(np.prod(w.dims)) > DUPLICATE_LIMIT:
-            continue
-        wt = numpy_helper.from_array(np.ascontiguousarray(numpy_helper.to_array(w).T), t.output[0])
-        graph.node.remove(t)
-        graph.initializer.append(wt)
-        if not others:
-            graph.initializer.remove(w)
-        done += 1
-    return done
-
-
 def _consumers(graph: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]:
     out: dict[str, list[onnx.NodeProto]] = {}
     for n in graph.node:
@@ -171,9 +142,7 @@ def _prune(graph: onnx.GraphProto) -> None:
 def constant_rotary_cache(model: onnx.ModelProto, max_seq: int) -> int:
     """Replace the per-call cos/sin computations feeding RotaryEmbedding with constant tables of
     ``max_seq`` rows; returns how many distinct tables are stored. Models with one RoPE base have
-    one table; Gemma 3 has two (local and global layers' bases). An unrolled graph
-    (export/fused.py) computes a table per step from position_ids + j: each is a prefix of the
-    same table, so equal tables are stored once."""
+    one table; Gemma 3 has two (local and global layers' bases); equal tables are stored once."""
     import onnxruntime as ort
 
     graph = model.graph
@@ -431,7 +400,6 @@ def optimize_for_cpu(path: Path, max_seq: int) -> dict[str, int]:
         proto = onnx.load(str(fused_path))
     counts = {k: v for k, v in counts.items() if v}
     counts["untransposed_head"] = untranspose_tied_head(proto)
-    counts["folded_transposes"] = fold_transposed_weights(proto)
     counts["constant_rotary_cache"] = constant_rotary_cache(proto, max_seq)
     counts["rotary_3d"] = rotary_on_3d(proto)
     counts["rotary_in_attention"] = rotary_into_attention(proto)
