@@ -24,6 +24,7 @@ from specdec.export.logs import LOG_FILE, ExportLog, captured
 from specdec.export.gguf_file import one_parse
 from specdec.export.kinds import KINDS, ExportContext
 from specdec.export.ngram import check_corpus, write_table
+from specdec.export.recommend import measure
 from specdec.export.source import Source, check_pair, load_model, parameter_count, resolve
 from specdec.manifest import FUSED_ROLES, GraphSpec, Manifest, ModelSpec, sha256_of
 
@@ -404,9 +405,8 @@ def _build(cfg: ExportConfig, read: tuple[dict[str, Source], int | None, int], f
         if (head := cfg.head()) is not None:
             progress("feature drafter")
             manifest = _feature_drafter(tmp, manifest, head, cfg.head_quantization())
-            manifest = dataclasses.replace(manifest, drafter=default_drafter(head, cfg))
-        elif fallback is not None:
-            manifest = dataclasses.replace(manifest, drafter=fallback)
+        if head is not None or fallback is not None:  # a choice to make: measured here, the folder's suggestion among the modes
+            manifest = dataclasses.replace(manifest, drafter=measure(tmp, manifest, default_drafter(head, cfg) if head else fallback, progress))
         progress("write bundle")
         (tmp / LOG_FILE).write_text(log.text())
         manifest = dataclasses.replace(manifest, export_log=LOG_FILE, custom_ops=_custom_ops(manifest.graphs, tmp))
@@ -430,7 +430,7 @@ def _feature_drafter(tmp: Path, manifest: Manifest, head_dir: Path, quantize: st
 
 
 def _recommended(folder: Path, cfg: ExportConfig, with_head: bool) -> dict | None:
-    """``head_config.json``'s recommendation for a bundle with the head ("serve", its fields
+    """``head_config.json``'s suggestion (one of the modes export measures, export/recommend.py) for a bundle with the head ("serve", its fields
     overridden by "serve" → the ``--quantize`` name, e.g. "int8": {"gamma": 2, "why": ...}, for
     a quantized target) or without it ("serve" → "without_head"), as a manifest ``drafter``
     entry (with its "stop_below" for the head's chain: ``runtime.proposers.FeatureHead``); None
@@ -445,7 +445,7 @@ def _recommended(folder: Path, cfg: ExportConfig, with_head: bool) -> dict | Non
     reg = DRAFTERS.get(name)
     if reg is None or reg.needs_head != with_head or (reg.tree and not cfg.tree_nodes) or not isinstance(gamma, int) or gamma < 1:
         return None
-    why = entry.get("why", f"recommended{'' if with_head else ' without the head'} by {folder / 'head_config.json'}")
+    why = entry.get("why", f"suggested{'' if with_head else ' without the head'} by its folder's head_config.json")
     stop = entry.get("stop_below", 0.0) if reg.needs_head and not reg.tree else 0.0
     if not is_stop(stop):
         return None
@@ -453,9 +453,9 @@ def _recommended(folder: Path, cfg: ExportConfig, with_head: bool) -> dict | Non
 
 
 def default_drafter(head: Path, cfg: ExportConfig) -> dict:
-    """The bundle's default drafter once it has a feature head: the head folder's own
-    recommendation (``head_config.json``'s "serve": {"drafter", "gamma", "why"}, measured where
-    it was trained) when this bundle has what it needs, else the head's chain at γ = 1."""
+    """The head folder's suggestion for a bundle with its feature head (``head_config.json``'s
+    "serve": {"drafter", "gamma", "why"}) when this bundle has what it needs, else the head's
+    chain at γ = 1: one of the modes export measures (export/recommend.py)."""
     return _recommended(head, cfg, with_head=True) or {
         "name": "feature", "gamma": 1, "why": "the feature head's chain (its folder recommends nothing this bundle runs)"}
 

@@ -216,7 +216,7 @@ def bundle_table(ctx: DrafterContext) -> NgramTable | None:
 def _draft_model(fused: bool) -> Callable[[DrafterContext], object]:
     from specdec.runtime.proposers import DraftModel
 
-    return lambda ctx: DraftModel(ctx.draft, ctx.manifest.gamma, fused)
+    return lambda ctx: DraftModel(ctx.draft, fused)
 
 
 register("model", needs_draft_model=True, batched=True)(_draft_model(fused=True))

@@ -140,7 +140,7 @@ class Engine:
         seq[:L] = req.prompt
         sink.start_time = t0
         sink.stats.synthetic = self.synthetic
-        row = self.rows[slot] = Row(req, sink, slot, seq, self.qs[slot], np.random.default_rng(req.seed), L, req.max_new_tokens)
+        row = self.rows[slot] = Row(req, sink, slot, seq, self.qs[slot], np.random.default_rng(req.seed), L, req.max_new_tokens, grammar=req.new_grammar())
         sink.stats.prefill_seconds += clock() - t0
         return row
 
@@ -268,6 +268,6 @@ class Engine:
         """The row leaves its slot; its handle ends with ``reason`` (and ``error``)."""
         self.rows.pop(r.slot, None)
         r.stats.total_seconds = clock() - r.sink.start_time
-        if r.req.grammar is not None:
-            r.stats.grammar_seconds = r.req.grammar.seconds
+        if r.grammar is not None:
+            r.stats.grammar_seconds = r.grammar.seconds
         r.sink.finish(reason, error)

@@ -16,6 +16,7 @@ import numpy as np
 from specdec.errors import InputError
 from specdec.runtime.beam import BeamConfig
 from specdec.runtime.constraints import StructuredOutputs
+from specdec.runtime.gamma import check as check_gamma, is_int
 from specdec.runtime.logprobs import LOGPROBS_MODES, MAX_LOGPROBS
 from specdec.runtime.penalties import Penalties
 from specdec.runtime.sampling import SamplingConfig
@@ -23,10 +24,6 @@ from specdec.runtime.speculative import check_lenience
 
 
 MAX_BEAMS = 32  # beams a search keeps (each holds a KV slot per model)
-
-
-def is_int(x) -> bool:
-    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
 
 
 @dataclass(frozen=True)
@@ -169,10 +166,11 @@ class BeamParams:
         lp = self.length_penalty
         if not (isinstance(lp, (int, float)) and not isinstance(lp, bool) and abs(lp) < float("inf")):
             raise InputError(f"length_penalty={lp!r}: expected a finite number (1: scores per token, 0: sums)")
-        for name in ("gamma", "draft_width"):
-            v = getattr(self, name)
-            if v is not None and (not is_int(v) or v < (0 if name == "gamma" else 1) or v > MAX_BEAMS * 2):
-                raise InputError(f"{name}={v!r}: expected an integer {'0' if name == 'gamma' else '1'}..{MAX_BEAMS * 2} or None")
+        if self.gamma is not None:
+            check_gamma(self.gamma, None, auto=False)  # the bundle's ceiling: BeamRunner.run
+        v = self.draft_width
+        if v is not None and (not is_int(v) or not 1 <= v <= MAX_BEAMS * 2):
+            raise InputError(f"draft_width={v!r}: expected an integer 1..{MAX_BEAMS * 2} or None")
         # the rest (early_stopping, num_return_sequences, max_new_tokens) as BeamConfig checks them
         object.__setattr__(self, "stop_token_ids", self.request_params.stop_token_ids)
         self.config(())

@@ -51,8 +51,10 @@ class Proposer(Protocol):
 class DraftModel:
     """The bundle's draft model for all rows (see the module docstring)."""
 
-    def __init__(self, draft: Executor, gamma: int, fused: bool = True):
-        self.draft, self.gamma, self.use_fused = draft, gamma, fused
+    def __init__(self, draft: Executor, fused: bool = True):
+        self.draft = draft
+        runners = list(draft.fused_runners.values()) if fused else []
+        self.fused_steps = runners[0].gamma if runners else 0  # the draft steps a fused graph runs (0: none)
         self.name = "model" if fused else "model-steps"
 
     @property
@@ -64,7 +66,7 @@ class DraftModel:
 
     def propose(self, rows: Sequence[Row], gammas: Sequence[int]) -> list[int]:
         max_seq = self.draft.cache.max_seq
-        fused = [r for r, g in zip(rows, gammas) if g == self.gamma and r.length + g <= max_seq and r.req.fusable] if self.use_fused else []
+        fused = [r for r, g in zip(rows, gammas) if g == self.fused_steps and r.length + g <= max_seq and r.req.fusable] if self.fused_steps else []
         runner = self.draft.fused(len(fused), all(r.req.sampling.greedy for r in fused)) if fused else None
         if runner is None:
             fused = []
@@ -78,7 +80,7 @@ class DraftModel:
             logits = self.draft.forward([r.slot for r in step], feeds)  # [n, S, V]
             for i, (r, feed) in enumerate(zip(step, feeds)):
                 self.draft.commit(r.slot, len(feed))
-                row = r.req.transform(logits[i, len(feed) - 1 : len(feed)], r.seq, r.length + j)[0]  # [V]: predicts seq[L + j]
+                row = r.transform(logits[i, len(feed) - 1 : len(feed)], r.length + j)[0]  # [V]: predicts seq[L + j]
                 r.seq[r.length + j] = draw(row, r.req.sampling, r.rng, r.q[j])
         return list(gammas)
 
@@ -129,7 +131,7 @@ class Hierarchical(DraftModel):
     ``DraftModel``'s; the draft-cache invariant is the same."""
 
     def __init__(self, draft: Executor, gamma: int, vocab: int, max_ngram: int = 3, min_ngram: int = 1):
-        super().__init__(draft, gamma, fused=False)
+        super().__init__(draft, fused=False)
         self.name = "hierarchical(lookup)"
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
         self.guesses = np.zeros((gamma, vocab), dtype=np.float64)  # [γ, V]: lookup's one-hot rows
@@ -150,7 +152,7 @@ class Hierarchical(DraftModel):
         feed = r.seq[self.draft.length(slot) : cur + h]  # a lone row's call: the dynamic graph takes any length
         logits = self.draft.forward([slot], [feed])[0, len(feed) - h - 1 : len(feed)]  # [h + 1, V]: the draft's rows at cur..cur+h
         self.draft.commit(slot, len(feed))
-        rows = r.req.transform(logits, r.seq, cur)
+        rows = r.transform(logits, cur)
         if cfg.greedy:
             m, token = verify_greedy(r.seq[cur : cur + h], rows)
         else:
@@ -269,7 +271,7 @@ class FeatureHead:
         if not self.learned:  # the draft vocabulary is the graph's: the same in every row it returns
             self.support, self.learned = support_of(logits), True
         for j in range(depth):
-            row = r.req.transform(logits[None], r.seq, L + j)[0]  # [V]: with the penalties of seq[:L + j]
+            row = r.transform(logits[None], L + j)[0]  # [V]: with the penalties of seq[:L + j]
             r.seq[L + j] = choose(j, row)
             if j + 1 == depth or stop_below and self.confidence(row, r, j) < stop_below:
                 return j + 1

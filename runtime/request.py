@@ -7,10 +7,11 @@ from typing import Sequence
 
 import numpy as np
 
-from specdec.errors import ConfigError, InputError
-from specdec.runtime.params import SamplingParams, is_int as _is_int
+from specdec.errors import InputError
+from specdec.runtime.gamma import resolve as resolve_gamma
+from specdec.runtime.params import SamplingParams
 from specdec.runtime.constraints import Grammars, GrammarState
-from specdec.runtime.penalties import Penalties, penalize_chain, penalize_tree
+from specdec.runtime.penalties import Penalties
 from specdec.runtime.sampling import SamplingConfig
 
 
@@ -74,21 +75,15 @@ class Request:
     stop: frozenset[int] = field(init=False)  # tokens that end the request (kept in the output)
     penalties: Penalties | None = field(init=False)  # None: raw logits go to sampling as they are
     prompt_seen: np.ndarray = field(init=False)  # [u] the prompt's distinct ids (the repetition penalty's)
-    grammar: GrammarState | None = field(init=False)  # this request's matcher (structured outputs), else None
 
     def __post_init__(self) -> None:
         lim, par, put = self.limits, self.params, lambda k, v: object.__setattr__(self, k, v)
         if not isinstance(par, SamplingParams):
             raise InputError(f"params={par!r}: expected a SamplingParams")
         put("sampling", par.sampling)
-        put("adaptive", par.gamma == "auto")
-        gamma = lim.max_gamma if self.adaptive else (lim.default_gamma or lim.max_gamma) if par.gamma is None else par.gamma
-        if not _is_int(gamma) or not 0 <= gamma <= lim.max_gamma:
-            raise ConfigError(
-                f"gamma={gamma!r}: this bundle's verify graph takes K={lim.max_gamma + 1} tokens, so gamma must be "
-                f"0..{lim.max_gamma} or 'auto'; re-export with a larger --gamma for more"
-            )
-        put("gamma", int(gamma))
+        gamma, adaptive = resolve_gamma(par.gamma, lim.max_gamma, lim.default_gamma)
+        put("gamma", gamma)
+        put("adaptive", adaptive)
         self._check_source()
         put("prompt", token_ids(self.prompt, lim.vocab_size))
         # No room is reserved for the γ look-ahead: a step drafts at most the tokens the request may
@@ -112,44 +107,28 @@ class Request:
             pen = replace(pen or Penalties(), min_tokens=par.min_tokens, stop_ids=tuple(sorted(self.stop)))
         put("penalties", pen)
         put("prompt_seen", np.unique(self.prompt))
-        put("grammar", self._grammar())
+        self._check_grammar()
 
-    def _grammar(self) -> GrammarState | None:
+    def _check_grammar(self) -> None:
+        """A structured output's grammar compiles (a bad spec is refused here, before any work)."""
         spec = self.params.structured_outputs
         if spec is None:
-            return None
+            return
         if self.grammars is None:
             raise InputError("structured_outputs needs the bundle's tokenizer (tokenizer.json), which this bundle lacks; re-export it with its tokenizer")
-        return self.grammars.state(spec, len(self.prompt))
+        self.grammars.matcher(spec)  # compiled once per spec, cached: the row's matcher copies it
+
+    def new_grammar(self) -> GrammarState | None:
+        """A fresh matcher for a row decoding this request (structured outputs), else None: the
+        request stays a value, its row holds what advances."""
+        spec = self.params.structured_outputs
+        return None if spec is None else self.grammars.state(spec, len(self.prompt))
 
     @property
     def fusable(self) -> bool:
         """Whether a fused draft graph can propose for it (it samples with temperature, top-k and
         top-p only)."""
-        return self.penalties is None and not self.sampling.min_p and self.grammar is None
-
-    def transform(self, logits: np.ndarray, seq: np.ndarray, start: int) -> np.ndarray:
-        """Raw logits [n, V] whose row i predicts seq[start + i], with the request's penalties
-        and then its grammar's mask applied from that row's prefix (a float64 copy), or
-        ``logits`` itself when there are neither."""
-        if self.penalties is None and self.grammar is None:
-            return logits
-        if self.penalties is None:
-            out = np.array(logits, dtype=np.float64)  # [n, V]
-        else:
-            out = penalize_chain(logits, self.penalties, self.prompt_seen, seq, len(self.prompt), start)
-        return out if self.grammar is None else self.grammar.mask_chain(out, seq, start)
-
-    def transform_tree(self, logits: np.ndarray, seq: np.ndarray, length: int, tokens, parents) -> np.ndarray:
-        """``transform`` for a tree call's logits [n + 1, V] (row 0 the root, predicting
-        seq[length]; row i + 1 the children of node i)."""
-        if self.penalties is None and self.grammar is None:
-            return logits
-        if self.penalties is None:
-            out = np.array(logits, dtype=np.float64)  # [n + 1, V]
-        else:
-            out = penalize_tree(logits, self.penalties, self.prompt_seen, seq, len(self.prompt), length, tokens, parents)
-        return out if self.grammar is None else self.grammar.mask_tree(out, seq, length, tokens, parents)
+        return self.penalties is None and not self.sampling.min_p and self.params.structured_outputs is None
 
     @property
     def input_ids(self) -> np.ndarray:

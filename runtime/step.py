@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Callable, NamedTuple, Sequence
 import numpy as np
 
 from specdec.runtime.logprobs import score, score_probs
+from specdec.runtime.penalties import penalize_chain, penalize_tree
 from specdec.runtime.lookup import one_hot
 from specdec.runtime.request import Request
 from specdec.runtime.sampling import standardize
@@ -37,6 +38,7 @@ from specdec.runtime.stats import Iteration, Stats
 
 if TYPE_CHECKING:
     from specdec.engines.executor import Executor
+    from specdec.runtime.constraints import GrammarState
     from specdec.runtime.handles import Handle
     from specdec.runtime.proposers import Proposer
 
@@ -59,10 +61,36 @@ class Row:
     left: int  # tokens still to emit
     ready: bool = False  # prompt fed: the row decodes
     scored: list | None = None  # with logprobs asked: the last iteration's TokenLogprob per kept token
+    grammar: GrammarState | None = None  # structured outputs: this row's matcher (``Request.new_grammar``)
 
     @property
     def stats(self) -> Stats:
         return self.sink.stats
+
+    def transform(self, logits: np.ndarray, start: int) -> np.ndarray:
+        """Raw logits [n, V] whose row i predicts seq[start + i], with the request's penalties
+        and then the row's grammar mask applied from that row's prefix (a float64 copy), or
+        ``logits`` itself when there are neither."""
+        req = self.req
+        if req.penalties is None and self.grammar is None:
+            return logits
+        if req.penalties is None:
+            out = np.array(logits, dtype=np.float64)  # [n, V]
+        else:
+            out = penalize_chain(logits, req.penalties, req.prompt_seen, self.seq, len(req.prompt), start)
+        return out if self.grammar is None else self.grammar.mask_chain(out, self.seq, start)
+
+    def transform_tree(self, logits: np.ndarray, tokens: Sequence[int], parents: Sequence[int]) -> np.ndarray:
+        """``transform`` for a tree call's logits [n + 1, V] (row 0 the root, predicting
+        seq[length]; row i + 1 the children of node i)."""
+        req = self.req
+        if req.penalties is None and self.grammar is None:
+            return logits
+        if req.penalties is None:
+            out = np.array(logits, dtype=np.float64)  # [n + 1, V]
+        else:
+            out = penalize_tree(logits, req.penalties, req.prompt_seen, self.seq, len(req.prompt), self.length, tokens, parents)
+        return out if self.grammar is None else self.grammar.mask_tree(out, self.seq, self.length, tokens, parents)
 
 
 class Plan(NamedTuple):
@@ -113,7 +141,7 @@ def speculative_step(rows: Sequence[Row], gammas: Sequence[int], proposer: Propo
     chains = [i for i, d in enumerate(drafts) if isinstance(d, int)]
     timed = [0.0, 0.0]  # target, acceptance seconds
     if chains:
-        logits = target.forward([rows[i].slot for i in chains], [rows[i].seq[rows[i].length - 1 : rows[i].length + drafts[i] + 1] for i in chains])  # [n, S, V]
+        logits = target.forward([rows[i].slot for i in chains], [rows[i].seq[rows[i].length - 1 : rows[i].length + drafts[i]] for i in chains])  # [n, S, V]
         tb = clock()
         for j, i in enumerate(chains):
             kept[i] = accept_chain(rows[i], drafts[i], logits[j, : drafts[i] + 1], target, synthetic)
@@ -149,9 +177,9 @@ def forced_span(r: Row, gamma: int, room: int) -> list[int]:
     """The tokens a constrained row's grammar forces next, when they make a better draft than
     the drafter's: two or more, or any for a row drafting nothing (γ = 0); at most ``room``
     (the verify call's drafts) and the row's budget less its bonus token."""
-    if r.req.grammar is None:
+    if r.grammar is None:
         return []
-    f = r.req.grammar.forced(r.seq, r.length, min(room, r.left - 1))
+    f = r.grammar.forced(r.seq, r.length, min(room, r.left - 1))
     return f if len(f) >= 2 or (f and gamma == 0) else []
 
 
@@ -159,7 +187,7 @@ def accept_chain(r: Row, k: int, raw: np.ndarray, target: Executor, synthetic: f
     """Algorithm 1 on row ``r``'s chain of ``k`` drafts against the target's logits ``raw``
     [k + 1, V] (row j predicts seq[L + j]); the target keeps the rows of the kept tokens."""
     L = r.length
-    rows_p = r.req.transform(raw, r.seq, L)  # [k + 1, V]: with the request's penalties and grammar
+    rows_p = r.transform(raw, L)  # [k + 1, V]: with the request's penalties and grammar
     if synthetic is None:
         n, token = accept(r.seq[L : L + k], r.q[:k], rows_p, r.req.sampling, r.rng, r.req.lenience)
     else:
@@ -182,7 +210,7 @@ def verify_row_tree(r: Row, tree: DraftTree, target: Executor, timed: list[float
     raw = target.tree(r.slot, [int(r.seq[L - 1]), *tokens], [-1, *(p + 1 for p in parents)])  # [n + 1, V]: row 0 the root
     tb = clock()
     nodes, links = np.asarray(tokens, dtype=np.int64), np.asarray(parents, dtype=np.int64)
-    logits = r.req.transform_tree(raw, r.seq, L, tokens, parents)  # penalties and grammar, each row with its own node's prefix
+    logits = r.transform_tree(raw, tokens, parents)  # penalties and grammar, each row with its own node's prefix
     if cfg.greedy:
         v = verify_tree_greedy(nodes, links, logits, r.req.lenience)
     else:

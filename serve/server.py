@@ -24,8 +24,7 @@ from specdec.errors import ConfigError
 from specdec.manifest import load_manifest
 from specdec.runtime.batch import BatchEngine
 from specdec.runtime.drafters import bundle_default
-from specdec.runtime.params import SamplingParams
-from specdec.runtime.request import Limits, Request
+from specdec.runtime.gamma import resolve as resolve_gamma
 from specdec.runtime.text import TextCodec
 from specdec.store import fetch, is_uri, name_of
 from specdec.serve.app import ServerState, build_app
@@ -102,7 +101,7 @@ def prepare(cfg: ServeConfig, bind: bool = True) -> ServerState:
     chat = bundle_template(cfg.bundle, m, codec, cfg.chat_template)
     drafter = cfg.drafter or bundle_default(m)
     BatchEngine.check_options(m, cfg.max_batch, drafter, cfg.max_queue, cfg.cache_slots)
-    Request([0], Limits.of(m, drafter), SamplingParams(max_new_tokens=1, gamma=cfg.gamma), [0] if m.seq2seq else None)  # the --gamma every request will carry
+    resolve_gamma(cfg.gamma, m.gamma)  # the --gamma every request will carry
     model = cfg.served_model_name or Path(cfg.bundle).resolve().name
     fingerprint = f"specdec-{__version__}"
     if cfg.logprobs_mode not in LOGPROBS_MODES:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -16,7 +17,7 @@ from specdec.commands import demo  # noqa: E402
 from specdec.errors import ModelError  # noqa: E402
 from specdec.manifest import SCHEMA_VERSION  # noqa: E402
 
-CHECKOUT_MODELS = demo.Path(demo.__file__).resolve().parents[1] / "models" / "demo"
+CHECKOUT_MODELS = demo.Path(demo.__file__).resolve().parents[2] / "models" / "demo"
 
 
 def run_demo(env_cache, *args):
@@ -55,7 +56,7 @@ def test_demo_without_models_exits_2(tmp_path):
 def test_demo_models_outside_a_checkout(tmp_path, monkeypatch):
     """Installed without a checkout, the demo says where the models can come from; the env var wins."""
     monkeypatch.delenv(demo.ENV, raising=False)
-    monkeypatch.setattr(demo, "__file__", str(tmp_path / "site-packages" / "specdec" / "demo.py"))
+    monkeypatch.setattr(demo, "__file__", str(tmp_path / "site-packages" / "specdec" / "commands" / "demo.py"))
     with pytest.raises(ModelError, match=f"--models DIR.*{demo.ENV}"):
         demo.default_models()
     monkeypatch.setenv(demo.ENV, str(tmp_path / "pair"))
@@ -74,3 +75,13 @@ def test_embedded_demo_pair_runs_the_quick_start_job(tmp_path):
     assert "identical output" in res.stderr
     rate = float(re.search(r"rate ([0-9.]+)", res.stderr).group(1))
     assert rate > 0.3, res.stderr  # a trained draft; random pairs accept ~0
+    # The pair ships a feature head: its default mode was measured at export against the draft
+    # model and the head's other modes on held-out prompts, and the fastest is the one decoding.
+    (bundle,) = (tmp_path / "cache").iterdir()
+    entry = json.loads((bundle / "manifest.json").read_text())["drafter"]
+    speeds = entry["measured"]["tokens_per_s"]
+    modes = [m for m in speeds if m != "autoregressive"]
+    assert len(modes) >= 4 and any(m.startswith("model ") for m in modes) and any(m.startswith("feature ") for m in modes), speeds
+    best = max(modes, key=speeds.get)
+    assert best.startswith(f"{entry['name']} γ={entry['gamma']}") and entry["why"].startswith("measured at export"), entry
+    assert f"mode: {entry['name']} at gamma {entry['gamma']}, measured at export" in res.stderr

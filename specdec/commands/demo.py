@@ -36,7 +36,7 @@ def default_models() -> Path:
     a ModelError when neither holds the pair (e.g. installed from a wheel)."""
     if os.environ.get(ENV):
         return Path(os.environ[ENV])
-    checkout = Path(__file__).resolve().parents[1] / "models" / "demo"
+    checkout = Path(__file__).resolve().parents[2] / "models" / "demo"
     if not (checkout / "target" / "config.json").is_file():
         raise ModelError(
             f"the demo pair is not installed with the package and {checkout} has none; pass --models DIR "
@@ -113,7 +113,7 @@ def gemma3_gguf(report: Callable[[str], None] | None = None) -> Path:
 
 def shipped_draft(name: str) -> Path:
     """A draft folder shipped in ``models/``: ``$SPECDEC_DEMO_MODELS/../<name>`` or the checkout's."""
-    base = Path(os.environ[ENV]).parent if os.environ.get(ENV) else Path(__file__).resolve().parents[1] / "models"
+    base = Path(os.environ[ENV]).parent if os.environ.get(ENV) else Path(__file__).resolve().parents[2] / "models"
     draft = base / name
     if not (draft / "config.json").is_file():
         raise ModelError(f"the draft {name} is not at {draft}; run from a specdec checkout (it ships in models/{name})")

@@ -17,6 +17,7 @@ from test_decoder_exact import chi_square_p, exact_first_two, first_diff, load_m
 from specdec.errors import ConfigError  # noqa: E402
 from specdec.runtime import SamplingConfig, SpeculativeDecoder  # noqa: E402
 from specdec.runtime.batch import BatchEngine  # noqa: E402
+from specdec.runtime.step import Row  # noqa: E402
 
 REPEATS = [[5, 9, 2, 7, 5, 9, 2, 7, 5, 9], [40, 41, 42, 40, 41, 43, 40, 41], list(range(3, 30)) + list(range(3, 12)), [200]]
 
@@ -198,13 +199,11 @@ def test_feature_tree_drafts_the_grammars_forced_spans(feature_tree_bundle):
 
 def test_feature_tree_shape(feature_tree_bundle):
     """γ levels of width nodes // γ: the chain node first, its siblings after, the next level under the chain node."""
-    from types import SimpleNamespace
-
     _, out = feature_tree_bundle
     dec = SpeculativeDecoder.load(out, drafter="feature-tree")
     proposer, prompt = dec.engine.proposer, corpus_prompts(dec)[0]
     dec.engine.target.forward([0], [np.array(prompt[:-1])])  # the target's features of the prompt, as a prefill writes them
-    row = SimpleNamespace(slot=0, length=len(prompt), seq=np.array(prompt + [0] * 8, dtype=np.int64), req=dec.request(prompt, temperature=0.0, max_new_tokens=8))
+    row = Row(dec.request(prompt, temperature=0.0, max_new_tokens=8), None, 0, np.array(prompt + [0] * 8, dtype=np.int64), None, None, len(prompt), 8)
     for depth, width in ((2, 3), (3, 2), (4, 1)):
         proposer.start(row)
         tokens, parents, q = proposer.tree_for(row, depth)
@@ -218,15 +217,13 @@ def test_feature_tree_shape(feature_tree_bundle):
 def test_sampled_feature_tree_draws_siblings_without_replacement(feature_tree_bundle):
     """At T > 0 each level's siblings are distinct draws; sibling i's proposal is q with the
     earlier siblings removed, renormalized (what verification tests it against)."""
-    from types import SimpleNamespace
-
     _, out = feature_tree_bundle
     dec = SpeculativeDecoder.load(out, drafter="feature-tree")
     proposer, prompt = dec.engine.proposer, corpus_prompts(dec)[0]
     dec.engine.target.forward([0], [np.array(prompt[:-1])])
     # T = 1.5: flat enough that siblings differ from the top tokens
-    row = SimpleNamespace(slot=0, length=len(prompt), seq=np.array(prompt + [0] * 8, dtype=np.int64), req=dec.request(prompt, temperature=1.5, max_new_tokens=8),
-                          rng=np.random.default_rng(0))
+    row = Row(dec.request(prompt, temperature=1.5, max_new_tokens=8), None, 0, np.array(prompt + [0] * 8, dtype=np.int64), None,
+              np.random.default_rng(0), len(prompt), 8)
     not_top = 0
     for _ in range(20):
         proposer.start(row)

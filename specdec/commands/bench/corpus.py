@@ -21,24 +21,12 @@ import importlib.util
 import re
 from pathlib import Path
 
-from specdec.held_out import EXCLUDED, HELD_OUT, HELD_OUT_CODE, stdlib_files  # re-exported
+from specdec.held_out import EXCLUDED, HELD_OUT, HELD_OUT_CODE, held_out_prompts, stdlib_files  # re-exported
 
 CODE_PACKAGES = ("numpy", "click", "tqdm", "onnxruntime")
 CORPORA = ("stdlib", "code", "functions", "code-functions")
 SOURCE_CORPORA = ("functions", "code-functions")  # sources for encoder-decoder bundles
 _DEF = re.compile(r"^[ \t]*(?:async[ \t]+)?def[ \t]", re.MULTILINE)
-
-
-def held_out_prompts(encode, count: int, length: int) -> list[list[int]]:
-    """``count`` prompts of ``length`` tokens: the opening of held-out files long enough."""
-    prompts = []
-    for f in stdlib_files(held_out=True):
-        ids = encode(f.read_text(encoding="utf-8", errors="replace"))
-        if len(ids) >= length * 2:
-            prompts.append(ids[:length])
-        if len(prompts) == count:
-            break
-    return prompts
 
 
 def package_files(package: str) -> list[Path]:

@@ -57,6 +57,9 @@ def demo_cmd(which: str, models: Path | None, prompt: str | None, max_new_tokens
         f"speedup {speedup:.2f}x measured in this run{same if temperature == 0 else ''}",
         err=True,
     )
+    entry = dec.manifest.drafter or {}
+    if entry.get("measured"):  # the bundle's default mode, the fastest of those measured at export
+        click.echo(f"mode: {entry['name']} at gamma {entry['gamma']}, {entry['why']}", err=True)
 
 
 def _chat_prompt(bundle: Path, dec, text: str) -> str:

@@ -120,12 +120,12 @@ def _structured(json_schema: Path | None, json_object: bool, regex: str | None, 
 
 
 def _int_gamma(gamma: str) -> int:
-    from specdec.errors import InputError
+    """A beam search's --gamma: a fixed number of draft steps, not auto."""
+    from specdec.errors import ConfigError
 
-    g = parse_gamma(gamma)
-    if not isinstance(g, int):
-        raise InputError(f"--gamma {gamma}: beam search takes a fixed number of draft steps (0..the bundle's gamma), not auto")
-    return g
+    if gamma == "auto":
+        raise ConfigError("--gamma auto: beam search takes a fixed number of draft steps (0..the bundle's gamma), not auto")
+    return parse_gamma(gamma, auto=False)
 
 
 def _beam_search(bundle: Path, prompt, source, beams, params, drafter: str, provider: str, threads: int | None, verify: str, as_json: bool) -> None:

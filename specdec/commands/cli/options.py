@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from specdec.errors import ConfigError, InputError
+from specdec.errors import InputError
 
 
 class BundleArg(click.ParamType):
@@ -48,14 +48,14 @@ def thread_policy(threads: int | None):
     return ThreadPolicy.per_session(threads)
 
 
-def parse_gamma(text: str | None) -> int | str | None:
-    """--gamma: an integer, "auto", or unset."""
-    if text is None or text == "auto":
-        return text
-    try:
-        return int(text)
-    except ValueError:
-        raise ConfigError(f"--gamma {text!r}: expected an integer 0..the bundle's gamma, or auto") from None
+def parse_gamma(text: str | None, auto: bool = True) -> int | str | None:
+    """--gamma: an integer, "auto" (with ``auto``), or unset; the bundle's ceiling is checked
+    with the request (``runtime.gamma``, one ``ConfigError`` for every bad value)."""
+    from specdec.runtime.gamma import check
+
+    if text is None:
+        return None
+    return check(int(text) if text.lstrip("-").isdigit() else text, None, auto, what="--gamma")
 
 
 def parse_numbers(option: str, text: str, kind: type) -> list:

@@ -1,0 +1,97 @@
+"""The bundle's default drafter, measured at export on the exporting machine (as ``specdec check``
+measures a user's): a recommendation is a measurement with its conditions, not a file's word.
+
+    measure(stage, manifest, suggested) -> the manifest's ``drafter`` entry
+
+Each candidate mode the bundle runs (the draft model at the bundle's γ; with a feature head its
+chain at γ = 1 and at the bundle's γ, lookup-first at the bundle's γ; and what the head's folder
+suggests, ``head_config.json``'s "serve") and autoregressive decoding decode the same held-out
+prompts (``specdec bench``'s default corpus: openings of held-out stdlib files), greedy, in
+interleaved rounds (the order reversed every other round, so drift on a shared box falls on all
+alike); the fastest by median tokens per second is the default. Its entry keeps every mode's
+figure and the conditions ("measured"), and says so in "why".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+from specdec import integrity
+from specdec.held_out import held_out_prompts
+from specdec.manifest import MANIFEST_NAME, Manifest
+
+PROMPTS, PROMPT_TOKENS, NEW_TOKENS, ROUNDS = 4, 64, 128, 2  # specdec bench's defaults (--prompts, --prompt-tokens, --tokens, --rounds)
+
+
+def candidates(manifest: Manifest, suggested: dict | None) -> list[dict]:
+    """The modes worth measuring for this bundle, ``suggested`` among them (deduplicated)."""
+    g = manifest.gamma
+    modes = [{"name": "model", "gamma": g}]
+    if manifest.head is not None:
+        modes += [{"name": "feature", "gamma": 1}, {"name": "feature", "gamma": g}, {"name": "feature-lookup", "gamma": g}]
+    if suggested:
+        modes.append({k: suggested[k] for k in ("name", "gamma", "stop_below") if k in suggested})
+    seen, out = set(), []
+    for m in modes:
+        key = (m["name"], m["gamma"], m.get("stop_below", 0.0))
+        if key not in seen:
+            seen.add(key)
+            out.append(m)
+    return out
+
+
+def label(mode: dict) -> str:
+    stop = f" stop<{mode['stop_below']:g}" if mode.get("stop_below") else ""
+    return f"{mode['name']} γ={mode['gamma']}{stop}"
+
+
+def measure(stage: Path, manifest: Manifest, suggested: dict | None, progress=lambda _: None) -> dict:
+    """The ``drafter`` entry of the bundle staged in ``stage`` (every file written, its manifest
+    not yet): the fastest of ``candidates`` on this machine, with its conditions."""
+    from specdec.runtime.decoder import SpeculativeDecoder
+
+    staged = dataclasses.replace(manifest, integrity=integrity.record(stage, skip=(MANIFEST_NAME,)))
+    (stage / MANIFEST_NAME).write_text(staged.to_json())  # provisional: commit writes the final one
+    modes = candidates(manifest, suggested)
+    base = SpeculativeDecoder.load(stage, drafter="model", verify="size")
+    prompts = held_out_prompts(base.codec.encode, PROMPTS, PROMPT_TOKENS) if base.codec and not manifest.seq2seq else []
+    if not prompts:  # an encoder-decoder bundle, or no tokenizer: nothing to measure on
+        return suggested or {"name": "model", "gamma": manifest.gamma, "why": "the draft model (no held-out prompts to measure on)"}
+    decoders = {"autoregressive": (base, 0)}
+    for mode in modes:
+        dec = base.fork(mode["name"])
+        if hasattr(dec.engine.proposer, "stop_below"):
+            dec.engine.proposer.stop_below = float(mode.get("stop_below", 0.0))
+        decoders[label(mode)] = (dec, mode["gamma"])
+    progress(f"measure the default drafter ({len(modes)} modes)")
+    speed = interleaved(decoders, prompts)
+    best = max(modes, key=lambda m: speed[label(m)])
+    ar = speed["autoregressive"]
+    why = (f"measured at export on this machine: {label(best)} {speed[label(best)]:.1f} tok/s, {speed[label(best)] / ar:.2f}x autoregressive "
+           f"({ar:.1f} tok/s); {len(prompts)} held-out stdlib prompts x {NEW_TOKENS} tokens, greedy, {ROUNDS} rounds interleaved")  # fmt: skip
+    conditions = {"tokens_per_s": {k: round(v, 2) for k, v in speed.items()}, "prompts": len(prompts), "prompt_tokens": PROMPT_TOKENS,
+                  "new_tokens": NEW_TOKENS, "rounds": ROUNDS, "temperature": 0.0, "corpus": "stdlib",
+                  "machine": f"{platform.machine()} {platform.processor() or ''} {os.cpu_count()} cores".replace("  ", " ")}  # fmt: skip
+    return {**best, "why": why, "measured": conditions}
+
+
+def interleaved(decoders: dict, prompts: list[list[int]]) -> dict[str, float]:
+    """{name: median tokens per second over rounds} of each (decoder, γ) decoding every prompt."""
+    for dec, gamma in decoders.values():  # warm-up: first calls pay for lazy initialisation
+        dec.generate(prompts[0], max_new_tokens=8, gamma=gamma, ignore_eos=True)
+    rates: dict[str, list[float]] = {name: [] for name in decoders}
+    names = list(decoders)
+    for r in range(ROUNDS):
+        for name in names if r % 2 == 0 else names[::-1]:
+            dec, gamma = decoders[name]
+            t0 = time.perf_counter()
+            for p in prompts:
+                dec.generate(p, max_new_tokens=NEW_TOKENS, gamma=gamma, ignore_eos=True)
+            rates[name].append(NEW_TOKENS * len(prompts) / (time.perf_counter() - t0))
+    return {name: statistics.median(v) for name, v in rates.items()}
+
