@@ -113,13 +113,21 @@ def freeze(model):
     return model
 
 
-def agreement(lp, lq, labels) -> dict:
-    """Sums over N positions, given a target's and a draft's [N, V] logits and [N] labels: the
-    cross-entropy of each, α = Σ min(p, q) (T=1) and argmax agreement (T=0)."""
-    lp, lq = lp.float(), lq.float()
-    return dict(target_ce=float(F.cross_entropy(lp, labels, reduction="sum")), draft_ce=float(F.cross_entropy(lq, labels, reduction="sum")),
-                alpha_t1=float(torch.minimum(lp.softmax(-1), lq.softmax(-1)).sum(-1).sum()),
-                alpha_t0=float((lp.argmax(-1) == lq.argmax(-1)).float().sum()))  # fmt: skip
+def agreement(target, draft, batches, logits) -> dict:
+    """Means over the positions of ``batches`` of (inputs, labels [N]), given ``logits(model, inputs)``
+    [N, V]: the cross-entropy of each model, α = Σ min(p, q) (T=1) and argmax agreement (T=0),
+    teacher-forced; and the positions."""
+    sums, n = dict.fromkeys(("target_ce", "draft_ce", "alpha_t1", "alpha_t0"), 0.0), 0
+    target.eval()
+    draft.eval()
+    with torch.no_grad():
+        for inputs, labels in batches:
+            lp, lq = logits(target, inputs).float(), logits(draft, inputs).float()
+            for k, v in (("target_ce", F.cross_entropy(lp, labels, reduction="sum")), ("draft_ce", F.cross_entropy(lq, labels, reduction="sum")),
+                         ("alpha_t1", torch.minimum(lp.softmax(-1), lq.softmax(-1)).sum()), ("alpha_t0", (lp.argmax(-1) == lq.argmax(-1)).sum())):  # fmt: skip
+                sums[k] += float(v)
+            n += len(labels)
+    return {**{k: round(v / n, 4) for k, v in sums.items()}, "positions": n}
 
 
 def save(model, tok, folder: Path) -> None:

@@ -96,15 +96,9 @@ def fit(name: str, model, data: np.ndarray, steps: int, peak_lr: float, work: Pa
 def evaluate(target, draft, data: np.ndarray, count: int = 64) -> dict:
     """Held-out cross-entropy of both models and α at T=1 and T=0, teacher-forced over fixed windows."""
     x, y = windows(data, count, 1234)
-    out = dict.fromkeys(("target_ce", "draft_ce", "alpha_t1", "alpha_t0"), 0.0)
-    target.eval()
-    draft.eval()
-    with torch.no_grad():
-        for i in range(0, count, 8):
-            xb, yb = x[i : i + 8], y[i : i + 8].reshape(-1)
-            for k, v in agreement(target(xb).logits.reshape(-1, VOCAB), draft(xb).logits.reshape(-1, VOCAB), yb).items():
-                out[k] += v / len(yb) / (count / 8)
-    return {k: round(v, 4) for k, v in out.items()}
+    batches = ((x[i : i + 8], y[i : i + 8].reshape(-1)) for i in range(0, count, 8))
+    figures = agreement(target, draft, batches, lambda m, xb: m(xb).logits.reshape(-1, VOCAB))
+    return {k: v for k, v in figures.items() if k != "positions"}
 
 
 def card(args, files, held, ntrain, nheld, states, figures, tparams, dparams) -> str:

@@ -257,19 +257,9 @@ def fit(name: str, model, data: list, steps: int, peak_lr: float, args, teacher=
 def evaluate(target, draft, tok, data: list, pairs: list[tuple[str, str]], n_generate: int = 50) -> dict:
     """On held-out pairs: teacher-forced cross-entropy of both models, α at T=0 and T=1 over the
     label positions, and greedy exact match (output == the reference) on ``n_generate`` pairs."""
-    target.eval()
-    draft.eval()
-    sums = dict.fromkeys(("target_ce", "draft_ce", "alpha_t1", "alpha_t0"), 0.0)
-    count = 0
+    batches = ((b, b[2][b[2] != -100]) for b in (collate(data[i : i + 64]) for i in range(0, len(data), 64)))  # labels: y at its positions
+    out = agreement(target, draft, batches, lambda m, b: logits_at(m, *b)[0])
     with torch.no_grad():
-        for i in range(0, len(data), 64):
-            batch = collate(data[i : i + 64])
-            (lp, y), (lq, _) = logits_at(target, *batch), logits_at(draft, *batch)
-            for k, v in agreement(lp, lq, y).items():
-                sums[k] += v
-            count += len(y)
-        out = {k: round(v / count, 4) for k, v in sums.items()}
-        out["positions"] = count
         n = min(n_generate, len(pairs))
         for name, model in (("target", target), ("draft", draft)):
             hits = 0
