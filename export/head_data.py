@@ -196,16 +196,18 @@ def batches(seqs: Sequences, tokens: int, rng: np.random.Generator) -> list[np.n
 
 
 def collate(seqs: Sequences, idx: np.ndarray) -> tuple[np.ndarray, ...]:
-    """ids [B, T] int64, mask [B, T] bool, features [B, T, d] float32, right-padded with zeros (mask False);
-    with top-K labels also top_id [B, T, K] int64 (-1 where none) and top_p [B, T, K] float32."""
+    """ids [B, T] int64, mask [B, T] bool, features [B, T, d] float32 (d = 0 without features), right-padded with
+    zeros (mask False); with top-K labels also top_id [B, T, K] int64 (-1 where none) and top_p [B, T, K] float32."""
     T = max(len(seqs.ids[i]) for i in idx)
-    d = seqs.feats[idx[0]].shape[-1]
+    d = seqs.feats[idx[0]].shape[-1] if seqs.feats is not None else 0
     ids = np.zeros((len(idx), T), np.int64)  # [B, T]
     mask = np.zeros((len(idx), T), bool)  # [B, T]
     f = np.zeros((len(idx), T, d), np.float32)  # [B, T, d]
     for b, i in enumerate(idx):
         n = len(seqs.ids[i])
-        ids[b, :n], mask[b, :n], f[b, :n] = seqs.ids[i], seqs.mask[i], seqs.feats[i]
+        ids[b, :n], mask[b, :n] = seqs.ids[i], seqs.mask[i]
+        if d:
+            f[b, :n] = seqs.feats[i]
     if seqs.top is None:
         return ids, mask, f
     K = seqs.top[idx[0]][0].shape[-1]

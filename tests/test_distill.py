@@ -384,7 +384,7 @@ def test_a_plan_made_before_forms_resumes(whole, chat_bundle, tmp_path):
 
 
 def test_merge_appends_answered_requests_and_keeps_the_first(whole, chat_bundle, tmp_path):
-    """tools/train/merge_corpus.py: the first folder's jobs keep their numbers and answers; the
+    """specdec distill-merge: the first folder's jobs keep their numbers and answers; the
     second's answered requests are appended, each answer under (its new request, its temperature's
     index among the first's); prompts.npz covers every request; train-drafter's reader takes the
     result whole. Shapes that differ, temperatures outside the first's and an existing --out are refused."""
@@ -401,7 +401,7 @@ def test_merge_appends_answered_requests_and_keeps_the_first(whole, chat_bundle,
     rec2 = distill(chat_bundle[1], second, s2, max_batch=1, tokens=1, progress=False, report=lambda s: None)  # stops after the first answer
     assert 0 < rec2["answers"] < len(more)  # some requests left unanswered: they are not carried over
     out = tmp_path / "merged"
-    tool = subprocess.run([sys.executable, str(ROOT / "tools/train/merge_corpus.py"), str(first), str(second), "--out", str(out)],
+    tool = subprocess.run([sys.executable, "-m", "specdec", "distill-merge", str(first), str(second), "--out", str(out)],
                           capture_output=True, text=True, cwd=ROOT)  # fmt: skip
     assert tool.returncode == 0, tool.stderr
     record = json.loads(tool.stdout)
@@ -433,3 +433,28 @@ def test_merge_appends_answered_requests_and_keeps_the_first(whole, chat_bundle,
     with pytest.raises(ConfigError, match="max_new_tokens 99 where"):
         merge([first, odd], tmp_path / "m3")
     assert not (tmp_path / "m2").exists() and not (tmp_path / "m3").exists()
+
+
+def test_smollm2_draft_recipe_trains_a_shared_draft_on_a_distill_folder(whole, chat_bundle, tmp_path):
+    """tools/train/smollm2_draft.py: ``train`` makes a shared draft from the target's first layers,
+    trained on a distill folder's answers (held out by topic), over the answers' frequent tokens;
+    ``layers`` makes an untrained one from local text. Both load as shared drafts of the target."""
+    import torch
+    from transformers import AutoConfig
+
+    from specdec.commands.distill.hf import load_model
+    from specdec.export import shared_draft
+
+    tool = [sys.executable, str(ROOT / "tools/train/smollm2_draft.py")]
+    target = load_model(chat_bundle[0])
+    for cmd, out, extra in (("train", tmp_path / "trained", ["--data", str(whole[0]), "--minutes", "0.05", "--tokens-per-batch", "256"]),
+                            ("layers", tmp_path / "layers", [])):  # fmt: skip
+        run = subprocess.run([*tool, cmd, "--target", str(chat_bundle[0]), "--layers", "1", "--vocab", "48", "--out", str(out), *extra],
+                             capture_output=True, text=True, cwd=ROOT, timeout=600)  # fmt: skip
+        assert run.returncode == 0, run.stderr[-3000:]
+        draft = shared_draft.load(out, AutoConfig.from_pretrained(str(out)), target)
+        assert draft.config.num_hidden_layers == 1 and 48 <= len(json.loads((out / "draft_vocab.json").read_text())) <= 48 + 3
+        with torch.no_grad():
+            assert draft(torch.tensor([[1, 2, 3]])).logits.shape == (1, 3, target.config.vocab_size)
+    record = json.loads((tmp_path / "trained" / "training.json").read_text())
+    assert record["steps"] > 0 and record["held_out_conversations"] > 0 and record["log"]

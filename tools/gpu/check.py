@@ -371,13 +371,14 @@ def speed(bundle: Path, provider: str, tokens: int, drafters: list[str], batch_r
 def transformers_speed(bundle: Path, gguf: Path, draft: Path, dtype: str, tokens: int) -> dict:
     """transformers' generate, plain and assisted by the same draft, greedy, on the GPU."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
+    from specdec.commands.distill.hf import load_model
     from specdec.export import shared_draft
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     tdtype = {"float16": torch.float16, "float32": torch.float32}[dtype]
-    target = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32).eval()
+    target = load_model(gguf)
     # the shipped draft borrows the target's embedding and output rows (export/shared_draft.py),
     # as it does in the bundle: the same draft model, in transformers
     assistant = shared_draft.load(draft, AutoConfig.from_pretrained(str(draft)), target).to(dev, tdtype)

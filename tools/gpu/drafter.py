@@ -35,18 +35,15 @@ from pathlib import Path
 import numpy as np
 
 
-def load_target(gguf: Path | None, model: Path | None, device: str):
+def load_target(source: Path, device: str):
     import torch
-    from transformers import AutoModelForCausalLM
+
+    from specdec.commands.distill.hf import load_model
 
     if device == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False  # float32 labels and features, as the float32 bundle computes them
         torch.backends.cudnn.allow_tf32 = False
-    if gguf is not None:
-        m = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
-    else:
-        m = AutoModelForCausalLM.from_pretrained(str(model), dtype=torch.float32)
-    return m.to(device).eval()
+    return load_model(source, device)
 
 
 def answer(model, data: Path, rows: int, tokens: int | None, minutes: float | None, report) -> tuple[dict[int, np.ndarray], dict]:
@@ -290,7 +287,7 @@ def main() -> None:
     if not all((args.data / name).is_file() for name in (PLAN, PROMPTS)):
         ap.error(f"--data {args.data}: expected {PLAN} and {PROMPTS}; make them with specdec distill BUNDLE --out {args.data} --plan-only")
     t0 = time.perf_counter()
-    model = load_target(args.gguf, args.model, args.device)
+    model = load_target(args.gguf or args.model, args.device)
     feats, answered = answer(model, args.data, args.rows, args.tokens, args.minutes, report)
     earlier = earlier_features(model, args.data, feats, args.rows, report, args.relabel, args.features_bf16, args.features_cache)
     if not feats:

@@ -24,7 +24,7 @@ def cli() -> None:
     """Exact speculative decoding: plan it, export models to a bundle, run them on ONNX Runtime."""
 
 
-for command in (plan.plan_cmd, bundle.export_cmd, bundle.inspect_cmd, bundle.push_cmd, train.train_drafter_cmd, train.distill_cmd,
+for command in (plan.plan_cmd, bundle.export_cmd, bundle.inspect_cmd, bundle.push_cmd, train.train_drafter_cmd, train.distill_cmd, train.distill_merge_cmd,
                 check.check_cmd, generate.generate_cmd, bench.bench_cmd, bench.bench_batch_cmd, bench_serve_cmd, bench_peers_cmd,
                 serve.serve_cmd, demo.demo_cmd):  # fmt: skip
     cli.add_command(command)

@@ -62,7 +62,7 @@ def train_drafter_cmd(bundle: Path, corpus: str, steps: int, batch: int, window:
               help="Request forms: instructions about a topic ('Explain X to a beginner.'), or the direct questions of everyday chat "
                    "('What should I know about X?', several self-instruct asks per topic), or user turns the target writes whole from its "
                    "chat template (user-turns, Magpie), or everyday requests of many shapes (everyday: 'Make a checklist for X.', 'Write a "
-                   "limerick about X.', 'How does X work?'); a second folder of another kind adds to a corpus (tools/train/merge_corpus.py).")  # fmt: skip
+                   "limerick about X.', 'How does X work?'); a second folder of another kind adds to a corpus (specdec distill-merge).")  # fmt: skip
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 @click.option("--plan-only", is_flag=True, help="Make the plan and write the prompts' ids (prompts.npz), then stop: for answering elsewhere (tools/gpu/drafter.py).")
@@ -96,3 +96,19 @@ def distill_cmd(bundle: Path, out: Path, tokens: int | None, minutes: float | No
     click.echo(f"{out}: {record['answers']} answers, {record['answer_tokens']:,} answer tokens of {record['jobs']} jobs; "
                f"this run {r['answer_tokens']:,} tokens in {r['seconds']:.0f} s ({r['tok_s']} tok/s)"
                + ("; interrupted: run the same command to resume" if record["interrupted"] else ""))  # fmt: skip
+
+
+@click.command("distill-merge")
+@click.argument("sources", nargs=-1, required=True, type=click.Path(file_okay=False, path_type=Path))
+@click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path), help="A new folder.")
+def distill_merge_cmd(sources: tuple[Path, ...], out: Path) -> None:
+    """Merge `specdec distill` folders SOURCES into one corpus --out: the first keeps its job numbers
+    (a features cache made for it stays valid), the others' answered requests are appended
+    (specdec/commands/distill/merge.py). Prints the merge's JSON record."""
+    import json
+
+    from specdec.commands.distill.merge import merge
+
+    if len(sources) < 2:
+        raise ConfigError("distill-merge: expected at least two folders, the first keeping its job numbers")
+    click.echo(json.dumps(merge(list(sources), out), indent=1))

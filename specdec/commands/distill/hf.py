@@ -31,6 +31,19 @@ import torch
 from specdec.shards import Answer
 
 
+def load_model(source, device: str = "cpu", tokenizer: bool = False):
+    """A causal LM in float32, in eval mode on ``device``, from a GGUF file (dequantized by
+    transformers) or a checkpoint folder; with ``tokenizer``, (its tokenizer, the model)."""
+    from pathlib import Path
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    source = Path(source)
+    where, kw = (str(source.parent), {"gguf_file": source.name}) if source.suffix.lower() == ".gguf" else (str(source), {})
+    model = AutoModelForCausalLM.from_pretrained(where, dtype=torch.float32, **kw).to(device).eval()
+    return (AutoTokenizer.from_pretrained(where, **kw), model) if tokenizer else model
+
+
 @dataclass
 class Answered:
     answer: Answer
