@@ -14,16 +14,14 @@ figure and the conditions ("measured"), and says so in "why".
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import platform
 import statistics
 import time
 from pathlib import Path
 
-from specdec import integrity
 from specdec.held_out import held_out_prompts
-from specdec.manifest import MANIFEST_NAME, Manifest
+from specdec.manifest import Manifest
 
 PROMPTS, PROMPT_TOKENS, NEW_TOKENS, ROUNDS = 4, 64, 128, 2  # specdec bench's defaults (--prompts, --prompt-tokens, --tokens, --rounds)
 
@@ -51,14 +49,15 @@ def label(mode: dict) -> str:
 
 
 def measure(stage: Path, manifest: Manifest, suggested: dict | None, progress=lambda _: None) -> dict:
-    """The ``drafter`` entry of the bundle staged in ``stage`` (every file written, its manifest
-    not yet): the fastest of ``candidates`` on this machine, with its conditions."""
+    """The ``drafter`` entry of the bundle staged in ``stage`` (every file written; ``manifest``
+    is its manifest, not yet hashed nor written): the fastest of ``candidates`` on this machine,
+    with its conditions."""
     from specdec.runtime.decoder import SpeculativeDecoder
+    from specdec.runtime.loader import Loaded
 
-    staged = dataclasses.replace(manifest, integrity=integrity.record(stage, skip=(MANIFEST_NAME,)))
-    (stage / MANIFEST_NAME).write_text(staged.to_json())  # provisional: commit writes the final one
     modes = candidates(manifest, suggested)
-    base = SpeculativeDecoder.load(stage, drafter="model", verify="size")
+    loaded, _ = Loaded.open(stage, "model", manifest=manifest)  # the files just written: nothing to verify, nothing to stamp
+    base = SpeculativeDecoder(loaded, "model")
     prompts = held_out_prompts(base.codec.encode, PROMPTS, PROMPT_TOKENS) if base.codec and not manifest.seq2seq else []
     if not prompts:  # an encoder-decoder bundle, or no tokenizer: nothing to measure on
         return suggested or {"name": "model", "gamma": manifest.gamma, "why": "the draft model (no held-out prompts to measure on)"}

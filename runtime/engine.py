@@ -31,7 +31,8 @@ from specdec.runtime.handles import Handle
 from specdec.runtime.request import Request
 from specdec.runtime.stats import Iteration
 from specdec.runtime.logprobs import score
-from specdec.runtime.step import Row, schedule, speculative_step
+from specdec.runtime.row import Row
+from specdec.runtime.step import schedule, speculative_step
 
 clock = time.perf_counter
 

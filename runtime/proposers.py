@@ -33,8 +33,7 @@ from specdec.runtime.tree import EMPTY_TREE, DraftTree
 
 if TYPE_CHECKING:
     from specdec.engines.executor import Executor
-    from specdec.runtime.drafters import Drafter
-    from specdec.runtime.step import Row
+    from specdec.runtime.row import Row
 
 
 class Proposer(Protocol):
@@ -167,7 +166,7 @@ class Hierarchical(DraftModel):
 class PerRow:
     """Per-sequence drafters (the ``Drafter`` interface), one per slot, behind the batched interface."""
 
-    def __init__(self, drafters: Sequence[Drafter]):
+    def __init__(self, drafters: Sequence):  # drafters.Drafter objects
         self.drafters = list(drafters)
         self.name = self.drafters[0].name
 

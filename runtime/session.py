@@ -15,20 +15,17 @@ decoder in between takes the slot; the next turn then feeds the history once mor
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import Iterator, Sequence
 
 from specdec.errors import ConfigError, InputError
 from specdec.runtime.handles import GenerationResult, Piece
 from specdec.runtime.request import token_ids
 
-if TYPE_CHECKING:
-    from specdec.runtime.decoder import SpeculativeDecoder
-
 
 class Session:
     """See the module docstring. Not thread-safe: one session is one conversation."""
 
-    def __init__(self, decoder: SpeculativeDecoder, tokens: str | Sequence[int] = ()):
+    def __init__(self, decoder, tokens: str | Sequence[int] = ()):  # decoder: a SpeculativeDecoder
         if decoder.manifest.seq2seq:
             raise ConfigError("sessions need a decoder-only bundle: an encoder-decoder's output depends on its source; call generate(source) per turn")
         self.decoder = decoder

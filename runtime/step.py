@@ -22,75 +22,25 @@ rows for seq[:L-1] (seq[L-1] is fed by the next call). Rows written past a slot'
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, NamedTuple, Sequence
 
 import numpy as np
 
 from specdec.runtime.logprobs import score, score_probs
-from specdec.runtime.penalties import penalize_chain, penalize_tree
 from specdec.runtime.lookup import one_hot
-from specdec.runtime.request import Request
+from specdec.runtime.row import Row
 from specdec.runtime.sampling import standardize
 from specdec.runtime.speculative import accept, synthetic_accept
 from specdec.runtime.tree import DraftTree, depths, sibling_ranks, verify_tree, verify_tree_greedy
-from specdec.runtime.stats import Iteration, Stats
+from specdec.runtime.stats import Iteration
 
 if TYPE_CHECKING:
     from specdec.engines.executor import Executor
-    from specdec.runtime.constraints import GrammarState
-    from specdec.runtime.handles import Handle
     from specdec.runtime.proposers import Proposer
 
 clock = time.perf_counter
 
 Draft = int | DraftTree  # a chain of k tokens at seq[L:L+k] (q rows at q[:k]), or a tree
-
-
-@dataclass
-class Row:
-    """One request in flight, in cache slot ``slot`` of every model."""
-
-    req: Request
-    sink: Handle  # where emitted tokens go
-    slot: int
-    seq: np.ndarray  # [MAX] committed + proposed tokens (a row of the engine's token buffer)
-    q: np.ndarray  # [γ, V] the distributions the proposals were drawn from
-    rng: np.random.Generator
-    length: int  # L: committed tokens
-    left: int  # tokens still to emit
-    ready: bool = False  # prompt fed: the row decodes
-    scored: list | None = None  # with logprobs asked: the last iteration's TokenLogprob per kept token
-    grammar: GrammarState | None = None  # structured outputs: this row's matcher (``Request.new_grammar``)
-
-    @property
-    def stats(self) -> Stats:
-        return self.sink.stats
-
-    def transform(self, logits: np.ndarray, start: int) -> np.ndarray:
-        """Raw logits [n, V] whose row i predicts seq[start + i], with the request's penalties
-        and then the row's grammar mask applied from that row's prefix (a float64 copy), or
-        ``logits`` itself when there are neither."""
-        req = self.req
-        if req.penalties is None and self.grammar is None:
-            return logits
-        if req.penalties is None:
-            out = np.array(logits, dtype=np.float64)  # [n, V]
-        else:
-            out = penalize_chain(logits, req.penalties, req.prompt_seen, self.seq, len(req.prompt), start)
-        return out if self.grammar is None else self.grammar.mask_chain(out, self.seq, start)
-
-    def transform_tree(self, logits: np.ndarray, tokens: Sequence[int], parents: Sequence[int]) -> np.ndarray:
-        """``transform`` for a tree call's logits [n + 1, V] (row 0 the root, predicting
-        seq[length]; row i + 1 the children of node i)."""
-        req = self.req
-        if req.penalties is None and self.grammar is None:
-            return logits
-        if req.penalties is None:
-            out = np.array(logits, dtype=np.float64)  # [n + 1, V]
-        else:
-            out = penalize_tree(logits, req.penalties, req.prompt_seen, self.seq, len(req.prompt), self.length, tokens, parents)
-        return out if self.grammar is None else self.grammar.mask_tree(out, self.seq, self.length, tokens, parents)
 
 
 class Plan(NamedTuple):

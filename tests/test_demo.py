@@ -37,7 +37,7 @@ def test_demo_exports_once_then_reuses_the_cache(llama_bundle, tmp_path):
     assert "exported the demo bundle" in first.stderr
     assert first.stdout.startswith(demo.PROMPT)
     assert "speedup" in first.stderr and "identical output" in first.stderr  # greedy: same tokens as autoregressive
-    bundles = list((tmp_path / "cache").iterdir())
+    bundles = [b for b in (tmp_path / "cache").iterdir() if b.is_dir()]  # beside them: the verification stamps (verified.json)
     assert [b.name for b in bundles] == [f"demo-{demo.fingerprint(models)}-v{SCHEMA_VERSION}"]  # a newer schema re-exports
     second = run_demo(tmp_path / "cache", "--models", str(models), "--max-new-tokens", "24")
     assert second.returncode == 0 and "exported" not in second.stderr
@@ -77,7 +77,7 @@ def test_embedded_demo_pair_runs_the_quick_start_job(tmp_path):
     assert rate > 0.3, res.stderr  # a trained draft; random pairs accept ~0
     # The pair ships a feature head: its default mode was measured at export against the draft
     # model and the head's other modes on held-out prompts, and the fastest is the one decoding.
-    (bundle,) = (tmp_path / "cache").iterdir()
+    (bundle,) = [b for b in (tmp_path / "cache").iterdir() if b.is_dir()]
     entry = json.loads((bundle / "manifest.json").read_text())["drafter"]
     speeds = entry["measured"]["tokens_per_s"]
     modes = [m for m in speeds if m != "autoregressive"]

@@ -17,7 +17,7 @@ from test_decoder_exact import chi_square_p, exact_first_two, first_diff, load_m
 from specdec.errors import ConfigError  # noqa: E402
 from specdec.runtime import SamplingConfig, SpeculativeDecoder  # noqa: E402
 from specdec.runtime.batch import BatchEngine  # noqa: E402
-from specdec.runtime.step import Row  # noqa: E402
+from specdec.runtime.row import Row  # noqa: E402
 
 REPEATS = [[5, 9, 2, 7, 5, 9, 2, 7, 5, 9], [40, 41, 42, 40, 41, 43, 40, 41], list(range(3, 30)) + list(range(3, 12)), [200]]
 
