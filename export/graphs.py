@@ -84,6 +84,18 @@ FLAVOURS = {
 }
 
 
+def kv_specs(inputs: list, outputs: list, layers: int, dtype: str, kv_in: tuple, kv_out: tuple,
+             out_names: tuple[str, str] = ("present_key", "present_value")) -> tuple[list, list]:  # fmt: skip
+    """Append each layer's past K/V inputs (shape ``kv_in``) and present K/V outputs (``kv_out``)
+    to ``inputs`` / ``outputs``; returns their (key, value) name pairs, past and present."""
+    past = [(f"past_key_{i}", f"past_value_{i}") for i in range(layers)]
+    present = [(f"{out_names[0]}_{i}", f"{out_names[1]}_{i}") for i in range(layers)]
+    for (pk, pv), (nk, nv) in zip(past, present):
+        inputs += [TensorSpec(pk, dtype, kv_in), TensorSpec(pv, dtype, kv_in)]
+        outputs += [TensorSpec(nk, dtype, kv_out), TensorSpec(nv, dtype, kv_out)]
+    return past, present
+
+
 def signature(
     layers: int, kv_heads: int, head_dim: int, vocab: int, max_seq: int, tokens: int | None, dtype: str, flavour: str = "ort"
 ):
@@ -95,11 +107,7 @@ def signature(
     inputs = [TensorSpec("input_ids", "int64", (1, s)), TensorSpec("position_ids", "int64", (1, s))]
     inputs += [TensorSpec(name, dt, shape) for name, dt, shape, _ in fl.scalars]
     outputs = [TensorSpec("logits", "float32", (1, s, vocab))]
-    past = [(f"past_key_{i}", f"past_value_{i}") for i in range(layers)]
-    present = [(f"{fl.out_names[0]}_{i}", f"{fl.out_names[1]}_{i}") for i in range(layers)]
-    for (pk, pv), (nk, nv) in zip(past, present):
-        inputs += [TensorSpec(pk, dtype, kv_in), TensorSpec(pv, dtype, kv_in)]
-        outputs += [TensorSpec(nk, dtype, kv_out), TensorSpec(nv, dtype, kv_out)]
+    past, present = kv_specs(inputs, outputs, layers, dtype, kv_in, kv_out, fl.out_names)
     io = GraphIO("input_ids", "position_ids", "logits", tuple(past), tuple(present), **{role: name for name, _, _, role in fl.scalars})
     return inputs, outputs, io
 

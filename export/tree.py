@@ -26,7 +26,7 @@ soft-capping, batched rows.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import onnxscript
@@ -36,7 +36,7 @@ from transformers import AttentionInterface
 
 from specdec.export import attention
 from specdec.export.attention import _active, _scaling
-from specdec.export.graphs import TORCH_DTYPES
+from specdec.export.graphs import TORCH_DTYPES, kv_specs
 from specdec.manifest import GraphIO, TensorSpec
 
 ATTN_NAME = "specdec_gqa_tree"
@@ -94,14 +94,10 @@ TRANSLATION = {**attention.CUSTOM_TRANSLATION, torch.ops.specdec.gqa_tree.defaul
 
 
 @dataclass
-class TreeState:
-    past_k: list[torch.Tensor]
-    past_v: list[torch.Tensor]
-    seqlens_k: torch.Tensor
-    total_len: torch.Tensor
-    tree_bias: torch.Tensor
-    present_k: dict[int, torch.Tensor] = field(default_factory=dict)
-    present_v: dict[int, torch.Tensor] = field(default_factory=dict)
+class TreeState(attention._CallState):
+    """The attention call state with the tree's ancestor bias [1, 1, N, N] (0: visible, -inf: not)."""
+
+    tree_bias: torch.Tensor | None = None
 
 
 def tree_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, sliding_window=None, softcap=None, **kwargs):
@@ -130,7 +126,7 @@ class _TreeWrapper(torch.nn.Module):
         self.model = model
 
     def forward(self, input_ids, position_ids, seqlens_k, total_len, tree_bias, past: list[torch.Tensor]):
-        state = TreeState(list(past[0::2]), list(past[1::2]), seqlens_k, total_len, tree_bias)
+        state = TreeState(list(past[0::2]), list(past[1::2]), seqlens_k, total_len, tree_bias=tree_bias)
         with attention.call_state(state):
             out = self.model(input_ids=input_ids, position_ids=position_ids, past_key_values=attention.PassThroughCache(), use_cache=True)
         kv = []
@@ -146,11 +142,7 @@ def signature(layers: int, kv_heads: int, head_dim: int, vocab: int, max_seq: in
               TensorSpec("seqlens_k", "int32", (1,)), TensorSpec("total_sequence_length", "int32", ()),
               TensorSpec("tree_bias", "float32", (1, 1, nodes, nodes))]  # fmt: skip
     outputs = [TensorSpec("logits", "float32", (1, nodes, vocab))]
-    past = [(f"past_key_{i}", f"past_value_{i}") for i in range(layers)]
-    present = [(f"present_key_{i}", f"present_value_{i}") for i in range(layers)]
-    for (pk, pv), (nk, nv) in zip(past, present):
-        inputs += [TensorSpec(pk, dtype, kv), TensorSpec(pv, dtype, kv)]
-        outputs += [TensorSpec(nk, dtype, kv), TensorSpec(nv, dtype, kv)]
+    past, present = kv_specs(inputs, outputs, layers, dtype, kv, kv)
     io = GraphIO("input_ids", "position_ids", "logits", tuple(past), tuple(present), seqlens="seqlens_k", total="total_sequence_length",
                  tree_bias="tree_bias")  # fmt: skip
     return inputs, outputs, io
