@@ -35,7 +35,8 @@ from specdec.engines.batch import BatchRunner, SlotCache, slot_sources
 from specdec.engines.fused import FusedRunner
 from specdec.engines.kv import KVCache
 from specdec.engines.captured import CapturedRunner
-from specdec.engines.ort import CAPTURE, DEVICE, BatchEncoder, EncoderRunner, GraphRunner, TreeRunner, fixed_tokens, fused_graph, open_session, runner_for
+from specdec.engines.ort import BatchEncoder, EncoderRunner, GraphRunner, TreeRunner, fixed_tokens, fused_graph, runner_for
+from specdec.engines.sessions import CAPTURE, DEVICE, open_session
 from specdec.engines.threads import ThreadPolicy
 from specdec.errors import ConfigError, EngineError
 from specdec.manifest import FUSED_ROLES, Manifest

@@ -18,6 +18,7 @@ import torch
 
 from specdec.engines.kv import KVCache
 from specdec.engines.ort import runner_for
+from specdec.engines.sessions import open_session
 from specdec.errors import ValidationError
 from specdec.export.draft_spec import FILL
 from specdec.manifest import GraphSpec
@@ -333,7 +334,7 @@ def validate_tree(model: torch.nn.Module, bundle: Path, graph: tuple[str, GraphS
     KV rows against PyTorch's cache over the whole kept sequence."""
     from transformers import DynamicCache
 
-    from specdec.engines.ort import RUNNERS, TreeRunner, open_session
+    from specdec.engines.ort import RUNNERS, TreeRunner
 
     rng = np.random.default_rng(seed)
     vocab = model.config.vocab_size
@@ -391,7 +392,7 @@ def validate_batched(model: torch.nn.Module, bundle: Path, graph: tuple[str, Gra
     and masked, so it is checked too), and PyTorch runs that source too.
     """
     from specdec.engines.batch import BatchRunner, SlotCache, slot_sources
-    from specdec.engines.ort import BatchEncoder, open_session
+    from specdec.engines.ort import BatchEncoder
 
     name, spec = graph
     rng = np.random.default_rng(seed)
@@ -453,7 +454,6 @@ def validate_fused(model: torch.nn.Module, bundle: Path, graph: tuple[str, Graph
     """
     from specdec.engines.batch import SlotCache
     from specdec.engines.fused import FusedRunner
-    from specdec.engines.ort import open_session
     from specdec.runtime.sampling import SamplingConfig, standardize
 
     name, spec = graph
@@ -505,7 +505,7 @@ def validate_seq2seq(model: torch.nn.Module, bundle: Path, encoder: tuple[str, G
     source and the whole decoder sequence so far at each call; the KV rows and the cross K/V are
     checked through the logits of every later call, which read them."""
     from specdec.engines.kv import CrossKV
-    from specdec.engines.ort import EncoderRunner, open_session
+    from specdec.engines.ort import EncoderRunner
 
     rng = np.random.default_rng(seed)
     vocab = model.config.vocab_size

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from specdec.engines.batch import BatchRunner, SlotCache
-from specdec.engines.ort import open_session, runner_for
+from specdec.engines.ort import runner_for
+from specdec.engines.sessions import open_session
 from specdec.errors import InputError
 from specdec.manifest import load_manifest
 

@@ -24,7 +24,8 @@ from specdec.engines.kv import KVCache  # noqa: E402
 from typing import NamedTuple  # noqa: E402
 
 from specdec.engines.executor import Executor  # noqa: E402
-from specdec.engines.ort import GraphRunner, open_session, runner_for  # noqa: E402
+from specdec.engines.ort import GraphRunner, runner_for  # noqa: E402
+from specdec.engines.sessions import open_session  # noqa: E402
 from specdec.engines.threads import ThreadPolicy  # noqa: E402
 from specdec.errors import EngineError, InputError, SignatureError  # noqa: E402
 from specdec.manifest import load_manifest  # noqa: E402
@@ -366,7 +367,7 @@ def test_shared_pool_in_a_subprocess(bundle):
         f"""
         from pathlib import Path
         from specdec.engines.executor import Executor
-        from specdec.engines.ort import open_session
+        from specdec.engines.sessions import open_session
         from specdec.engines.threads import ThreadPolicy
         from specdec.errors import EngineError
         from specdec.manifest import load_manifest

@@ -199,7 +199,7 @@ def test_damaged_bundle_is_refused(bundle_copy, damage):
 
 def test_engine_refuses_a_graph_that_differs_from_the_manifest(bundle_copy):
     """Swap in the draft's step graph under the target verify's name: names and shapes differ."""
-    from specdec.engines.ort import open_session
+    from specdec.engines.sessions import open_session
 
     m = load_manifest(bundle_copy)
     spec = m.graphs["target_verify"]

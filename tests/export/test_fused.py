@@ -19,7 +19,8 @@ torch = pytest.importorskip("torch")
 
 from specdec.engines.fused import FusedRunner  # noqa: E402
 from specdec.engines.executor import Executor  # noqa: E402
-from specdec.engines.ort import fused_graph, open_session  # noqa: E402
+from specdec.engines.ort import fused_graph  # noqa: E402
+from specdec.engines.sessions import open_session  # noqa: E402
 from specdec.runtime.sampling import SamplingConfig, standardize  # noqa: E402
 
 MAX_SEQ = 64

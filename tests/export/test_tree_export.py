@@ -81,7 +81,8 @@ def test_bundle_with_a_tree_graph(tmp_path):
     from models import save_pair
 
     from specdec.engines.kv import KVCache
-    from specdec.engines.ort import TreeRunner, open_session
+    from specdec.engines.ort import TreeRunner
+    from specdec.engines.sessions import open_session
     from specdec.errors import InputError
     from specdec.export.pipeline import ExportConfig, export_bundle
     from specdec.runtime.decoder import SpeculativeDecoder

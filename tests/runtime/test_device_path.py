@@ -14,9 +14,9 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from specdec.engines import ort as ort_engine
+from specdec.engines import sessions as ort_sessions
 from specdec.engines.batch import BatchRunner, SlotCache
-from specdec.engines.ort import open_session
+from specdec.engines.sessions import open_session
 from specdec.errors import EngineError
 from specdec.manifest import load_manifest
 from specdec.runtime import SpeculativeDecoder
@@ -44,7 +44,7 @@ def test_device_buffers_decode_as_host_arrays(family_bundle, monkeypatch):
     bundle = family_bundle[3]
     host = {(d, t): _decode(bundle, d, t) for d in CHAIN_DRAFTERS for t in (0.0, 1.0)}
     host_batch = _batch(bundle)
-    monkeypatch.setitem(ort_engine.DEVICE, "cpu", "ortvalue")
+    monkeypatch.setitem(ort_sessions.DEVICE, "cpu", "ortvalue")
     dec = SpeculativeDecoder.load(bundle)
     assert isinstance(dec.engine.target.cache.slot(0).keys[0], ort.OrtValue)  # the path under test runs
     for (drafter, t), want in host.items():
@@ -56,7 +56,7 @@ def test_device_buffers_decode_as_host_arrays(family_bundle, monkeypatch):
 def test_a_tree_drafter_on_device_buffers_is_refused_by_name(family_bundle, monkeypatch):
     """A tree keeps rows out of order, which moves KV rows; on device buffers that is refused at
     load with a typed error naming the fix, not a crash in the middle of a request."""
-    monkeypatch.setitem(ort_engine.DEVICE, "cpu", "ortvalue")
+    monkeypatch.setitem(ort_sessions.DEVICE, "cpu", "ortvalue")
     with pytest.raises(EngineError, match="chain drafter"):
         SpeculativeDecoder.load(family_bundle[3], drafter="lookup-tree")
 
@@ -102,7 +102,7 @@ def test_device_runners_bind_their_host_inputs_again_before_each_run(family_bund
     bundle = family_bundle[3]
     host = SpeculativeDecoder.load(bundle).engine.target.static
     assert host.binding.inputs == {}
-    monkeypatch.setitem(ort_engine.DEVICE, "cpu", "ortvalue")
+    monkeypatch.setitem(ort_sessions.DEVICE, "cpu", "ortvalue")
     device = SpeculativeDecoder.load(bundle).engine
     io = device.target.static.io_names
     assert {io.ids, io.positions, io.seqlens, io.total} <= set(device.target.static.binding.inputs)
@@ -176,7 +176,7 @@ def test_captured_runners_decode_as_host_arrays(family_bundle, monkeypatch):
     host_ar = _decode(bundle, "lookup", 0.0)
     with BatchEngine(bundle, max_batch=1, cache_slots=3) as engine:
         host_batch = [r.tokens for r in engine.generate_many(PROMPTS, max_new_tokens=24, ignore_eos=True)]
-    monkeypatch.setitem(ort_engine.DEVICE, "cpu", "ortvalue")
+    monkeypatch.setitem(ort_sessions.DEVICE, "cpu", "ortvalue")
     monkeypatch.setattr("specdec.engines.executor.CAPTURE", {"cpu"})  # the runners of "cuda-graph", on the CPU provider
     dec = SpeculativeDecoder.load(bundle)
     target = dec.engine.target

@@ -284,7 +284,8 @@ def one_source_through_both_encoders(out) -> None:
     import numpy as np
 
     from specdec.engines.kv import CrossKV
-    from specdec.engines.ort import BatchEncoder, EncoderRunner, open_session
+    from specdec.engines.ort import BatchEncoder, EncoderRunner
+    from specdec.engines.sessions import open_session
     from specdec.manifest import load_manifest
 
     m = load_manifest(out)

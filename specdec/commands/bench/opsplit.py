@@ -86,7 +86,8 @@ def profile_events(bundle: Path, manifest, model: str, calls: list[tuple[int, in
     import onnxruntime as ort
 
     from specdec.engines.kv import KVCache
-    from specdec.engines.ort import DEVICE, PROVIDERS, GraphRunner, check_signature
+    from specdec.engines.ort import GraphRunner
+    from specdec.engines.sessions import DEVICE, PROVIDERS, check_signature
     from specdec.engines.threads import ThreadPolicy
     from specdec.errors import InputError
 
