@@ -86,7 +86,7 @@ def _export_fused(ctx, plan, model, spec, path, tokens):
 
 
 def _validate_fused(ctx, name, g):
-    from specdec.export.validate import validate_fused
+    from specdec.export.validate_rows import validate_fused
 
     return name, validate_fused(ctx.models[g.model], ctx.tmp, (name, g), ctx.graph(f"{g.model}_dynamic"), ctx.kv(g.model), seed=ctx.cfg.seed)
 
@@ -107,7 +107,7 @@ def _export_batched_one(ctx, plan, model, spec, path, tokens):
 
 
 def _validate_batched(ctx, name, g):
-    from specdec.export.validate import validate_batched
+    from specdec.export.validate_rows import validate_batched
 
     return name, validate_batched(ctx.models[g.model], ctx.tmp, (name, g), ctx.kv(g.model), ctx.cfg.gamma + 1, seed=ctx.cfg.seed)
 
@@ -153,7 +153,7 @@ def _export_seq2seq_batched(ctx, plan, model, spec, path, tokens):
 def _validate_seq2seq_batched(ctx, name, g):
     """The rows graph of every row count, each row over its own source, the sources of a call
     encoded together by the model's batched encoder (so it is checked too)."""
-    from specdec.export.validate import validate_batched
+    from specdec.export.validate_rows import validate_batched
 
     return name, validate_batched(ctx.models[g.model], ctx.tmp, (name, g), ctx.kv(g.model), ctx.cfg.gamma + 1, seed=ctx.cfg.seed,
                                   encoder=ctx.graph(f"{g.model}_encoder_rows"), max_source=ctx.max_source)  # fmt: skip

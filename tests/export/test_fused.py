@@ -35,7 +35,7 @@ def test_fused_graphs_match_pytorch_for_every_family(family, tmp_path):
     from specdec.export.fused import compose_fused
     from specdec.export.graphs import export_decoder, fix_tokens
     from specdec.export.optimize import optimize_for_cpu
-    from specdec.export.validate import validate_fused
+    from specdec.export.validate_rows import validate_fused
     from specdec.manifest import GraphSpec, sha256_of
 
     model = peaked_model(config_for(family, "draft"), seed=3).eval()

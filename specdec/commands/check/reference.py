@@ -16,7 +16,7 @@ from specdec.commands.check.exactness import CLOSE_QUANTIZED, SECTION, first_dif
 from specdec.commands.check.items import Item
 from specdec.errors import ConfigError
 
-NEAR_TIE = 1e-3  # export/validate.py's: a top-2 gap below this x max(1, max|logit|)
+NEAR_TIE = 1e-3  # export/agreement.py's: a top-2 gap below this x max(1, max|logit|)
 
 
 def load(reference: str):
