@@ -1,6 +1,6 @@
 """The OpenAI-compatible HTTP application over one ``BatchEngine``.
 
-    POST /v1/completions, /v1/chat/completions ─► parse (protocol) ─► token ids per prompt
+    POST /v1/completions, /v1/chat/completions ─► parse (validation) ─► token ids per prompt
         ─► engine.submit per choice (prompts x n) ─► Handle pieces (async) ─► stop strings (stops)
         ─► one JSON body, or SSE chunks (each naming its choice's index) + [DONE]
     POST /tokenize, /detokenize, GET /tokenizer_info (vLLM's shapes)

@@ -24,7 +24,8 @@ from specdec.serve.errors import RETRY_AFTER, Refused, check_json
 from specdec.serve.generation import Generation, best, echoed_prompt, speculative, sse, usage
 from specdec.serve.kinds import Chat
 from specdec.serve.limits import loads
-from specdec.serve.protocol import FieldError, parse
+from specdec.serve.protocol import FieldError
+from specdec.serve.validation import parse
 from specdec.serve.state import ServerState
 from specdec.serve.tools import plan, stream_chunks
 

@@ -753,7 +753,8 @@ def test_chat_template_renders_as_transformers_does(chat_bundle):
 def test_null_fields_mean_their_defaults():
     """Some clients send null for unset fields: the defaults apply, and "off" fields stay off."""
     from specdec.runtime.params import SamplingParams
-    from specdec.serve.protocol import CompletionRequest, FieldError, parse
+    from specdec.serve.protocol import CompletionRequest, FieldError
+    from specdec.serve.validation import parse
 
     body = parse(CompletionRequest, {"model": "m", "prompt": "x", "temperature": None, "top_p": None, "n": None, "echo": None,
                                      "presence_penalty": None, "frequency_penalty": None, "repetition_penalty": None, "min_p": None,
