@@ -201,16 +201,7 @@ def run(cfg: ServeConfig, replicas: int = 1, autoscale: tuple[int, int] | None =
         startup.stop_serve(cfg.grace_period + 15)
     finally:
         if not address:
-            session = session_dir()
-            ours = session_processes(session)
-            # Long enough for Ray's own teardown (15-30 s here when stopped during start-up): what
-            # is reaped while it still runs (the GCS) makes its core worker abort the exit 60 s later.
-            bounded(ray.shutdown, 90)
-            reap(ours)
-            # A start-up step still running then (serve.start on a loaded box) may have started
-            # processes since (Serve's controller and proxy): let it end, then end those too.
-            startup.finished.wait(30)
-            reap(session_processes(session))
+            shut_down_local(startup)
         startup.close()
     return 0
 
@@ -291,6 +282,21 @@ class _Drop(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         return self.text not in record.getMessage()
+
+
+def shut_down_local(startup: Startup) -> None:
+    """End the local Ray instance ``run`` started: Ray's own shutdown, bounded, then every process
+    of its session still running, including those a start-up step started meanwhile."""
+    session = session_dir()
+    ours = session_processes(session)
+    # Long enough for Ray's own teardown (15-30 s here when stopped during start-up): what
+    # is reaped while it still runs (the GCS) makes its core worker abort the exit 60 s later.
+    bounded(ray.shutdown, 90)
+    reap(ours)
+    # A start-up step still running then (serve.start on a loaded box) may have started
+    # processes since (Serve's controller and proxy): let it end, then end those too.
+    startup.finished.wait(30)
+    reap(session_processes(session))
 
 
 def session_dir() -> str | None:
