@@ -58,7 +58,9 @@ def measure(stage: Path, manifest: Manifest, suggested: dict | None, progress=la
     modes = candidates(manifest, suggested)
     loaded, _ = Loaded.open(stage, "model", manifest=manifest)  # the files just written: nothing to verify, nothing to stamp
     base = SpeculativeDecoder(loaded, "model")
-    prompts = held_out_prompts(base.codec.encode, PROMPTS, PROMPT_TOKENS) if base.codec and not manifest.seq2seq else []
+    length = min(PROMPT_TOKENS, manifest.max_seq_len // 4)
+    new = min(NEW_TOKENS, manifest.max_seq_len - length)  # a short bundle measures shorter requests
+    prompts = held_out_prompts(base.codec.encode, PROMPTS, length) if base.codec and not manifest.seq2seq else []
     if not prompts:  # an encoder-decoder bundle, or no tokenizer: nothing to measure on
         return suggested or {"name": "model", "gamma": manifest.gamma, "why": "the draft model (no held-out prompts to measure on)"}
     decoders = {"autoregressive": (base, 0)}
@@ -68,18 +70,18 @@ def measure(stage: Path, manifest: Manifest, suggested: dict | None, progress=la
             dec.engine.proposer.stop_below = float(mode.get("stop_below", 0.0))
         decoders[label(mode)] = (dec, mode["gamma"])
     progress(f"measure the default drafter ({len(modes)} modes)")
-    speed = interleaved(decoders, prompts)
+    speed = interleaved(decoders, prompts, new)
     best = max(modes, key=lambda m: speed[label(m)])
     ar = speed["autoregressive"]
     why = (f"measured at export on this machine: {label(best)} {speed[label(best)]:.1f} tok/s, {speed[label(best)] / ar:.2f}x autoregressive "
-           f"({ar:.1f} tok/s); {len(prompts)} held-out stdlib prompts x {NEW_TOKENS} tokens, greedy, {ROUNDS} rounds interleaved")  # fmt: skip
-    conditions = {"tokens_per_s": {k: round(v, 2) for k, v in speed.items()}, "prompts": len(prompts), "prompt_tokens": PROMPT_TOKENS,
-                  "new_tokens": NEW_TOKENS, "rounds": ROUNDS, "temperature": 0.0, "corpus": "stdlib",
+           f"({ar:.1f} tok/s); {len(prompts)} held-out stdlib prompts of {length} tokens x {new} new, greedy, {ROUNDS} rounds interleaved")  # fmt: skip
+    conditions = {"tokens_per_s": {k: round(v, 2) for k, v in speed.items()}, "prompts": len(prompts), "prompt_tokens": length,
+                  "new_tokens": new, "rounds": ROUNDS, "temperature": 0.0, "corpus": "stdlib",
                   "machine": f"{platform.machine()} {platform.processor() or ''} {os.cpu_count()} cores".replace("  ", " ")}  # fmt: skip
     return {**best, "why": why, "measured": conditions}
 
 
-def interleaved(decoders: dict, prompts: list[list[int]]) -> dict[str, float]:
+def interleaved(decoders: dict, prompts: list[list[int]], new: int) -> dict[str, float]:
     """{name: median tokens per second over rounds} of each (decoder, γ) decoding every prompt."""
     for dec, gamma in decoders.values():  # warm-up: first calls pay for lazy initialisation
         dec.generate(prompts[0], max_new_tokens=8, gamma=gamma, ignore_eos=True)
@@ -90,7 +92,7 @@ def interleaved(decoders: dict, prompts: list[list[int]]) -> dict[str, float]:
             dec, gamma = decoders[name]
             t0 = time.perf_counter()
             for p in prompts:
-                dec.generate(p, max_new_tokens=NEW_TOKENS, gamma=gamma, ignore_eos=True)
-            rates[name].append(NEW_TOKENS * len(prompts) / (time.perf_counter() - t0))
+                dec.generate(p, max_new_tokens=new, gamma=gamma, ignore_eos=True)
+            rates[name].append(new * len(prompts) / (time.perf_counter() - t0))
     return {name: statistics.median(v) for name, v in rates.items()}
 

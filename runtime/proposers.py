@@ -51,7 +51,7 @@ class DraftModel:
     """The bundle's draft model for all rows (see the module docstring)."""
 
     def __init__(self, draft: Executor, fused: bool = True):
-        self.draft = draft
+        self.draft, self.use_fused = draft, fused
         runners = list(draft.fused_runners.values()) if fused else []
         self.fused_steps = runners[0].gamma if runners else 0  # the draft steps a fused graph runs (0: none)
         self.name = "model" if fused else "model-steps"

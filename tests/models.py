@@ -347,3 +347,15 @@ def assert_same_up_to_a_close_call(runner, prompt: list[int], got: list[int], wa
     logits = runner.logits(list(prompt) + list(want[:i]))[-1]
     top2 = np.sort(logits)[-2:]
     assert top2[1] - top2[0] < 0.05 * np.abs(logits).max(), (label, i, top2)
+
+
+def measured_default(entry: dict, suggested: str) -> bool:
+    """Whether a manifest's default drafter ``entry`` was measured at export (export/recommend.py):
+    the folder's ``suggested`` mode among those timed against autoregressive decoding, the
+    fastest of them the default, and "why" saying so."""
+    from specdec.export.recommend import label
+
+    speeds = entry["measured"]["tokens_per_s"]
+    modes = {k: v for k, v in speeds.items() if k != "autoregressive"}
+    best = max(modes, key=modes.get)
+    return suggested in modes and "autoregressive" in speeds and best == label(entry) and entry["why"].startswith("measured at export")

@@ -16,7 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")
 scipy_stats = pytest.importorskip("scipy.stats")
 
-from models import near_copy, peaked_model, config_for, make_tokenizer  # noqa: E402
+from models import config_for, make_tokenizer, measured_default, near_copy, peaked_model  # noqa: E402
 
 from specdec.errors import ModelError  # noqa: E402
 from specdec.export import shared_draft  # noqa: E402
@@ -188,7 +188,8 @@ def test_a_token_spelled_otherwise_by_another_transformers_passes_with_a_warning
 def test_a_feature_head_beside_the_shared_draft_is_exported_and_is_the_default(shared, tmp_path):
     """``models/smollm2-draft``'s layout: a shared draft and a feature head in one folder. The
     draft loads without the head's weights, the bundle carries both, and its default drafter
-    (the head's chain at γ = 1: no recommendation in the folder) decodes exactly."""
+    (measured at export among the bundle's modes, the head's chain at γ = 1 among them: the
+    folder suggests nothing) decodes exactly."""
     import shutil
 
     from models import CORPUS
@@ -207,12 +208,12 @@ def test_a_feature_head_beside_the_shared_draft_is_exported_and_is_the_default(s
     for f in (tmp_path / "head").iterdir():
         shutil.copy(f, draft / f.name)
     m = export_bundle(ExportConfig(str(root / "target"), str(draft), tmp_path / "bundle", gamma=4, max_seq_len=128))
-    assert m.head is not None and m.draft.num_layers == 2 and m.default_drafter() == ("feature", 1)
+    assert m.head is not None and m.draft.num_layers == 2 and measured_default(m.drafter, "feature γ=1"), m.drafter
     dec = SpeculativeDecoder.load(tmp_path / "bundle")
-    assert dec.drafter_spec == "feature"
+    assert dec.drafter_spec == m.drafter["name"]
     for prompt in PROMPTS:
         res = dec.generate(prompt, max_new_tokens=40, ignore_eos=True)
-        assert res.tokens == _greedy(target, prompt, 40) and res.stats.gamma == 1, f"prompt {prompt}"
+        assert res.tokens == _greedy(target, prompt, 40) and res.stats.gamma == m.drafter["gamma"], f"prompt {prompt}"
 
 
 def test_a_gemma3_shared_draft_loads_as_the_model_it_was_saved_from(tmp_path):

@@ -23,6 +23,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("scipy.stats")
 
+from models import measured_default  # noqa: E402
 from test_decoder_exact import PROMPTS, chi_square_p, exact_first_two, load_model, torch_greedy  # noqa: E402
 
 from specdec.errors import ConfigError  # noqa: E402
@@ -268,8 +269,8 @@ def _draft_with_head(model: Path, head: Path, draft: Path, serve: dict) -> tuple
 @LLAMA
 def test_a_draft_folder_with_a_head_makes_it_the_bundles_default_drafter(feature_bundle, family_bundle, tmp_path):
     """``specdec-export --draft DIR`` where DIR holds a draft model and a saved head: the bundle
-    carries both, its default drafter is the one the head's folder recommends (γ and the head's
-    stop included), and
+    carries both, its default drafter is the fastest measured at export among the bundle's modes,
+    the one the head's folder suggests (γ and the head's stop included) among them, and
     ``SpeculativeDecoder.load(B)`` decodes with it, exactly; its matrices are int8 blocks in this
     float32 bundle (float32 with --draft-quantize none); a float16 or dynamic-int8 export leaves
     it out, an int8/int4 one keeps it."""
@@ -283,19 +284,20 @@ def test_a_draft_folder_with_a_head_makes_it_the_bundles_default_drafter(feature
                           "--max-seq-len", "128"], capture_output=True, text=True)  # fmt: skip
     assert run.returncode == 0, run.stderr[-2000:]
     m = json.loads((out / "manifest.json").read_text())
-    assert m["head"] is not None and m["drafter"] == {"name": "feature-lookup", "gamma": 2, "why": "measured best here", "stop_below": 0.5}
+    entry = m["drafter"]
+    assert m["head"] is not None and measured_default(entry, "feature-lookup γ=2 stop<0.5"), entry
     assert m["head"]["quantization"] == "int8", "a float32 bundle's head takes int8 blocks unless --draft-quantize none"
     assert m["target"]["quantization"] is None and m["draft"]["quantization"] is None, "only the head's matrices are quantized"
     dec = SpeculativeDecoder.load(out)
-    assert dec.drafter_spec == "feature-lookup" and dec.drafter.stop_below == 0.5
+    assert dec.drafter_spec == entry["name"] and getattr(dec.drafter, "stop_below", 0.0) == entry.get("stop_below", 0.0)
     model = load_model(target)
     for prompt in [PROMPTS[0], *corpus_prompts(dec)]:
         res = dec.generate(prompt, max_new_tokens=NEW, ignore_eos=True)
-        assert res.tokens == torch_greedy(model, prompt, NEW) and res.stats.gamma == 2, f"prompt={prompt}"
+        assert res.tokens == torch_greedy(model, prompt, NEW) and res.stats.gamma == entry["gamma"], f"prompt={prompt}"
     assert SpeculativeDecoder.load(out, drafter="model").generate(PROMPTS[0], max_new_tokens=4).stats.gamma == m["gamma"], \
         "another drafter keeps the bundle's gamma"  # fmt: skip
     shown = subprocess.run([sys.executable, "-m", "specdec", "inspect", str(out)], capture_output=True, text=True)
-    assert "default drafter feature-lookup, gamma 2, the head's chain stops below p = 0.5 (measured best here)" in shown.stdout, shown.stdout + shown.stderr
+    assert f"default drafter {entry['name']}, gamma {entry['gamma']}" in shown.stdout and "(measured at export" in shown.stdout, shown.stdout + shown.stderr
     assert ExportConfig(str(target), str(draft), tmp_path / "h", dtype="float16").head() is None, "a float16 bundle leaves the head out"
     assert ExportConfig(str(target), str(draft), tmp_path / "d", quantize="dynamic-int8").head() is None
     assert ExportConfig(str(target), str(draft), tmp_path / "q", quantize="int8").head() == draft, "an int8 bundle keeps it"
@@ -306,8 +308,9 @@ def test_a_draft_folder_with_a_head_makes_it_the_bundles_default_drafter(feature
 @LLAMA
 def test_a_bundle_that_leaves_the_head_out_takes_the_folders_headless_default(feature_bundle, family_bundle, tmp_path):
     """A float16 export of a folder with a head leaves the head out; its default drafter is the
-    folder's ``"serve": {"without_head": ...}`` (Gemma-3-270M's: lookup, as its draft model does
-    not pay), named in the warning, and decodes exactly; a recommendation it cannot run is ignored."""
+    faster, measured at export, of the draft model and the folder's ``"serve": {"without_head": ...}``
+    (Gemma-3-270M's: lookup, as its draft model does not pay), named in the warning, and decodes
+    exactly; a suggestion it cannot run is ignored."""
     import warnings
 
     from specdec.export.pipeline import ExportConfig, export_bundle
@@ -318,14 +321,14 @@ def test_a_bundle_that_leaves_the_head_out_takes_the_folders_headless_default(fe
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         m = export_bundle(ExportConfig(str(target), str(draft), tmp_path / "q", max_seq_len=128, dtype="float16"))
-    assert any("its default drafter is lookup" in str(w.message) for w in caught), [str(w.message) for w in caught]
-    assert m.head is None and m.drafter == {"name": "lookup", "gamma": 3, "why": "no head here"}
+    assert any("its default drafter is lookup or the draft model" in str(w.message) for w in caught), [str(w.message) for w in caught]
+    assert m.head is None and measured_default(m.drafter, "lookup γ=3"), m.drafter
     dec = SpeculativeDecoder.load(tmp_path / "q")
-    assert dec.drafter_spec == "lookup"
+    assert dec.drafter_spec == m.drafter["name"]
     ref = SpeculativeDecoder.load(tmp_path / "q")
     for prompt in [PROMPTS[0], *corpus_prompts(dec)]:  # the float16 target's own greedy output
         res = dec.generate(prompt, max_new_tokens=NEW, ignore_eos=True)
-        assert res.tokens == ref.generate(prompt, max_new_tokens=NEW, ignore_eos=True, gamma=0).tokens and res.stats.gamma == 3
+        assert res.tokens == ref.generate(prompt, max_new_tokens=NEW, ignore_eos=True, gamma=0).tokens and res.stats.gamma == m.drafter["gamma"]
     config["serve"]["without_head"] = {"drafter": "feature", "gamma": 3}  # needs the head it lacks: ignored
     (draft / "head_config.json").write_text(json.dumps(config))
     assert ExportConfig(str(target), str(draft), tmp_path / "r", dtype="float16").head() is None
@@ -361,7 +364,10 @@ def test_a_quantized_export_keeps_the_head_in_int8_blocks(feature_bundle, family
     out = tmp_path / "int8"
     m = export_bundle(ExportConfig(str(target), str(draft), out, max_seq_len=128, quantize="int8", max_batch=2))
     assert m.head is not None and m.head.quantization == "int8"
-    assert m.drafter == {"name": "feature-lookup", "gamma": 3, "why": "measured on int8"}, "the folder's int8 entry overrides its γ"
+    from specdec.export.suggestion import default_drafter
+
+    assert default_drafter(draft, configs["int8"]) == {"name": "feature-lookup", "gamma": 3, "why": "measured on int8"}, "the folder's int8 entry overrides its γ"
+    assert measured_default(m.drafter, "feature-lookup γ=3"), m.drafter  # that suggestion among the modes measured at export
     assert m.feature["check"]["max_abs_logits"] > 0, "the check compared the int8 head with the float one"
     proto = onnx.load(str(out / m.graphs["head_dynamic"].file), load_external_data=False)
     ops = Counter(n.op_type for n in proto.graph.node)
