@@ -196,13 +196,18 @@ class Grammars:
         return GrammarState(self.matcher(spec), prompt_len, self.vocab, self.eos)
 
     def matcher(self, spec: StructuredOutputs):
+        """A fresh matcher of ``spec`` (a copy of its compiled template)."""
+        return self.compile(spec).deep_copy()
+
+    def compile(self, spec: StructuredOutputs):
+        """``spec``'s compiled template, cached (nobody advances it); an ``InputError`` for a bad spec."""
         from llguidance import LLMatcher
 
         with self.lock:
             template = self.cache.get(spec.key)
             if template is not None:
                 self.cache.move_to_end(spec.key)
-                return template.deep_copy()
+                return template
         grammar = spec.grammar_text()
         template = LLMatcher(self.tokenizer, grammar, log_level=0, limits=self.limits)
         if template.is_error():
@@ -213,7 +218,7 @@ class Grammars:
             self.cache[spec.key] = template
             while len(self.cache) > CACHE_SIZE:
                 self.cache.popitem(last=False)
-        return template.deep_copy()
+        return template
 
 
 class GrammarState:

@@ -116,7 +116,7 @@ class Request:
             return
         if self.grammars is None:
             raise InputError("structured_outputs needs the bundle's tokenizer (tokenizer.json), which this bundle lacks; re-export it with its tokenizer")
-        self.grammars.matcher(spec)  # compiled once per spec, cached: the row's matcher copies it
+        self.grammars.compile(spec)  # compiled once per spec, cached: the row's matcher copies it
 
     def new_grammar(self) -> GrammarState | None:
         """A fresh matcher for a row decoding this request (structured outputs), else None: the

@@ -200,7 +200,7 @@ async def compile_grammar(state: ServerState, body) -> None:
     if state.codec is None:
         raise Refused(400, "structured outputs need the bundle's tokenizer, which this bundle lacks", param=field)
     try:
-        await asyncio.to_thread(lambda: state.codec.grammars(engine.limits).matcher(spec))
+        await asyncio.to_thread(lambda: state.codec.grammars(engine.limits).compile(spec))
     except ValueError as e:  # specdec's InputError and ConfigError are ValueErrors
         raise Refused(400, str(e), param=field) from None
 
