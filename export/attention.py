@@ -32,21 +32,28 @@ from transformers import AttentionInterface, DynamicCache
 ATTN_NAME = "specdec_gqa"
 
 
-@torch.library.custom_op("specdec::gqa", mutates_args=())
-def gqa(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    past_key: torch.Tensor,
-    past_value: torch.Tensor,
-    seqlens_k: torch.Tensor,
-    total_len: torch.Tensor,
-    num_heads: int,
-    kv_heads: int,
-    scale: float,
-    local_window: int,
-    softcap: float = 0.0,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+GQA_INPUTS = "Tensor query, Tensor key, Tensor value, Tensor past_key, Tensor past_value, Tensor seqlens_k, Tensor total_len"
+
+
+def gqa_op(name: str, extra: str):
+    """Declares ``specdec::<name>``: GroupQueryAttention's seven tensor inputs, then ``extra``
+    (schema text), returning the output and the two written buffers. Its fake (for tracing)
+    gives tensors shaped as query and the buffers; the body is the decorated function."""
+
+    def declare(fn):
+        op = torch.library.custom_op(f"specdec::{name}", fn, mutates_args=(), schema=f"({GQA_INPUTS}, {extra}) -> (Tensor, Tensor, Tensor)")
+        op.register_fake(_gqa_fake)
+        return op
+
+    return declare
+
+
+def _gqa_fake(query, key, value, past_key, past_value, *attrs):
+    return torch.empty_like(query), torch.empty_like(past_key), torch.empty_like(past_value)
+
+
+@gqa_op("gqa", "SymInt num_heads, SymInt kv_heads, float scale, SymInt local_window, float softcap=0.")
+def gqa(query, key, value, past_key, past_value, seqlens_k, total_len, num_heads, kv_heads, scale, local_window, softcap=0.0):
     """Reference semantics of GroupQueryAttention (batch 1), for running the wrapper in torch.
 
     query [1, S, H*D], key/value [1, S, kvH*D], past_* [1, kvH, MAX, D]; the S new rows go to
@@ -97,11 +104,6 @@ def write_rows(past_key, past_value, key, value, start: int, total: int) -> tupl
     pk[:, :, start:total] = key.view(b, s, heads, d).transpose(1, 2)
     pv[:, :, start:total] = value.view(b, s, heads, d).transpose(1, 2)
     return pk, pv
-
-
-@gqa.register_fake
-def _gqa_fake(query, key, value, past_key, past_value, seqlens_k, total_len, num_heads, kv_heads, scale, local_window, softcap=0.0):
-    return torch.empty_like(query), torch.empty_like(past_key), torch.empty_like(past_value)
 
 
 def _register_gqa_schema() -> None:

@@ -43,26 +43,10 @@ from specdec.export.graphs import TORCH_DTYPES, signature
 from specdec.manifest import GraphIO, TensorSpec
 
 
-@torch.library.custom_op("specdec::gqa_bias", mutates_args=())
-def gqa_bias(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    past_key: torch.Tensor,
-    past_value: torch.Tensor,
-    seqlens_k: torch.Tensor,
-    total_len: torch.Tensor,
-    bias: torch.Tensor,
-    num_heads: int,
-    scale: float,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+@attention.gqa_op("gqa_bias", "Tensor bias, SymInt num_heads, float scale")
+def gqa_bias(query, key, value, past_key, past_value, seqlens_k, total_len, bias, num_heads, scale):
     """``specdec::gqa`` with an additive score bias [1, H, S, MAX] (rows [0, total) are used)."""
     return attention.reference_attention(query, key, value, past_key, past_value, total_len, num_heads, num_heads, scale, bias=bias)
-
-
-@gqa_bias.register_fake
-def _gqa_bias_fake(query, key, value, past_key, past_value, seqlens_k, total_len, bias, num_heads, scale):
-    return torch.empty_like(query), torch.empty_like(past_key), torch.empty_like(past_value)
 
 
 _MSFT = onnxscript.values.Opset("com.microsoft", 1)

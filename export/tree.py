@@ -49,30 +49,13 @@ def unsupported(cfg) -> list[str]:
     return bad + ([f"attn_logit_softcapping={cfg.attn_logit_softcapping}"] if getattr(cfg, "attn_logit_softcapping", None) else [])
 
 
-@torch.library.custom_op("specdec::gqa_tree", mutates_args=())
-def gqa_tree(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    past_key: torch.Tensor,
-    past_value: torch.Tensor,
-    seqlens_k: torch.Tensor,
-    total_len: torch.Tensor,
-    tree_bias: torch.Tensor,
-    num_heads: int,
-    kv_heads: int,
-    scale: float,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+@attention.gqa_op("gqa_tree", "Tensor tree_bias, SymInt num_heads, SymInt kv_heads, float scale")
+def gqa_tree(query, key, value, past_key, past_value, seqlens_k, total_len, tree_bias, num_heads, kv_heads, scale):
     """Reference semantics: query [1, N, H*D], key/value [1, N, kvH*D], past_* [1, kvH, MAX, D],
     tree_bias [1, 1, N, N]; the N new rows go to [total - N, total)."""
     s, start = query.shape[1], int(total_len) - query.shape[1]
     bias = torch.cat([torch.zeros(1, 1, s, start, dtype=tree_bias.dtype), tree_bias], dim=-1)  # [1, 1, N, T]: the past all visible
     return attention.reference_attention(query, key, value, past_key, past_value, total_len, num_heads, kv_heads, scale, bias=bias)
-
-
-@gqa_tree.register_fake
-def _gqa_tree_fake(query, key, value, past_key, past_value, seqlens_k, total_len, tree_bias, num_heads, kv_heads, scale):
-    return torch.empty_like(query), torch.empty_like(past_key), torch.empty_like(past_value)
 
 
 _MSFT = onnxscript.values.Opset("com.microsoft", 1)

@@ -195,8 +195,10 @@ static void panels_portable(const sd_args *x, int64_t p0, int64_t p1) {
 #define AHEAD 1536 /* bytes: ~3 panel blocks */
 #define PREFETCH(blk) _Pragma("GCC unroll 16") for (int i = 0; i < PANEL_BYTES[fmt]; i += 64) _mm_prefetch((const char *)(blk) + AHEAD + i, _MM_HINT_T0)
 
-#define ROW_POINTERS                                                                                             \
+/* a tile's pointers: panel p's blocks, and rows r0 .. r0 + rows - 1's codes, scales, sums and code sums */
+#define TILE_POINTERS                                                                                            \
     const int64_t nb = x->k / SD_QK;                                                                             \
+    const uint8_t *panel = x->w + p * nb * PANEL_BYTES[fmt];                                                     \
     const int8_t *qr[TILE];                                                                                      \
     const float *dr[TILE], *sr[TILE];                                                                            \
     const int32_t *cr[TILE];                                                                                     \
@@ -232,8 +234,7 @@ AVX2 __m256i dot8_avx2(int fmt, __m256i u, int32_t quad) {
 AVX2 void tile_avx2(const sd_args *x, const int fmt, int64_t p, int half, int64_t r0, const int rows, float *out, int64_t ldo, int64_t live) {
     if (live <= 0) return;  /* the last panel's padding */
     if (live > 8) live = 8;
-    ROW_POINTERS
-    const uint8_t *panel = x->w + p * nb * PANEL_BYTES[fmt];
+    TILE_POINTERS
     const __m256i low = _mm256_set1_epi8(15);
     __m256 acc[TILE], bias[TILE];
     _Pragma("GCC unroll 8") for (int t = 0; t < rows; t++) acc[t] = bias[t] = _mm256_setzero_ps();
@@ -276,8 +277,7 @@ AVX2 void tile_avx2(const sd_args *x, const int fmt, int64_t p, int half, int64_
  * row (exact int32 sums, so their split does not touch the bits) halve the dependency chain. */
 VNNI void tile_vnni(const sd_args *x, const int fmt, int64_t p, int64_t r0, const int rows, float *out, int64_t ldo, int64_t live) {
     const int CHAINS = rows <= 2 ? 2 : 1;
-    ROW_POINTERS
-    const uint8_t *panel = x->w + p * nb * PANEL_BYTES[fmt];
+    TILE_POINTERS
     const __m512i low = _mm512_set1_epi8(15);
     __m512 acc[TILE], bias[TILE];
     _Pragma("GCC unroll 8") for (int t = 0; t < rows; t++) acc[t] = bias[t] = _mm512_setzero_ps();
