@@ -7,8 +7,8 @@ Each candidate mode the bundle runs (the draft model at the bundle's γ; with a 
 chain at γ = 1 and at the bundle's γ, lookup-first at the bundle's γ; and what the head's folder
 suggests, ``head_config.json``'s "serve") and autoregressive decoding decode the same held-out
 prompts (``specdec bench``'s default corpus: openings of held-out stdlib files), greedy, in
-interleaved rounds (the order reversed every other round, so drift on a shared box falls on all
-alike); the fastest by median tokens per second is the default. Its entry keeps every mode's
+interleaved rounds (request by request, the order reversed every other round, so drift on a
+shared box falls on all alike); the fastest by tokens per second is the default. Its entry keeps every mode's
 figure and the conditions ("measured"), and says so in "why".
 """
 
@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import os
 import platform
-import statistics
 import time
 from pathlib import Path
 
 from specdec.held_out import held_out_prompts
 from specdec.manifest import Manifest
+from specdec.rounds import interleaved
 
 PROMPTS, PROMPT_TOKENS, NEW_TOKENS, ROUNDS = 4, 64, 128, 2  # specdec bench's defaults (--prompts, --prompt-tokens, --tokens, --rounds)
 
@@ -70,7 +70,7 @@ def measure(stage: Path, manifest: Manifest, suggested: dict | None, progress=la
             dec.engine.proposer.stop_below = float(mode.get("stop_below", 0.0))
         decoders[label(mode)] = (dec, mode["gamma"])
     progress(f"measure the default drafter ({len(modes)} modes)")
-    speed = interleaved(decoders, prompts, new)
+    speed = interleaved_speed(decoders, prompts, new)
     best = max(modes, key=lambda m: speed[label(m)])
     ar = speed["autoregressive"]
     why = (f"measured at export on this machine: {label(best)} {speed[label(best)]:.1f} tok/s, {speed[label(best)] / ar:.2f}x autoregressive "
@@ -81,18 +81,16 @@ def measure(stage: Path, manifest: Manifest, suggested: dict | None, progress=la
     return {**best, "why": why, "measured": conditions}
 
 
-def interleaved(decoders: dict, prompts: list[list[int]], new: int) -> dict[str, float]:
-    """{name: median tokens per second over rounds} of each (decoder, γ) decoding every prompt."""
+def interleaved_speed(decoders: dict, prompts: list[list[int]], new: int) -> dict[str, float]:
+    """{name: tokens per second} of each (decoder, γ) decoding every prompt ``ROUNDS`` times, one
+    request at a time in ``specdec.rounds``' order over (prompt, decoder): a drift on a shared
+    machine falls on every mode alike, within each prompt's turn."""
     for dec, gamma in decoders.values():  # warm-up: first calls pay for lazy initialisation
         dec.generate(prompts[0], max_new_tokens=8, gamma=gamma, ignore_eos=True)
-    rates: dict[str, list[float]] = {name: [] for name in decoders}
-    names = list(decoders)
-    for r in range(ROUNDS):
-        for name in names if r % 2 == 0 else names[::-1]:
-            dec, gamma = decoders[name]
-            t0 = time.perf_counter()
-            for p in prompts:
-                dec.generate(p, max_new_tokens=new, gamma=gamma, ignore_eos=True)
-            rates[name].append(new * len(prompts) / (time.perf_counter() - t0))
-    return {name: statistics.median(v) for name, v in rates.items()}
-
+    seconds = dict.fromkeys(decoders, 0.0)
+    for _, (p, name) in interleaved([(p, name) for p in prompts for name in decoders], ROUNDS):
+        dec, gamma = decoders[name]
+        t0 = time.perf_counter()
+        dec.generate(p, max_new_tokens=new, gamma=gamma, ignore_eos=True)
+        seconds[name] += time.perf_counter() - t0
+    return {name: new * len(prompts) * ROUNDS / s for name, s in seconds.items()}

@@ -31,7 +31,7 @@ import sys
 from pathlib import Path
 
 from specdec.commands.bench.report import write_results
-from specdec.commands.bench.sweep import interleaved
+from specdec.rounds import interleaved
 
 WORKER = r'''
 import json, sys, time

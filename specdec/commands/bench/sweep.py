@@ -16,6 +16,7 @@ from typing import NamedTuple
 
 from specdec.runtime.analysis import expected_tokens, optimal_gamma
 from specdec.runtime.drafters import needs_tree
+from specdec.rounds import interleaved
 from specdec.runtime.stats import COUNTERS
 
 
@@ -63,15 +64,6 @@ def configs(drafters: list[str], gammas: list[int], adaptive: bool) -> list[Conf
     for d in drafters:
         out += [Config(d, g) for g in gammas if g] + ([Config(d, "auto")] if adaptive else [])
     return out
-
-
-def interleaved(items: list, rounds: int):
-    """(round, item) for ``rounds`` rounds over ``items``, the order reversed every other round:
-    drift on a shared machine (heat, other load) falls on every item alike, and no item always
-    runs first. Every side-by-side measurement of specdec bench and tools/ walks its runs so."""
-    for r in range(rounds):
-        for item in items if r % 2 == 0 else items[::-1]:
-            yield r, item
 
 
 def run(decoders: dict, cfgs: list[Config], prompts: list[list[int]], tokens: int, rounds: int, temperature: float,

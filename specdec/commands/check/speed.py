@@ -80,7 +80,7 @@ def sweep(decoders: dict, configs: list, prompts: list[list[int]], tokens: int, 
 
 def thread_advice(bundle: Path, m, prompts: list[list[int]], tokens: int, rounds: int, given) -> Item:
     """Plain decoding's tok/s at 1 thread per session, one per core, and ``given`` (a ThreadPolicy or None)."""
-    from specdec.commands.bench.sweep import interleaved
+    from specdec.rounds import interleaved
     from specdec.engines.threads import ThreadPolicy
     from specdec.runtime.decoder import SpeculativeDecoder
 

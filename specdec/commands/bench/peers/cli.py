@@ -11,7 +11,7 @@ import click
 
 from specdec.commands.bench.corpus import CHAT_CORPORA
 from specdec.commands.bench.peers import PEER_CLASSES, PEERS
-from specdec.commands.bench.sweep import interleaved
+from specdec.rounds import interleaved
 from specdec.commands.bench.peers.base import ModeUnavailable, Options, Tally, log
 
 WARMUP_TOKENS = 8
