@@ -3,6 +3,8 @@ flags can give before any weights load (export/pipeline.py runs the export itsel
 
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,8 +79,11 @@ class ExportConfig:
             raise ConfigError(f"--batch-graphs {self.batch_graphs!r}: expected one of {', '.join(BATCH_GRAPHS)}")
         if isinstance(self.max_batch, bool) or not isinstance(self.max_batch, int) or not 1 <= self.max_batch <= MAX_BATCH:
             raise ConfigError(f"--max-batch {self.max_batch}: expected an integer in 1..{MAX_BATCH} (requests decoded together)")
-        if self.feature_drafter is not None and not (Path(self.feature_drafter) / "head_config.json").is_file():
-            raise ConfigError(f"--feature-drafter {self.feature_drafter}: expected a folder with head_config.json (specdec train-drafter --save DIR)")
+        if self.feature_drafter is not None and not Path(self.feature_drafter).exists() and HUB_ID.match(self.feature_drafter):
+            object.__setattr__(self, "feature_drafter", _download_head(self.feature_drafter))
+        if self.feature_drafter is not None and not _is_head(Path(self.feature_drafter)):
+            raise ConfigError(f"--feature-drafter {self.feature_drafter}: expected a folder with head_config.json (specdec train-drafter --save DIR) "
+                              "or an EAGLE-3 head's config.json and weights (Speculators, EAGLE, SpecForge)")
         if self.feature_drafter is not None and (self.dtype != "float32" or self.quantize == "dynamic-int8"):
             raise ConfigError(f"--feature-drafter with --dtype {self.dtype} --quantize {self.quantize}: the head reads the target's float32 embedding; "
                               "export with --dtype float32, without --quantize or with --quantize int8/int4")
@@ -128,6 +133,27 @@ class ExportConfig:
         if model == "draft":
             return DRAFT_DEFAULT.get(self.quantize, self.quantize)
         return self.quantize
+
+
+HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
+
+
+def _download_head(repo: str) -> str:
+    """A hub head's folder (its config, weights and head_config.json), downloaded to the hub cache."""
+    try:
+        from huggingface_hub import snapshot_download
+
+        return snapshot_download(repo, allow_patterns=["*.json", "*.safetensors", "*.bin"])
+    except Exception as e:  # offline, no such repo, no access: one line
+        raise ConfigError(f"--feature-drafter {repo}: not a local folder, and the hub did not give it ({type(e).__name__}); "
+                          "download the head folder and pass its path") from None
+
+
+def _is_head(folder: Path) -> bool:
+    """A feature head folder: specdec's (head_config.json) or an EAGLE-3 head (export/eagle3.py)."""
+    from specdec.export.eagle3 import is_eagle3
+
+    return (folder / "head_config.json").is_file() or is_eagle3(folder)
 
 
 def check_template(path: Path) -> None:
@@ -180,6 +206,12 @@ def read_sources(cfg: ExportConfig) -> tuple[dict[str, Source], int | None, int]
         "draft": resolve(cfg.draft, cfg.max_seq_len, cfg.draft_revision, cfg.trust_remote_code),
     }
     check_pair(sources["target"], sources["draft"])
+    head = cfg.head()
+    if head is not None:
+        from specdec.export import eagle3
+
+        if eagle3.is_eagle3(head):  # refused before any graph is exported
+            eagle3.check_target(eagle3.read(head), head, sources["target"].config)
     check_corpus(cfg.ngram_corpus, sources["target"].tokenizer is not None)
     max_source = check_seq2seq(cfg, sources)
     if cfg.tree_nodes:

@@ -122,16 +122,25 @@ def restaged(bundle: Path) -> Iterator[Path]:
         yield tmp
 
 
-def expose_features(stage: Path, manifest: Manifest) -> Manifest:
-    """Every target graph of the staged bundle also returns ``features`` [B, S, d]."""
-    width = manifest.target.hidden_size
+def expose_features(stage: Path, manifest: Manifest, fused: dict | None = None) -> Manifest:
+    """Every target graph of the staged bundle also returns ``features`` [B, S, d]: the LM head's
+    input, or with ``fused`` (an EAGLE-3 head: ``eagle3.fuse_weights`` plus "layers", the
+    auxiliary layers' ids) fc(norm?(concat(the streams entering those layers))), its weights in
+    one file every target graph reads (``FUSED_WEIGHTS``)."""
+    width = manifest.target.hidden_size if fused is None else fused["fc"].shape[1]
+    make, tensors = None, []
+    if fused is not None:
+        tensors = _fused_tensors(stage, fused)
+        names = {t.name.removeprefix("eagle3."): t.name for t in tensors}
+        make = features.fused(tuple(fused["layers"]), manifest.target.num_layers, manifest.target.hidden_size, fused["eps"], names)
     graphs = dict(manifest.graphs)
     for name, g in manifest.graphs.items():
         if g.model != "target" or g.io.features:
             continue
         path = inside(stage, g.file)
         proto = onnx.load(str(path), load_external_data=False)
-        features.expose(proto, g.io.logits, width, g.rows)
+        proto.graph.initializer.extend(tensors)
+        features.expose(proto, g.io.logits, width, g.rows, make)
         path.unlink()  # a hard link to the bundle's file: write a new one
         onnx.save_model(proto, str(path))
         out = g.outputs
@@ -139,11 +148,40 @@ def expose_features(stage: Path, manifest: Manifest) -> Manifest:
             logits = next(t for t in g.outputs if t.name == (body_output(g.io.logits, b, g.batch) if g.rows else g.io.logits))
             feature = body_output(features.FEATURES, b, g.batch) if g.rows else features.FEATURES
             out = (*out, TensorSpec(feature, "float32", (*logits.shape[:-1], width)))
-        graphs[name] = dataclasses.replace(g, sha256=sha256_of(path), outputs=out, io=dataclasses.replace(g.io, features=features.FEATURES))
+        data = tuple(sorted({*g.data, FUSED_WEIGHTS})) if tensors else g.data
+        graphs[name] = dataclasses.replace(g, sha256=sha256_of(path), outputs=out, io=dataclasses.replace(g.io, features=features.FEATURES), data=data)
     return dataclasses.replace(manifest, graphs=graphs)
 
 
-def add_head(stage: Path, manifest: Manifest, head, record: dict, seed: int = 0, quantize: str | None = None) -> Manifest:
+FUSED_WEIGHTS = "eagle3.weights"  # the fused features' fc and norms, read by every target graph
+
+
+def _fused_tensors(stage: Path, fused: dict) -> list[onnx.TensorProto]:
+    """``fused``'s arrays written once to ``FUSED_WEIGHTS``, as initializers pointing into it."""
+    from specdec.export.weights import point
+
+    arrays = {"fc": fused["fc"]}
+    if "input_norm" in fused:
+        arrays["input_norm"] = fused["input_norm"]
+    for k, w in enumerate(fused.get("fc_norm", ())):
+        arrays[f"fc_norm.{k}"] = w
+    out, offset = [], 0
+    with open(stage / FUSED_WEIGHTS, "wb") as f:
+        for key, a in arrays.items():
+            data = np.ascontiguousarray(a, dtype=np.float32).tobytes()
+            f.write(data)
+            t = numpy_helper.from_array(np.zeros(0, np.float32), f"eagle3.{key}")
+            t.ClearField("raw_data")
+            t.dims[:] = a.shape
+            t.data_location = onnx.TensorProto.EXTERNAL
+            point(t, FUSED_WEIGHTS, offset, len(data))
+            offset += len(data)
+            out.append(t)
+    return out
+
+
+def add_head(stage: Path, manifest: Manifest, head, record: dict, seed: int = 0, quantize: str | None = None,
+             source: str = "specdec train-drafter") -> Manifest:  # fmt: skip
     """Export ``head`` (export/head.py) into the staged bundle, its embedding and LM head pointing
     at the target's weights, checked against PyTorch; returns the manifest with it.
 
@@ -171,7 +209,7 @@ def add_head(stage: Path, manifest: Manifest, head, record: dict, seed: int = 0,
     graph = GraphSpec(file, sha256_of(stage / file), "head", "dynamic", None, inputs, outputs, io, tuple(data))
     cfg = head.cfg
     params = sum(p.numel() for p in head.trained_state().values() if p.is_floating_point())
-    spec = ModelSpec("specdec train-drafter", None, "feature-head", 1, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.width,
+    spec = ModelSpec(source, None, "feature-head", 1, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.width,
                      cfg.max_positions, int(params), quantize)  # fmt: skip
     graphs = {n: g for n, g in manifest.graphs.items() if g.model != "head"}
     graphs[HEAD_GRAPH] = graph

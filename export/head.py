@@ -182,7 +182,7 @@ def export_head(head: FeatureHead, path: Path, max_seq: int, dtype: str = "float
     )
     dim = torch.export.Dim("S", min=1, max=max_seq)
     dynamic = ({1: dim}, {1: dim}, {1: dim}, [None] * len(fl.scalars), [None, None])
-    attention.export_traced(_Wrapper(head), args, path, inputs, outputs, config=head.model.config, attn=fl.attn, dynamic=dynamic)
+    attention.export_traced(_Wrapper(head), args, path, inputs, outputs, config=head.config, attn=fl.attn, dynamic=dynamic)
     return inputs, outputs, io
 
 

@@ -164,7 +164,7 @@ def _build(cfg: ExportConfig, read: tuple[dict[str, Source], int | None, int], f
                              validation=_validation(figures, tols), max_source=max_source)  # fmt: skip
         if (head := cfg.head()) is not None:
             progress("feature drafter")
-            manifest = _feature_drafter(tmp, manifest, head, cfg.head_quantization())
+            manifest = _feature_drafter(tmp, manifest, head, cfg.head_quantization(), sources["target"].config)
         if head is not None or fallback is not None:  # a choice to make: measured here, the folder's suggestion among the modes
             manifest = dataclasses.replace(manifest, drafter=measure(tmp, manifest, default_drafter(head, cfg) if head else fallback, progress))
         progress("write bundle")
@@ -188,19 +188,31 @@ def _validation(figures: dict, tols: dict) -> dict:
     return validation
 
 
-def _feature_drafter(tmp: Path, manifest: Manifest, head_dir: Path, quantize: str | None) -> Manifest:
-    """The staged bundle with its target's features exposed and a saved feature head (specdec
-    train-drafter --save) added, checked against PyTorch; its matrices in ``quantize``'s blocks
-    (the drafts' precision) or float32."""
+def _feature_drafter(tmp: Path, manifest: Manifest, head_dir: Path, quantize: str | None, target_config) -> Manifest:
+    """The staged bundle with its target's features exposed and a saved feature head added,
+    checked against PyTorch; its matrices in ``quantize``'s blocks (the drafts' precision) or
+    float32. The head: specdec train-drafter --save's, or an EAGLE-3 head as Speculators,
+    EAGLE or SpecForge save it (export/eagle3.py: the target graphs then return its fused
+    auxiliary layers)."""
     import torch
 
+    from specdec.export import eagle3
     from specdec.export.feature import add_head, expose_features, tables
     from specdec.export.head import load_head
 
-    manifest = expose_features(tmp, manifest)
-    embed, head_t, tied = tables(tmp, manifest)
-    head, record = load_head(head_dir, torch.from_numpy(embed), torch.from_numpy(head_t), tied)
-    return add_head(tmp, manifest, head, {**record, "loaded_from": str(head_dir)}, quantize=quantize)
+    if not eagle3.is_eagle3(head_dir):
+        manifest = expose_features(tmp, manifest)
+        embed, head_t, tied = tables(tmp, manifest)
+        head, record = load_head(head_dir, torch.from_numpy(embed), torch.from_numpy(head_t), tied)
+        return add_head(tmp, manifest, head, {**record, "loaded_from": str(head_dir)}, quantize=quantize)
+    spec = eagle3.read(head_dir)
+    layers = eagle3.check_target(spec, head_dir, target_config)
+    embed, _, _ = tables(tmp, manifest)
+    manifest = expose_features(tmp, manifest, {**eagle3.fuse_weights(spec), "layers": layers})
+    head = eagle3.Eagle3Head(spec, torch.from_numpy(embed), manifest.max_seq_len)
+    record = {"format": f"eagle3 ({spec.layout})", "loaded_from": str(head_dir), "aux_layers": list(layers)}
+    manifest = add_head(tmp, manifest, head, record, quantize=quantize, source=f"EAGLE-3 head {head_dir}")
+    return dataclasses.replace(manifest, feature={**manifest.feature, "first": 1, "width": spec.width})
 
 
 def save_chat_template(tokenizer, folder: Path, given: Path | None = None) -> str | None:

@@ -14,12 +14,15 @@ def _recommended(folder: Path, cfg: ExportConfig, with_head: bool) -> dict | Non
     overridden by "serve" → the ``--quantize`` name, e.g. "int8": {"gamma": 2, "why": ...}, for
     a quantized target) or without it ("serve" → "without_head"), as a manifest ``drafter``
     entry (with its "stop_below" for the head's chain: ``runtime.proposers.FeatureHead``); None
-    when it names nothing this bundle runs (a drafter that needs a head it lacks, or not, a tree
+    when it names nothing this bundle runs, or has no head_config.json (a drafter that needs a head it lacks, or not, a tree
     without --tree-nodes, a bad γ or stop_below)."""
     from specdec.manifest import is_stop
     from specdec.runtime.drafters import DRAFTERS
 
-    serve = json.loads((folder / "head_config.json").read_text()).get("serve") or {}
+    path = folder / "head_config.json"
+    if not path.is_file():  # an EAGLE-3 head (export/eagle3.py): its folder suggests nothing
+        return None
+    serve = json.loads(path.read_text()).get("serve") or {}
     entry = {**serve, **(serve.get(cfg.quantize) or {})} if with_head else serve.get("without_head") or {}
     name, gamma = entry.get("drafter", "feature" if with_head else None), entry.get("gamma", 1 if with_head else cfg.gamma)
     reg = DRAFTERS.get(name)

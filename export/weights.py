@@ -65,7 +65,7 @@ def _append(out, data: bytes) -> int:
     return pos
 
 
-def _point(t: onnx.TensorProto, location: str, offset: int, length: int) -> None:
+def point(t: onnx.TensorProto, location: str, offset: int, length: int) -> None:
     """Make initializer ``t`` read ``length`` bytes at ``offset`` of ``location``."""
     del t.external_data[:]
     for k, v in (("location", location), ("offset", str(offset)), ("length", str(length))):
@@ -94,7 +94,7 @@ def share_weights(folder: Path, model: str, graph_files: list[str]) -> SharedWei
                     key = (t.data_type, tuple(t.dims), hashlib.sha256(data).hexdigest())
                     if key not in offsets:
                         offsets[key] = _append(out, data)
-                    _point(t, target, offsets[key], len(data))
+                    point(t, target, offsets[key], len(data))
                     referenced += 1
                 protos[file] = proto
         finally:
@@ -139,12 +139,12 @@ def share_with(folder: Path, model: str, graph_file: str, base: list[str]) -> di
                 data = _read(folder, info, handles)
                 key = (t.data_type, tuple(t.dims), hashlib.sha256(data).hexdigest())
                 if key in found:
-                    _point(t, found[key]["location"], int(found[key].get("offset", 0)), len(data))
+                    point(t, found[key]["location"], int(found[key].get("offset", 0)), len(data))
                     referenced, shared = referenced + 1, shared + len(data)
                 else:
                     if key not in offsets:
                         offsets[key] = _append(out, data)
-                    _point(t, target, offsets[key], len(data))
+                    point(t, target, offsets[key], len(data))
             size = out.tell()
     finally:
         for f in handles.values():

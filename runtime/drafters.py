@@ -259,14 +259,15 @@ def _feature(ctx: DrafterContext, tree: bool = False):
     from specdec.runtime.proposers import FeatureHead, FeatureTree
 
     if tree:
-        return FeatureTree(ctx.head, ctx.target, ctx.manifest.graph("target", "tree")[1].tokens - 1, ctx.manifest.vocab_size)  # the root takes one node
-    return FeatureHead(ctx.head, ctx.target, ctx.manifest.draft_stop())
+        return FeatureTree(ctx.head, ctx.target, ctx.manifest.graph("target", "tree")[1].tokens - 1, ctx.manifest.vocab_size,
+                           ctx.manifest.head_first())  # the root takes one node  # fmt: skip
+    return FeatureHead(ctx.head, ctx.target, ctx.manifest.draft_stop(), ctx.manifest.head_first())
 
 
 def _feature_lookup(ctx: DrafterContext):
     from specdec.runtime.proposers import FeatureLookup
 
-    return FeatureLookup(ctx.head, ctx.target, stop_below=ctx.manifest.draft_stop())
+    return FeatureLookup(ctx.head, ctx.target, stop_below=ctx.manifest.draft_stop(), first=ctx.manifest.head_first())
 
 
 def bundle_default(manifest) -> str:

@@ -234,10 +234,11 @@ class FeatureHead:
 
     name = "feature"
 
-    def __init__(self, head: Executor, target: Executor, stop_below: float = 0.0):
+    def __init__(self, head: Executor, target: Executor, stop_below: float = 0.0, first: int = 0):
         if target.store is None:
             raise ValueError("the feature drafter needs a target whose graphs return features (specdec train-drafter adds them)")
         self.head, self.target, self.stop_below = head, target, stop_below
+        self.first = first  # the first position the head reads (its cache row 0): 1 for EAGLE-3 heads (export/eagle3.py)
         self.support: np.ndarray | None = None  # [V'] the head's draft vocabulary, read off its first logits row
         self.learned = False
 
@@ -264,7 +265,9 @@ class FeatureHead:
         picks token L + j from the head's logits, and the head is fed it for the next; a draft
         whose ``confidence`` is below ``stop_below`` is the last. Returns how many it drafted."""
         head, store = self.head, self.target.store
-        s, L, done = r.slot, r.length, head.length(r.slot)
+        s, L, done = r.slot, r.length, head.length(r.slot) + self.first
+        if done >= L:  # nothing the head may read yet (an EAGLE-3 head after a one-token prompt)
+            return 0
         logits = head.forward([s], [r.seq[done:L]], store[s, done:L])[0, L - done - 1]  # [V]: token L
         head.commit(s, L - done)
         if not self.learned:  # the draft vocabulary is the graph's: the same in every row it returns
@@ -289,7 +292,7 @@ class FeatureHead:
 
     def commit(self, rows: Sequence[Row], accepted: Sequence[int]) -> None:
         for r in rows:
-            self.head.rewind_to(r.slot, min(self.head.length(r.slot), r.length))
+            self.head.rewind_to(r.slot, max(0, min(self.head.length(r.slot), r.length - self.first)))
 
 
 class FeatureTree(FeatureHead):
@@ -309,8 +312,8 @@ class FeatureTree(FeatureHead):
     name = "feature-tree"
     tree = True
 
-    def __init__(self, head: Executor, target: Executor, nodes: int, vocab: int):
-        super().__init__(head, target)
+    def __init__(self, head: Executor, target: Executor, nodes: int, vocab: int, first: int = 0):
+        super().__init__(head, target, first=first)
         self.nodes = nodes
         self.q = np.zeros((target.slots, nodes, vocab), dtype=np.float64)  # [slots, N, V]: each node's proposal
 
@@ -362,8 +365,8 @@ class FeatureLookup(FeatureHead):
 
     name = "feature-lookup"
 
-    def __init__(self, head: Executor, target: Executor, min_ngram: int = 2, max_ngram: int = 3, stop_below: float = 0.0):
-        super().__init__(head, target, stop_below)
+    def __init__(self, head: Executor, target: Executor, min_ngram: int = 2, max_ngram: int = 3, stop_below: float = 0.0, first: int = 0):
+        super().__init__(head, target, stop_below, first)
         self.min_ngram, self.max_ngram = min_ngram, max_ngram
 
     def propose(self, rows: Sequence[Row], gammas: Sequence[int]) -> list[int]:

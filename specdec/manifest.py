@@ -221,6 +221,11 @@ class Manifest:
         """(name, γ): what decodes a request that names neither (``specdec-export`` chooses it)."""
         return (self.drafter["name"], self.drafter["gamma"]) if self.drafter else ("model", self.gamma)
 
+    def head_first(self) -> int:
+        """The first position the feature head reads (``feature.first``): 0 for specdec's heads,
+        1 for EAGLE-3 heads, which pair token j with the target's feature of j - 1 from j = 1."""
+        return int((self.feature or {}).get("first", 0))
+
     def draft_stop(self) -> float:
         """The feature head's chain stops after a draft it gives less than this probability
         (``runtime.proposers.FeatureHead``; the drafter entry's "stop_below", 0: off)."""

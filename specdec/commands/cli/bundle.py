@@ -39,7 +39,8 @@ from specdec.errors import ConfigError
               "(for batch 1 and each batched size). Opt-in: its measured gain is in docs/performance.md (Fused drafting).")
 @click.option("--tree-nodes", default=None, type=int, help="Also write a tree verify graph of the target for draft trees of up to N "
               "nodes (ancestors-only attention; validated per root-to-node path), for --drafter lookup-tree or feature-tree.")
-@click.option("--feature-drafter", default=None, help="A saved feature head (specdec train-drafter --save DIR) to add: the target's graphs then return their features (--drafter feature).")
+@click.option("--feature-drafter", default=None, help="A feature head to add: a folder from specdec train-drafter --save, or an EAGLE-3 head "
+              "(folder or hub id) as Speculators, EAGLE or SpecForge save it; the target's graphs then return their features (--drafter feature).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing bundle at --out.")
 @click.option("--target-revision", default=None, help="Hub revision of the target.")
 @click.option("--draft-revision", default=None, help="Hub revision of the draft.")
