@@ -66,6 +66,9 @@ def graph_names(manifest: Manifest, models: Sequence[str], slots: int, fused: bo
     packed once), else its batch-1 dynamic graph (which also runs its fixed-length calls), its
     encoder and an older bundle's batched graphs; the draft's fused graphs; and with ``tree`` the
     target's tree verify graph (a session of its own: only for a tree drafter)."""
+    if "draft" in models and manifest.draft is None:
+        raise ConfigError("this drafter runs the draft model, which this bundle lacks (its drafter is a feature head, an EAGLE-3 head given as "
+                          "--draft); use --drafter feature, feature-lookup or a model-free one (lookup, ngram)")
     if "head" in models and manifest.head is None:
         raise ConfigError("the feature drafter needs the bundle's feature head, which this bundle lacks; train one with specdec train-drafter BUNDLE --corpus DIR")
     if tree and not any(g.role == "tree" for g in manifest.graphs.values()):

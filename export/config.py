@@ -40,7 +40,7 @@ class ExportConfig:
     """One export, as the CLI's options give it."""
 
     target: str
-    draft: str
+    draft: str | None  # None: no draft model (a bundle whose drafters are the feature head's and the model-free ones)
     out: Path
     gamma: int = 4
     max_seq_len: int | None = None  # None: 2048, or less if a model has fewer positions
@@ -66,6 +66,11 @@ class ExportConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "out", Path(self.out))
+        if self.draft is not None and _eagle3_at(self.draft):  # an EAGLE-3 head as --draft: the bundle's feature drafter, no draft model
+            if self.feature_drafter is not None:
+                raise ConfigError(f"--draft {self.draft} is an EAGLE-3 head and --feature-drafter {self.feature_drafter} another head; pass one head")
+            object.__setattr__(self, "feature_drafter", self.draft)
+            object.__setattr__(self, "draft", None)
         if self.ngram_corpus is not None:
             object.__setattr__(self, "ngram_corpus", Path(self.ngram_corpus))
         if self.chat_template is not None:
@@ -114,6 +119,8 @@ class ExportConfig:
         the drafts' precision, ``head_quantization``)."""
         if self.feature_drafter is not None:
             return Path(self.feature_drafter)
+        if self.draft is None:
+            return None
         folder = Path(self.draft)
         if (folder / "head_config.json").is_file() and self.dtype == "float32" and self.quantize != "dynamic-int8":
             return folder
@@ -147,6 +154,23 @@ def _download_head(repo: str) -> str:
     except Exception as e:  # offline, no such repo, no access: one line
         raise ConfigError(f"--feature-drafter {repo}: not a local folder, and the hub did not give it ({type(e).__name__}); "
                           "download the head folder and pass its path") from None
+
+
+def _eagle3_at(draft: str) -> bool:
+    """Whether ``--draft`` names an EAGLE-3 head: a local folder, or a hub repo whose config.json
+    says so (read alone; an unreachable hub: not a head, the draft model path then says why)."""
+    from specdec.export.eagle3 import is_eagle3
+
+    if Path(draft).exists():
+        return is_eagle3(Path(draft))
+    if not HUB_ID.match(draft):
+        return False
+    try:
+        from huggingface_hub import hf_hub_download
+
+        return is_eagle3(Path(hf_hub_download(draft, "config.json")).parent)
+    except Exception:
+        return False
 
 
 def _is_head(folder: Path) -> bool:
@@ -201,11 +225,10 @@ def check_seq2seq(cfg: ExportConfig, sources: dict[str, Source]) -> int | None:
 def read_sources(cfg: ExportConfig) -> tuple[dict[str, Source], int | None, int]:
     """Both models' configs and tokenizers, checked as a pair; the max source length (None:
     decoder-only) and the KV rows."""
-    sources = {
-        "target": resolve(cfg.target, cfg.max_seq_len, cfg.target_revision, cfg.trust_remote_code),
-        "draft": resolve(cfg.draft, cfg.max_seq_len, cfg.draft_revision, cfg.trust_remote_code),
-    }
-    check_pair(sources["target"], sources["draft"])
+    sources = {"target": resolve(cfg.target, cfg.max_seq_len, cfg.target_revision, cfg.trust_remote_code)}
+    if cfg.draft is not None:
+        sources["draft"] = resolve(cfg.draft, cfg.max_seq_len, cfg.draft_revision, cfg.trust_remote_code)
+        check_pair(sources["target"], sources["draft"])
     head = cfg.head()
     if head is not None:
         from specdec.export import eagle3

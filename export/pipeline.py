@@ -106,7 +106,7 @@ def _export(cfg: ExportConfig, progress: Progress, log: ExportLog) -> Manifest:
     """Everything that configs, tokenizers and flags can refuse, before torch is imported; then
     the export."""
     fallback = None
-    if cfg.head() is None and (Path(cfg.draft) / "head_config.json").is_file():
+    if cfg.head() is None and cfg.draft is not None and (Path(cfg.draft) / "head_config.json").is_file():
         fallback = headless_drafter(Path(cfg.draft), cfg)
         warnings.warn(f"{cfg.draft} holds a feature head too; it is left out of this {cfg.quantize or cfg.dtype} bundle "
                       f"(the head reads the target's float32 tables): its default drafter is {fallback['name'] + ' or the draft model, the faster measured here' if fallback else 'the draft model'}",
@@ -128,7 +128,8 @@ def _build(cfg: ExportConfig, read: tuple[dict[str, Source], int | None, int], f
     sources, max_source, max_seq = read
     progress("load weights")
     models = {"target": load_model(sources["target"])}
-    models["draft"] = load_model(sources["draft"], target=models["target"])
+    if "draft" in sources:  # none when the bundle's drafter is an EAGLE-3 head given as --draft
+        models["draft"] = load_model(sources["draft"], target=models["target"])
     specs = {role: _model_spec(sources[role], models[role], cfg.quantization(role)) for role in models}
 
     # Graphs are traced from a copy in the bundle's dtype; validation compares them with the
@@ -254,7 +255,7 @@ def _manifest(cfg: ExportConfig, target: Source, specs: dict[str, ModelSpec], gr
         eos_token_ids=target.eos_ids(),
         pad_token_id=getattr(target.config, "pad_token_id", None),
         target=specs["target"],
-        draft=specs["draft"],
+        draft=specs.get("draft"),
         graphs=graphs,
         tokenizer=tokenizer,
         chat_template=chat_template,
@@ -296,7 +297,7 @@ def _share_weights(graphs: dict[str, GraphSpec], tmp: Path) -> dict[str, GraphSp
     from specdec.export.weights import share_weights
 
     out = dict(graphs)
-    for model in ("target", "draft"):
+    for model in sorted({g.model for g in graphs.values()}):
         names = [n for n, g in graphs.items() if g.model == model]
         shared = share_weights(tmp, model, [graphs[n].file for n in names])
         for n in names:
@@ -313,8 +314,10 @@ def _merge_rows(graphs: dict[str, GraphSpec], plans: dict[str, GraphPlan], tmp: 
     from specdec.export.rows import merge_rows
 
     graphs, plans = dict(graphs), dict(plans)
-    for model in ("target", "draft"):
+    for model in sorted({p.model for p in plans.values()}):
         names = {plans[n].batch: n for n in graphs if plans[n].kind in ROWS_KINDS and plans[n].model == model}
+        if not names:
+            continue
         kind = plans[names[max(names)]].kind  # the largest body's (a 1-row body may be derived)
         spec = merge_rows(tmp, {b: graphs[n] for b, n in names.items()}, f"{model}_rows.onnx")
         for n in names.values():

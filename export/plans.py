@@ -74,4 +74,5 @@ def planned_graphs(cfg: ExportConfig, seq2seq: bool = False) -> tuple[GraphPlan,
         if cfg.fused_draft and b > 1:
             batched += [GraphPlan(f"draft_{role}_batch{b}", "draft", role, "gamma", batch=b, kind="fused") for role in FUSED_ROLES]
     tree = (GraphPlan("target_tree", "target", "tree", "tree", kind="tree"),) if cfg.tree_nodes else ()
-    return GRAPHS + fused + (PORTABLE_GRAPHS if cfg.portable else ()) + tuple(batched) + tree
+    plans = GRAPHS + fused + (PORTABLE_GRAPHS if cfg.portable else ()) + tuple(batched) + tree
+    return plans if cfg.draft is not None else tuple(p for p in plans if p.model != "draft")  # no draft model: its graphs are not made

@@ -29,7 +29,7 @@ PROMPTS, PROMPT_TOKENS, NEW_TOKENS, ROUNDS = 4, 64, 128, 2  # specdec bench's de
 def candidates(manifest: Manifest, suggested: dict | None) -> list[dict]:
     """The modes worth measuring for this bundle, ``suggested`` among them (deduplicated)."""
     g = manifest.gamma
-    modes = [{"name": "model", "gamma": g}]
+    modes = [{"name": "model", "gamma": g}] if manifest.draft is not None else []  # a bundle without a draft model: the head's modes
     if manifest.head is not None:
         modes += [{"name": "feature", "gamma": 1}, {"name": "feature", "gamma": g}, {"name": "feature-lookup", "gamma": g}]
     if suggested:
@@ -56,13 +56,14 @@ def measure(stage: Path, manifest: Manifest, suggested: dict | None, progress=la
     from specdec.runtime.loader import Loaded
 
     modes = candidates(manifest, suggested)
-    loaded, _ = Loaded.open(stage, "model", manifest=manifest)  # the files just written: nothing to verify, nothing to stamp
-    base = SpeculativeDecoder(loaded, "model")
+    first = modes[0]["name"]
+    loaded, _ = Loaded.open(stage, first, manifest=manifest)  # the files just written: nothing to verify, nothing to stamp
+    base = SpeculativeDecoder(loaded, first)
     length = min(PROMPT_TOKENS, manifest.max_seq_len // 4)
     new = min(NEW_TOKENS, manifest.max_seq_len - length)  # a short bundle measures shorter requests
     prompts = held_out_prompts(base.codec.encode, PROMPTS, length) if base.codec and not manifest.seq2seq else []
     if not prompts:  # an encoder-decoder bundle, or no tokenizer: nothing to measure on
-        return suggested or {"name": "model", "gamma": manifest.gamma, "why": "the draft model (no held-out prompts to measure on)"}
+        return suggested or {"name": first, "gamma": modes[0]["gamma"], "why": f"{label(modes[0])} (no held-out prompts to measure on)"}
     decoders = {"autoregressive": (base, 0)}
     for mode in modes:
         dec = base.fork(mode["name"])

@@ -35,6 +35,7 @@ import numpy as np
 from specdec.engines.executor import Executor, graph_names, open_sessions
 from specdec.runtime.gamma import check as check_gamma
 from specdec.engines.threads import ThreadPolicy
+from specdec.errors import ConfigError
 from specdec.manifest import Manifest
 from specdec.runtime.beam import NEG, Beam, BeamConfig, BeamState, _best
 from specdec.runtime.params import BeamParams
@@ -182,7 +183,9 @@ class BeamRunner:
         """Search ``req``'s prompt (and source); its stop tokens finish beams. Blocks while
         another search runs."""
         m = self.manifest
-        gamma = m.gamma if params.gamma is None else check_gamma(params.gamma, m.gamma, auto=False)
+        gamma = (m.gamma if m.draft is not None else 0) if params.gamma is None else check_gamma(params.gamma, m.gamma, auto=False)
+        if gamma and m.draft is None:
+            raise ConfigError(f"beam search at gamma={gamma} drafts with the draft model's beams, which this bundle lacks; pass gamma 0 (plain beam search)")
         w = params.num_beams
         width = w if params.draft_width is None else params.draft_width
         need = (w + width * gamma, w + width) if gamma else (w, 0)  # target paths a round scores; draft beams (none: plain)

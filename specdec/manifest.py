@@ -180,7 +180,7 @@ class Manifest:
     eos_token_ids: tuple[int, ...]
     pad_token_id: int | None
     target: ModelSpec
-    draft: ModelSpec
+    draft: ModelSpec | None  # None: no draft model (an EAGLE-3 head given as --draft: the feature drafters run)
     graphs: dict[str, GraphSpec]
     max_batch: int = 1  # requests a batched engine may run together (batched graphs for 2..max_batch rows)
     tokenizer: str | None = None  # relative folder holding tokenizer.json, or None
@@ -282,7 +282,7 @@ class Manifest:
         try:
             d = dict(d)
             d["target"] = ModelSpec(**d["target"])
-            d["draft"] = ModelSpec(**d["draft"])
+            d["draft"] = ModelSpec(**d["draft"]) if d.get("draft") is not None else None
             if d.get("head") is not None:
                 d["head"] = ModelSpec(**d["head"])
             d["graphs"] = {k: GraphSpec(**v) for k, v in d["graphs"].items()}

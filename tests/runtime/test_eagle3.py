@@ -168,3 +168,26 @@ def test_a_folder_that_is_no_head_is_refused_at_the_command_line(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
     with pytest.raises(ConfigError, match="EAGLE-3 head"):
         ExportConfig("t", "d", tmp_path / "out", feature_drafter=str(tmp_path))
+
+
+def test_an_eagle3_head_as_the_draft_makes_a_bundle_without_a_draft_model(eagle3, tmp_path):
+    """``--draft HEAD``: the user has a target and a published head, no draft model."""
+    from specdec.export.pipeline import ExportConfig, export_bundle
+    from specdec.manifest import load_manifest
+
+    case, target, bundle, _ = eagle3
+    if case != "llama-speculators":
+        pytest.skip("one layout suffices: the head is read as with --feature-drafter")
+    cfg = ExportConfig(str(target), str(bundle.parent / "head"), tmp_path / "b", gamma=3, max_seq_len=128)
+    assert cfg.draft is None and cfg.feature_drafter == str(bundle.parent / "head")
+    export_bundle(cfg)
+    m = load_manifest(tmp_path / "b")
+    assert m.draft is None and not any(g.model == "draft" for g in m.graphs.values())
+    assert m.default_drafter()[0] in ("feature", "feature-lookup"), m.drafter
+    model = load_model(target)
+    dec = SpeculativeDecoder.load(tmp_path / "b")
+    for prompt in PROMPTS:
+        assert dec.generate(prompt, max_new_tokens=NEW, ignore_eos=True).tokens == torch_greedy(model, prompt, NEW), f"prompt={prompt}"
+    with pytest.raises(ConfigError) as err:
+        SpeculativeDecoder.load(tmp_path / "b", drafter="model")
+    assert "\n" not in str(err.value) and "lacks" in str(err.value)

@@ -70,7 +70,8 @@ class Floor:
 
     @classmethod
     def measure(cls, bundle: Path, manifest, context: int) -> Floor:
-        target, draft = (call_bytes(bundle, manifest, m, context) for m in ("target", "draft"))
+        drafter = "draft" if manifest.draft is not None else "head"  # a bundle without a draft model drafts with its head
+        target, draft = (call_bytes(bundle, manifest, m, context) for m in ("target", drafter))
         return cls(read_bandwidth(target), read_bandwidth(512 * 2**20, repeats=3), target, draft)
 
     @property

@@ -150,8 +150,9 @@ def _bench_header(bundle: Path, m, prompts, corpus: str, sizes: tuple[int, int, 
 
     prompt_tokens, tokens, rounds = sizes
     seq2seq, chat = m.seq2seq, corpus in CHAT_CORPORA
+    draft = f"draft {m.draft.parameters / 1e6:.2f}M" if m.draft else "no draft model"
     header = (
-        f"bundle {bundle}: target {m.target.parameters / 1e6:.1f}M, draft {m.draft.parameters / 1e6:.2f}M params, {m.dtype}; "
+        f"bundle {bundle}: target {m.target.parameters / 1e6:.1f}M, {draft} params, {m.dtype}; "
         + (f"{len(prompts)} sources (whole functions of {'held-out stdlib files' if corpus == 'functions' else ', '.join(CODE_PACKAGES)}) of {min(map(len, prompts))}-{max(map(len, prompts))} tokens "
            f"x {rounds} rounds x up to {tokens} new tokens per configuration, interleaved; " if seq2seq else
            f"{len(prompts)} held-out requests ({corpus}, through the chat template) of {min(map(len, prompts))}-{max(map(len, prompts))} tokens x {rounds} rounds "

@@ -75,14 +75,18 @@ def export_cmd(**options) -> None:
 def summary(out: Path, m, size: int) -> str:
     """A short human summary of a bundle."""
     lines = [f"bundle {out}  ({size / 2**20:.1f} MiB, schema {m.schema_version})"]
-    for role in ("target", "draft"):
+    for role in ("target", "draft", "head"):
         s = getattr(m, role)
+        if s is None:
+            if role == "draft":
+                lines.append("  draft  none (the bundle drafts with its feature head)")
+            continue
         lines.append(
             f"  {role:6} {s.source}  {s.family}  {s.parameters / 1e6:.2f}M params  "
             f"{s.num_layers} layers  {s.num_heads}/{s.num_kv_heads} heads  head_dim {s.head_dim}"
         )
     quant = f"  quantization {m.quantization}" if m.quantization else ""
-    if m.target.quantization != m.draft.quantization:
+    if m.draft is not None and m.target.quantization != m.draft.quantization:
         quant = f"  quantization target {m.target.quantization or 'none'}, draft {m.draft.quantization or 'none'}"
     lines.append(f"  gamma {m.gamma} (K={m.k})  max-seq-len {m.max_seq_len}  max-batch {m.max_batch}  vocab {m.vocab_size}  dtype {m.dtype}{quant}")
     lines.append(f"  eos {list(m.eos_token_ids)}  bos {m.bos_token_id}  tokenizer {'yes' if m.tokenizer else 'no'}")

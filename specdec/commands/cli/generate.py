@@ -142,7 +142,7 @@ def _beam_search(bundle: Path, prompt, source, beams, params, drafter: str, prov
             raise InputError(f"{flag} {getattr(params, name)}: beam search is deterministic and takes no sampling options; drop it or pass --num-beams 1")
     if drafter not in (None, "model"):
         raise InputError(f"--drafter {drafter}: beam search drafts with the draft model's own beams; drop --drafter or pass --num-beams 1")
-    dec = SpeculativeDecoder.load(bundle, provider=provider, threads=thread_policy(threads), drafter="model", verify=verify)
+    dec = SpeculativeDecoder.load(bundle, provider=provider, threads=thread_policy(threads), drafter="lookup", verify=verify)  # model-free: the beam runner opens the draft's graphs it needs
     res = dec.beam_search(prompt, beams, source=source)
     s = res.stats
     if as_json:
