@@ -1,7 +1,8 @@
 """Runs under the side venv's Python (tests/eagle3_venv.py), with vLLM's Speculators installed:
 builds a random-weight EAGLE-3 head with Speculators' own classes for a saved tiny target, saves
 it as Speculators saves it (or in EAGLE's reference layout, converted the way Speculators'
-converter reads it back), and writes the reference forward's draft logits on given tokens.
+converter reads it back), and writes the reference forward's draft logits on given tokens. LAYOUT
+"load": the head is one specdec saved in OUT/head (export/eagle3_save.py), loaded by Speculators.
 
     python eagle3_reference.py TARGET OUT LAYOUT SEED TOKENS_JSON AUX_JSON DRAFT_VOCAB
 
@@ -21,6 +22,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from speculators.config import SpeculatorsConfig, VerifierConfig
+from speculators.models.attention import create_float_mask
 from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
 from speculators.proposals.greedy import GreedyTokenProposalConfig
 
@@ -80,7 +82,12 @@ def streams(target: Path, tokens: list[int], aux: list[int]) -> torch.Tensor:
 def main() -> None:
     target, out, layout, seed, tokens, aux, draft_vocab = sys.argv[1:8]
     target, out, seed, tokens, aux = Path(target), Path(out), int(seed), json.loads(tokens), json.loads(aux)
-    model = build(target, aux, int(draft_vocab), seed, layout)
+    if layout == "load":  # a head specdec saved in Speculators' layout: Speculators' own loader reads it
+        model = Eagle3DraftModel.from_pretrained(str(out / "head")).eval()
+        model.config.transformer_layer_config._attn_implementation = model._attn_impl = "eager"
+        model._create_mask_fn = create_float_mask  # the eager path's mask (flex attention's block masks need a GPU build)
+    else:
+        model = build(target, aux, int(draft_vocab), seed, layout)
     g = streams(target, tokens, aux)  # [1, T, 3d]
     ids = torch.tensor([tokens[1:]])  # x_1..x_{T-1}, each with g of the position before (Speculators' shift_batch)
     seen = {}
@@ -89,7 +96,8 @@ def main() -> None:
         model(hidden_states=g[:, :-1], input_ids=ids, document_ids=torch.zeros_like(ids), position_ids=torch.arange(1, len(tokens))[None], ttt_steps=1)
     hook.remove()
     head = out / "head"
-    model.save_pretrained(str(head))
+    if layout != "load":
+        model.save_pretrained(str(head))
     if layout == "eagle":  # EAGLE's reference / SpecForge: a LlamaForCausalLMEagle3 config, midlayer.* weights
         from safetensors.torch import load_file, save_file
 

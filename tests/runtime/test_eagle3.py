@@ -38,7 +38,9 @@ TOKENS = [0, 5, 9, 13, 22, 7, 31, 40, 41, 42, 3, 17, 99, 250, 12, 64]  # the con
 # seed odd: norm_before_residual. Layer 3 is the final norm's input (vLLM's --include-last-layer).
 CASES = {"llama-speculators": ("llama", "speculators", [0, 1, 3], 160, 0),
          "qwen3-speculators": ("qwen3", "speculators", [1, 2, 3], 320, 1),
-         "qwen3-eagle": ("qwen3", "eagle", [2, 1, 0], 160, 2)}  # fmt: skip
+         "qwen3-eagle": ("qwen3", "eagle", [2, 1, 0], 160, 2),
+         "specdec-saved": ("llama", "load", [0, 1, 3], 160, 3)}  # fmt: skip
+# "load": the head is made and saved by specdec (export/eagle3_save.py) and loaded by Speculators.
 # |Δ logits| bound, float32: ORT's fused attention and norms reorder sums, and the bundle's head
 # rows sit at positions one below the reference's (EAGLE-3 trains from position 1; RoPE sees only
 # differences, but cos/sin round differently): 1e-6 to 7e-6 seen over the three cases, on logits
@@ -57,6 +59,8 @@ def eagle3(request, tmp_path_factory):
     family, layout, aux, vocab, seed = CASES[request.param]
     root = tmp_path_factory.mktemp(request.param)
     target, draft = save_pair(root, family, near=0.3)
+    if layout == "load":
+        saved_by_specdec(target, root / "head", aux, vocab, seed)
     script = Path(__file__).parents[1] / "eagle3_reference.py"
     run = subprocess.run([str(python()), str(script), str(target), str(root), layout, str(seed), json.dumps(TOKENS), json.dumps(aux), str(vocab)],
                          capture_output=True, text=True)  # fmt: skip
@@ -67,6 +71,19 @@ def eagle3(request, tmp_path_factory):
     return request.param, target, root / "bundle", np.load(root / "reference.npz")
 
 
+def saved_by_specdec(target: Path, folder: Path, aux: list[int], vocab: int, seed: int) -> None:
+    """A fresh head for ``target`` (every other token drafted), in Speculators' layout."""
+    from transformers import AutoConfig
+
+    from specdec.export.eagle3_save import new_spec, save
+
+    model = load_model(target)
+    cfg = AutoConfig.from_pretrained(target)
+    ids = torch.arange(0, 2 * vocab, 2)
+    spec = new_spec(cfg, tuple(aux), ids, model.get_input_embeddings().weight.detach(), model.lm_head.weight.detach().T, seed)
+    save(spec, folder, str(target), list(cfg.architectures), gamma=4)
+
+
 def test_the_bundles_draft_logits_are_the_reference_forward(eagle3):
     from specdec.engines.kv import KVCache
     from specdec.engines.ort import runner_for
@@ -74,7 +91,8 @@ def test_the_bundles_draft_logits_are_the_reference_forward(eagle3):
 
     case, _, bundle, ref = eagle3
     m = load_manifest(bundle)
-    assert m.head_first() == 1 and m.feature["training"]["format"].startswith(f"eagle3 ({CASES[case][1]})")
+    layout = CASES[case][1]
+    assert m.head_first() == 1 and m.feature["training"]["format"].startswith(f"eagle3 ({'speculators' if layout == 'load' else layout})")
     target_graph, head_graph = m.graph("target", "dynamic"), m.graph("head", "dynamic")
     tk = KVCache(m.target.num_layers, m.target.num_kv_heads, m.max_seq_len, m.target.head_dim, "float32")
     features = runner_for(bundle, *target_graph, tk)
