@@ -194,6 +194,12 @@ class Eagle3Head(nn.Module):
 
     def forward(self, input_ids, position_ids, context, past_key_values=None, use_cache=False):
         """ids [B, S], positions [B, S], context [B, S, d] -> (logits [B, S, V], features [B, S, d])."""
+        small, feature = self.layer_forward(input_ids, position_ids, context, past_key_values)
+        full = small.new_full((*small.shape[:-1], self.cfg.vocab), NEVER)
+        return full.scatter(-1, self.vocab_ids.expand(*small.shape[:-1], -1), small), feature
+
+    def layer_forward(self, input_ids, position_ids, context, past_key_values=None):
+        """(logits over the draft vocabulary [B, S, N], the fed-back feature [B, S, d])."""
         layer, s = self.layer, input_ids.shape[1]
         e = nn.functional.embedding(input_ids, self.embed)
         hidden = layer.hidden_norm(context)
@@ -207,10 +213,7 @@ class Eagle3Head(nn.Module):
         h = residual + a
         h = h + layer.mlp(layer.post_attention_layernorm(h))
         normed = self.norm(h)
-        small = self.lm_head(normed)  # [B, S, N]
-        full = small.new_full((*small.shape[:-1], self.cfg.vocab), NEVER)
-        logits = full.scatter(-1, self.vocab_ids.expand(*small.shape[:-1], -1), small)
-        return logits, (normed if self.spec.norm_output else h)
+        return self.lm_head(normed), (normed if self.spec.norm_output else h)  # [B, S, N], [B, S, d]
 
     def trained_state(self) -> dict[str, torch.Tensor]:
         """The head's own weights (its layer, norm and LM head; an embedding it saved)."""

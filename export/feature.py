@@ -122,14 +122,18 @@ def restaged(bundle: Path) -> Iterator[Path]:
         yield tmp
 
 
-def expose_features(stage: Path, manifest: Manifest, fused: dict | None = None) -> Manifest:
+def expose_features(stage: Path, manifest: Manifest, fused: dict | None = None, streams: tuple[int, ...] | None = None) -> Manifest:
     """Every target graph of the staged bundle also returns ``features`` [B, S, d]: the LM head's
     input, or with ``fused`` (an EAGLE-3 head: ``eagle3.fuse_weights`` plus "layers", the
     auxiliary layers' ids) fc(norm?(concat(the streams entering those layers))), its weights in
-    one file every target graph reads (``FUSED_WEIGHTS``)."""
-    width = manifest.target.hidden_size if fused is None else fused["fc"].shape[1]
+    one file every target graph reads (``FUSED_WEIGHTS``); or with ``streams`` (layer ids: what an
+    EAGLE-3 head trains on) [the LM head's input, those streams], (1 + k)·d wide."""
+    d = manifest.target.hidden_size
+    width = d if fused is None else fused["fc"].shape[1]
     make, tensors = None, []
-    if fused is not None:
+    if streams is not None:
+        width, make = (1 + len(streams)) * d, features.streams(tuple(streams), manifest.target.num_layers, d)
+    elif fused is not None:
         tensors = _fused_tensors(stage, fused)
         names = {t.name.removeprefix("eagle3."): t.name for t in tensors}
         make = features.fused(tuple(fused["layers"]), manifest.target.num_layers, manifest.target.hidden_size, fused["eps"], names)
@@ -216,6 +220,22 @@ def add_head(stage: Path, manifest: Manifest, head, record: dict, seed: int = 0,
     diff = check_head(stage, graph, head, manifest.max_seq_len, seed, quantized=bool(quantize))
     feature = {"width": cfg.width, "training": record, "check": {"max_abs_logits": diff}, **shared}
     return dataclasses.replace(manifest, graphs=graphs, head=spec, feature=feature)
+
+
+def add_eagle3(stage: Path, manifest: Manifest, spec, layers: tuple[int, ...], record: dict, quantize: str | None, source: str) -> Manifest:
+    """An EAGLE-3 head (``export.eagle3.Eagle3Spec``, reading the target's ``layers``) into the
+    staged bundle: the target graphs return its fused features, the head graph is added (checked
+    against PyTorch), and the head's cache starts at position 1 (``feature.first``)."""
+    import torch
+
+    from specdec.export.eagle3 import Eagle3Head, fuse_weights
+
+    embed, _, _ = tables(stage, manifest)
+    manifest = expose_features(stage, manifest, {**fuse_weights(spec), "layers": layers})
+    head = Eagle3Head(spec, torch.from_numpy(embed), manifest.max_seq_len)
+    record = {"format": f"eagle3 ({spec.layout})", "aux_layers": list(layers), **record}
+    manifest = add_head(stage, manifest, head, record, quantize=quantize, source=source)
+    return dataclasses.replace(manifest, feature={**manifest.feature, "first": 1, "width": spec.width})
 
 
 def check_head(stage: Path, graph: GraphSpec, head, max_seq: int, seed: int, quantized: bool = False) -> float:

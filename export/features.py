@@ -138,6 +138,18 @@ def _norm_behind(name: str, producer: dict, wide, depth: int = 12) -> onnx.NodeP
     return None
 
 
+def streams(layer_ids: tuple[int, ...], layers: int, width: int):
+    """A ``make`` for ``expose``: [the LM head's input, the streams entering ``layer_ids``], width
+    (1 + k)·d: what an EAGLE-3 head trains on (export/eagle3_train.py): the target's own features
+    for its distribution, the streams for its fc."""
+
+    def make(graph: onnx.GraphProto, logits: str, name: str, dims: dict) -> None:
+        parts = [head_input(graph, logits)[0], *(stream_into(graph, i, layers, logits, width, dims) for i in layer_ids)]
+        graph.node.append(helper.make_node("Concat", parts, [name], name=f"specdec_{name.replace('/', '_')}_streams", axis=-1))
+
+    return make
+
+
 def fused(layer_ids: tuple[int, ...], layers: int, width: int, eps: float, names: dict[str, str]):
     """A ``make`` for ``expose``: EAGLE-3's fused feature fc(norm?(concat(streams))) (export/eagle3.py),
     reading the initializers ``names`` ("fc", and "input_norm" or "fc_norm.<i>") the caller adds."""

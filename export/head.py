@@ -68,6 +68,9 @@ class FeatureHead(nn.Module):
     them [d, N], N/V of the cost, and every other token gets logit ``NEVER`` (q = 0, which
     speculative sampling handles exactly: such tokens come only from the residual)."""
 
+    first = 0  # the first position it reads (export/train_head.py); EAGLE-3's heads start at 1
+    regress = True  # its output h is pulled to the target's feature in training
+
     def __init__(self, cfg: HeadConfig, embed: torch.Tensor, head_t: torch.Tensor, vocab_ids: torch.Tensor | None = None, tied: bool = False):
         super().__init__()
         from transformers import LlamaModel

@@ -198,7 +198,7 @@ def _feature_drafter(tmp: Path, manifest: Manifest, head_dir: Path, quantize: st
     import torch
 
     from specdec.export import eagle3
-    from specdec.export.feature import add_head, expose_features, tables
+    from specdec.export.feature import add_eagle3, add_head, expose_features, tables
     from specdec.export.head import load_head
 
     if not eagle3.is_eagle3(head_dir):
@@ -208,12 +208,7 @@ def _feature_drafter(tmp: Path, manifest: Manifest, head_dir: Path, quantize: st
         return add_head(tmp, manifest, head, {**record, "loaded_from": str(head_dir)}, quantize=quantize)
     spec = eagle3.read(head_dir)
     layers = eagle3.check_target(spec, head_dir, target_config)
-    embed, _, _ = tables(tmp, manifest)
-    manifest = expose_features(tmp, manifest, {**eagle3.fuse_weights(spec), "layers": layers})
-    head = eagle3.Eagle3Head(spec, torch.from_numpy(embed), manifest.max_seq_len)
-    record = {"format": f"eagle3 ({spec.layout})", "loaded_from": str(head_dir), "aux_layers": list(layers)}
-    manifest = add_head(tmp, manifest, head, record, quantize=quantize, source=f"EAGLE-3 head {head_dir}")
-    return dataclasses.replace(manifest, feature={**manifest.feature, "first": 1, "width": spec.width})
+    return add_eagle3(tmp, manifest, spec, layers, {"loaded_from": str(head_dir)}, quantize, source=f"EAGLE-3 head {head_dir}")
 
 
 def save_chat_template(tokenizer, folder: Path, given: Path | None = None) -> str | None:

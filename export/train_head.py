@@ -65,6 +65,15 @@ def first_contexts(head, f: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return f[..., :d], contexts(f[..., :d] if fuse is None else fuse(f))
 
 
+def from_first(head, ids, mask, f, ctx, top=None):
+    """The batch from the head's first position on (``head.first``: 1 for an EAGLE-3 head, which
+    never reads position 0), each row's context already its predecessor's; and the positions [B, T']."""
+    k = head.first
+    top = tuple(t[:, k:] for t in top) if top is not None else None
+    pos = torch.arange(k, ids.shape[1], device=ids.device)[None].expand(ids.shape[0], -1)
+    return ids[:, k:], mask[:, k:], f[:, k:], ctx[:, k:], top, pos
+
+
 def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Mean of x [B, T] over mask [B, T]."""
     return (x * mask).sum() / mask.sum().clamp(min=1)
@@ -77,10 +86,10 @@ def losses(head, ids: torch.Tensor, mask: torch.Tensor, f: torch.Tensor, recipe:
     softmax(f H) over the draft vocabulary, or, given ``top`` (top_id [B, T, K], top_p [B, T, K]:
     the target's top-K, as `specdec distill` kept them), to those K (a V-wide softmax per
     position less); ``index`` [V] maps a token id to its draft-vocabulary column (-1: none)."""
-    pos = torch.arange(ids.shape[1], device=ids.device)[None].expand_as(ids)
-    m = mask.float()
     with torch.autocast(ids.device.type, dtype=torch.bfloat16, enabled=recipe.bf16):
         f, ctx = first_contexts(head, f)
+        ids, mask, f, ctx, top, pos = from_first(head, ids, mask, f, ctx, top)
+        m = mask.float()
         if top is None:
             with torch.no_grad():
                 p = torch.softmax((f @ head.full_head_t).float(), dim=-1)[..., head.vocab_ids]  # [B, T, N]: the target's mass on the draft vocabulary
@@ -94,7 +103,7 @@ def losses(head, ids: torch.Tensor, mask: torch.Tensor, f: torch.Tensor, recipe:
         total, parts = 0.0, {}
         for k in range(recipe.unroll):
             logits, h = head.draft_logits(ids, pos, ctx)
-            reg = _masked_mean(torch.nn.functional.smooth_l1_loss(h.float(), f, reduction="none").mean(-1), m)
+            reg = _masked_mean(torch.nn.functional.smooth_l1_loss(h.float(), f, reduction="none").mean(-1), m) if head.regress else torch.zeros(())
             logq = torch.log_softmax(logits.float(), dim=-1)  # [B, T, N]
             ce_pos = -(p * logq).sum(-1) if top is None else -(p_top * logq.gather(-1, col)).sum(-1)
             ce = _masked_mean(ce_pos, m)
@@ -116,7 +125,8 @@ def evaluate(head, held, device: str = "cpu", draft_temperatures: tuple[float, .
         for start in range(0, len(held), 4):
             ids, mask, f = (torch.from_numpy(x).to(device) for x in collate(held, np.arange(start, min(start + 4, len(held))))[:3])
             f, ctx = first_contexts(head, f)
-            logits, _ = head(ids, torch.arange(ids.shape[1], device=device)[None].expand_as(ids), ctx)
+            ids, mask, f, ctx, _, pos = from_first(head, ids, mask, f, ctx)
+            logits, _ = head(ids, pos, ctx)
             p = torch.softmax(f @ head.full_head_t, -1)
             q = torch.softmax(logits, -1)
             alpha += float((torch.minimum(p, q).sum(-1) * mask).sum())
@@ -223,16 +233,10 @@ def train(bundle: Path, corpus: str, recipe: Recipe, save: Path | None = None, r
     from specdec.export.feature import add_head, expose_features, restaged, tables
     from specdec.export.head import save_head
     from specdec.export.head_data import with_features
-    from specdec.manifest import load_manifest
     from specdec.runtime.text import TextCodec
 
     bundle = Path(bundle)
-    manifest = load_manifest(bundle)
-    if manifest.seq2seq:
-        raise ConfigError(f"{bundle} is an encoder-decoder bundle; the feature drafter is for decoder-only targets")
-    if manifest.dtype != "float32" or manifest.target.quantization:
-        raise ConfigError(f"{bundle} is a {manifest.target.quantization or manifest.dtype} bundle; the feature head reads the target's float32 "
-                          "embedding and LM head: train it on a float32 export without --quantize")  # fmt: skip
+    manifest = trainable(bundle)
     codec = TextCodec.from_bundle(bundle, manifest)
     t_start = time.perf_counter()
     with restaged(bundle) as stage:
@@ -253,6 +257,19 @@ def train(bundle: Path, corpus: str, recipe: Recipe, save: Path | None = None, r
             save_head(head, Path(save), record)
         commit(stage, bundle, final)
     return record
+
+
+def trainable(bundle: Path):
+    """The bundle's manifest, where a head can be trained for its target (decoder-only, float32)."""
+    from specdec.manifest import load_manifest
+
+    manifest = load_manifest(bundle)
+    if manifest.seq2seq:
+        raise ConfigError(f"{bundle} is an encoder-decoder bundle; the feature drafter is for decoder-only targets")
+    if manifest.dtype != "float32" or manifest.target.quantization:
+        raise ConfigError(f"{bundle} is a {manifest.target.quantization or manifest.dtype} bundle; the feature head reads the target's float32 "
+                          "embedding and LM head: train it on a float32 export without --quantize")  # fmt: skip
+    return manifest
 
 
 def new_head(recipe: Recipe, train_seqs, embed: torch.Tensor, head_t: torch.Tensor, tied: bool, attention: tuple[int, int, int], vocab: int,

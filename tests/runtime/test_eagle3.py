@@ -84,15 +84,14 @@ def saved_by_specdec(target: Path, folder: Path, aux: list[int], vocab: int, see
     save(spec, folder, str(target), list(cfg.architectures), gamma=4)
 
 
-def test_the_bundles_draft_logits_are_the_reference_forward(eagle3):
+def draft_logits(bundle: Path) -> np.ndarray:
+    """[T - 1, V]: the bundle's head logits for TOKENS[1:], each with the target graph's fused
+    feature of the position before (the head's cache from position 1)."""
     from specdec.engines.kv import KVCache
     from specdec.engines.ort import runner_for
     from specdec.manifest import load_manifest
 
-    case, _, bundle, ref = eagle3
     m = load_manifest(bundle)
-    layout = CASES[case][1]
-    assert m.head_first() == 1 and m.feature["training"]["format"].startswith(f"eagle3 ({'speculators' if layout == 'load' else layout})")
     target_graph, head_graph = m.graph("target", "dynamic"), m.graph("head", "dynamic")
     tk = KVCache(m.target.num_layers, m.target.num_kv_heads, m.max_seq_len, m.target.head_dim, "float32")
     features = runner_for(bundle, *target_graph, tk)
@@ -101,7 +100,17 @@ def test_the_bundles_draft_logits_are_the_reference_forward(eagle3):
     h = m.head
     hk = KVCache(1, h.num_kv_heads, m.max_seq_len, h.head_dim, "float32")
     head = runner_for(bundle, *head_graph, hk)
-    got = head.run(np.array(TOKENS[1:]), g[:-1]).copy()  # [T - 1, V]: token j + 1 with g_j, cache row 0 = position 1
+    return head.run(np.array(TOKENS[1:]), g[:-1]).copy()  # [T - 1, V]: token j + 1 with g_j, cache row 0 = position 1
+
+
+def test_the_bundles_draft_logits_are_the_reference_forward(eagle3):
+    from specdec.manifest import load_manifest
+
+    case, _, bundle, ref = eagle3
+    m = load_manifest(bundle)
+    layout = CASES[case][1]
+    assert m.head_first() == 1 and m.feature["training"]["format"].startswith(f"eagle3 ({'speculators' if layout == 'load' else layout})")
+    got = draft_logits(bundle)
     vocab = ref["vocab"]
     diff = np.abs(got[:, vocab] - ref["logits"])
     assert diff.max() < MAX_DIFF, f"{case}: the head's logits differ from Speculators' forward by {diff.max():.3g}"
@@ -209,3 +218,35 @@ def test_an_eagle3_head_as_the_draft_makes_a_bundle_without_a_draft_model(eagle3
     with pytest.raises(ConfigError) as err:
         SpeculativeDecoder.load(tmp_path / "b", drafter="model")
     assert "\n" not in str(err.value) and "lacks" in str(err.value)
+
+
+def test_train_drafter_saves_an_eagle3_head_speculators_loads(eagle3, tmp_path):
+    """specdec train-drafter --save-format speculators: an EAGLE-3 head trained here, written into
+    the bundle and saved in Speculators' layout; Speculators' loader reads the saved folder and its
+    forward equals the bundle's draft logits; greedy decoding with it is the target's."""
+    from eagle3_venv import python
+
+    from specdec.export.eagle3_train import train_eagle3
+    from specdec.export.pipeline import ExportConfig, export_bundle
+    from specdec.export.train_head import Recipe
+
+    case, target, _, _ = eagle3
+    if case != "llama-speculators":
+        pytest.skip("one target suffices")
+    bundle = tmp_path / "b"
+    export_bundle(ExportConfig(str(target), str(target.parent / "llama-draft"), bundle, gamma=4, max_seq_len=128))
+    record = train_eagle3(bundle, "stdlib", Recipe(steps=60, windows=40, window=64, seed=1), save=tmp_path / "head", report=lambda _: None,
+                          layers=(0, 1, 3))  # fmt: skip
+    before, after = record["held_out"]["before"], record["held_out"]["after"]
+    assert after["alpha_t1"] > before["alpha_t1"] + 0.02, f"training did not move the head: {before} -> {after}"
+    script = Path(__file__).parents[1] / "eagle3_reference.py"
+    run = subprocess.run([str(python()), str(script), str(target), str(tmp_path), "load", "0", json.dumps(TOKENS), "[0, 1, 3]", "320"],
+                         capture_output=True, text=True)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    ref = np.load(tmp_path / "reference.npz")
+    diff = np.abs(draft_logits(bundle)[:, ref["vocab"]] - ref["logits"])
+    assert diff.max() < MAX_DIFF, f"Speculators' forward of the saved head differs from the bundle's by {diff.max():.3g}"
+    model = load_model(target)
+    dec = SpeculativeDecoder.load(bundle, drafter="feature")
+    for prompt in PROMPTS:
+        assert dec.generate(prompt, max_new_tokens=NEW, gamma=3, ignore_eos=True).tokens == torch_greedy(model, prompt, NEW), f"prompt={prompt}"

@@ -29,8 +29,13 @@ from specdec.errors import ConfigError
               "AVX-512 BF16); held-out figures stay float32.")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--save", default=None, type=click.Path(file_okay=False, path_type=Path), help="Also save the head as a checkpoint folder (specdec-export --feature-drafter reads it).")
+@click.option("--save-format", type=click.Choice(["specdec", "speculators"]), default="specdec", show_default=True,
+              help="speculators: train an EAGLE-3 head (fused features of the target's auxiliary layers) that vLLM's Speculators, "
+                   "and what reads its format, load; --save writes it in Speculators' layout.")
+@click.option("--aux-layers", default=None, help="With --save-format speculators: comma-separated target layers the head's fc reads "
+              "(the residual stream entering each; the layer count: the final norm's input) [default: 2, L/2, L-3].")
 def train_drafter_cmd(bundle: Path, corpus: str, steps: int, batch: int, window: int, windows: int, lr: float, noise: float, unroll: int,
-                      draft_vocab: int | None, bf16: bool, seed: int, save: Path | None) -> None:  # fmt: skip
+                      draft_vocab: int | None, bf16: bool, seed: int, save: Path | None, save_format: str, aux_layers: str | None) -> None:  # fmt: skip
     """Train a feature drafter (EAGLE-style head) for BUNDLE's target and write it into BUNDLE.
 
     Adds the features output to the target's graphs and a head graph; the bundle is re-hashed
@@ -43,10 +48,27 @@ def train_drafter_cmd(bundle: Path, corpus: str, steps: int, batch: int, window:
     except ImportError as e:
         raise ConfigError(f"train-drafter needs the export extra ({e.name} is missing): pip install torch==2.13.0 -e '.[export]'") from None
     recipe = Recipe(steps=steps, batch=batch, window=window, windows=windows, lr=lr, noise=noise, unroll=unroll, draft_vocab=draft_vocab, bf16=bf16, seed=seed)
-    record = train(bundle, corpus, recipe, save, report=lambda line: click.echo(line, err=True))
+    report = lambda line: click.echo(line, err=True)  # noqa: E731
+    if save_format == "speculators":
+        from specdec.export.eagle3_train import train_eagle3
+
+        record = train_eagle3(bundle, corpus, recipe, save, report, _layer_ids(aux_layers))
+    elif aux_layers is not None:
+        raise ConfigError(f"--aux-layers {aux_layers}: only an EAGLE-3 head reads auxiliary layers; add --save-format speculators")
+    else:
+        record = train(bundle, corpus, recipe, save, report=report)
     after = record["held_out"]["after"]
     click.echo(f"feature drafter written into {bundle}: held-out α(T=1) {after['alpha_t1']}, argmax agreement {after['argmax_t0']} "
                f"({record['data_seconds']:.0f} s data, {record['train_seconds']:.0f} s training)")  # fmt: skip
+
+
+def _layer_ids(text: str | None) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise ConfigError(f"--aux-layers {text}: expected comma-separated layer ids, e.g. 2,12,27") from None
 
 
 @click.command("distill")
