@@ -170,6 +170,7 @@ def _fused_tensors(stage: Path, fused: dict) -> list[onnx.TensorProto]:
     for k, w in enumerate(fused.get("fc_norm", ())):
         arrays[f"fc_norm.{k}"] = w
     out, offset = [], 0
+    (stage / FUSED_WEIGHTS).unlink(missing_ok=True)  # a staged copy may hard-link the bundle's own file: write a new one
     with open(stage / FUSED_WEIGHTS, "wb") as f:
         for key, a in arrays.items():
             data = np.ascontiguousarray(a, dtype=np.float32).tobytes()

@@ -1,4 +1,5 @@
-"""The target's features: the hidden state its LM head reads, as one more output of every target graph.
+"""The target's features: the hidden state its LM head reads (or, for an EAGLE-3 head, what it
+makes of the residual streams entering chosen layers), as one more output of every target graph.
 
 A feature drafter (export/head.py) drafts from the target's own last hidden state, the
 input of the LM head, at every fed position. Every target graph already computes it; this
@@ -11,6 +12,11 @@ Found by walking back from ``logits`` through element-wise ops to the first head
 (MatMul, FusedMatMul, Gemm, MatMulNBits, MatMulBlocks), so it holds for every family, tied or untied head,
 float or quantized, and for every graph kind (dynamic, fixed-length, batched, tree, portable)
 without exporting anything again: the weights are untouched.
+
+An EAGLE-3 head (export/eagle3.py) reads other features, built the same way: ``stream_into``
+finds the residual stream entering a layer by structure (the full-width norm behind that
+layer's attention), ``fused`` computes fc(norm?(concat(streams))) from them, and ``streams``
+returns the raw concatenation its training reads.
 """
 
 from __future__ import annotations
@@ -156,13 +162,13 @@ def fused(layer_ids: tuple[int, ...], layers: int, width: int, eps: float, names
 
     def make(graph: onnx.GraphProto, logits: str, name: str, dims: dict) -> None:
         tag = f"specdec_{name.replace('/', '_')}"
-        streams = [stream_into(graph, i, layers, logits, width, dims) for i in layer_ids]
+        parts = [stream_into(graph, i, layers, logits, width, dims) for i in layer_ids]
         if "fc_norm.0" in names:
-            for k, s in enumerate(streams):
+            for k, s in enumerate(parts):
                 graph.node.append(helper.make_node("SimplifiedLayerNormalization", [s, names[f"fc_norm.{k}"]], [f"{tag}_n{k}"],
                                                    name=f"{tag}_norm{k}", axis=-1, epsilon=eps, stash_type=1))  # fmt: skip
-            streams = [f"{tag}_n{k}" for k in range(len(streams))]
-        graph.node.append(helper.make_node("Concat", streams, [f"{tag}_cat"], name=f"{tag}_cat", axis=-1))
+            parts = [f"{tag}_n{k}" for k in range(len(parts))]
+        graph.node.append(helper.make_node("Concat", parts, [f"{tag}_cat"], name=f"{tag}_cat", axis=-1))
         x = f"{tag}_cat"
         if "input_norm" in names:
             graph.node.append(helper.make_node("SimplifiedLayerNormalization", [x, names["input_norm"]], [f"{tag}_normed"],

@@ -237,6 +237,9 @@ def train(bundle: Path, corpus: str, recipe: Recipe, save: Path | None = None, r
 
     bundle = Path(bundle)
     manifest = trainable(bundle)
+    if manifest.head_first():  # its target graphs return an EAGLE-3 head's fused features, not the LM head's input
+        raise ConfigError(f"{bundle} drafts with an EAGLE-3 head; a specdec head trains on the target's last hidden state: "
+                          "train it on an export without --feature-drafter, or train an EAGLE-3 head (--save-format speculators) on such an export")
     codec = TextCodec.from_bundle(bundle, manifest)
     t_start = time.perf_counter()
     with restaged(bundle) as stage:

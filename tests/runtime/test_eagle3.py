@@ -250,3 +250,18 @@ def test_train_drafter_saves_an_eagle3_head_speculators_loads(eagle3, tmp_path):
     dec = SpeculativeDecoder.load(bundle, drafter="feature")
     for prompt in PROMPTS:
         assert dec.generate(prompt, max_new_tokens=NEW, gamma=3, ignore_eos=True).tokens == torch_greedy(model, prompt, NEW), f"prompt={prompt}"
+
+
+def test_a_specdec_head_is_not_trained_over_an_eagle3_bundle(eagle3):
+    """Its target graphs return the EAGLE-3 head's fused features, not the LM head's input a
+    specdec head trains on: refused in one line, the bundle untouched."""
+    from specdec.export.train_head import Recipe, train
+
+    case, _, bundle, _ = eagle3
+    if case != "llama-speculators":
+        pytest.skip("one bundle suffices")
+    before = (bundle / "manifest.json").read_bytes()
+    with pytest.raises(ConfigError) as err:
+        train(bundle, "stdlib", Recipe(steps=1))
+    assert "\n" not in str(err.value) and "EAGLE-3" in str(err.value)
+    assert (bundle / "manifest.json").read_bytes() == before
