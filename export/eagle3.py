@@ -143,7 +143,8 @@ def check_target(spec: Eagle3Spec, folder: Path, target_cfg) -> tuple[int, ...]:
     if not all(0 <= i <= layers for i in aux):
         problems.append(f"auxiliary layers {list(aux)}, the target has {layers}")
     if problems:
-        raise ExportError(f"EAGLE-3 head {folder} does not fit target ({'; '.join(problems)}); use a head trained for this target")
+        name = getattr(target_cfg, "name_or_path", "") or "the target"
+        raise ExportError(f"EAGLE-3 head {folder} does not fit target {name} ({'; '.join(problems)}); use a head trained for this target")
     return aux
 
 

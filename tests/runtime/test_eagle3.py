@@ -185,7 +185,7 @@ def test_a_head_for_another_target_is_refused_in_one_line(eagle3, tmp_path):
     with pytest.raises(ExportError) as err:
         export_bundle(ExportConfig(str(wide), str(target.parent / "llama-draft"), tmp_path / "out", gamma=2, max_seq_len=64, feature_drafter=str(head)))
     msg = str(err.value)
-    assert "\n" not in msg and "hidden size is 48" in msg and str(head) in msg, msg
+    assert "\n" not in msg and "hidden size is 48" in msg and str(head) in msg and str(wide) in msg, msg
     assert not (tmp_path / "out").exists(), "a refused export left a bundle behind"
 
 
