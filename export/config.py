@@ -4,7 +4,6 @@ flags can give before any weights load (export/pipeline.py runs the export itsel
 from __future__ import annotations
 
 import re
-
 from dataclasses import dataclass
 from pathlib import Path
 
