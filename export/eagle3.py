@@ -107,17 +107,13 @@ def read(folder: Path) -> Eagle3Spec:
     raw = json.loads((folder / "config.json").read_text())
     state = _weights(folder)
     if raw.get("speculators_model_type") == "eagle3":
-        layer = _layer_config(raw["transformer_layer_config"])
-        spec = Eagle3Spec("speculators", layer, int(raw.get("draft_vocab_size", layer.vocab_size)), _ids(raw.get("eagle_aux_hidden_state_layer_ids")),
-                          int(raw.get("target_hidden_size") or layer.hidden_size), bool(raw.get("norm_before_residual")),
-                          bool(raw.get("norm_before_fc")), bool(raw.get("fc_norm")), bool(raw.get("norm_output")))  # fmt: skip
-    else:  # EAGLE's reference / SpecForge: the layer's config is the file itself
-        layer = _layer_config({**raw, "model_type": "llama"})
+        layout, layer, aux = "speculators", _layer_config(raw["transformer_layer_config"]), raw.get("eagle_aux_hidden_state_layer_ids")
+    else:  # EAGLE's reference / SpecForge: the layer's config is the file itself, its weights midlayer.*
+        layout, layer = "eagle", _layer_config({**raw, "model_type": "llama"})
         aux = (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") or raw.get("eagle_aux_hidden_state_layer_ids")
-        spec = Eagle3Spec("eagle", layer, int(raw.get("draft_vocab_size", layer.vocab_size)), _ids(aux),
-                          int(raw.get("target_hidden_size") or layer.hidden_size), bool(raw.get("norm_before_residual")),
-                          bool(raw.get("norm_before_fc")), bool(raw.get("fc_norm")), bool(raw.get("norm_output")))  # fmt: skip
         state = {k.replace("midlayer.", "layers.0.", 1): v for k, v in state.items()}
+    spec = Eagle3Spec(layout, layer, int(raw.get("draft_vocab_size", layer.vocab_size)), _ids(aux), int(raw.get("target_hidden_size") or layer.hidden_size),
+                      *(bool(raw.get(k)) for k in ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")))  # fmt: skip
     if layer.num_hidden_layers != 1 or any(k.startswith("layers.1.") for k in state):
         raise ExportError(f"EAGLE-3 head {folder}: {layer.num_hidden_layers} decoder layers; specdec's feature drafter runs one-layer heads")
     spec.state = state
@@ -155,27 +151,39 @@ def vocab_ids(spec: Eagle3Spec) -> torch.Tensor:
     return torch.arange(n) + (d2t.long() if d2t is not None else 0)
 
 
+def _family(kind: str) -> tuple:
+    """(decoder layer, RMSNorm, rotary embedding) classes of an EAGLE-3 head's layer family."""
+    from transformers.models.llama import modeling_llama
+    from transformers.models.qwen3 import modeling_qwen3
+
+    return {"llama": (modeling_llama.LlamaDecoderLayer, modeling_llama.LlamaRMSNorm, modeling_llama.LlamaRotaryEmbedding),
+            "qwen3": (modeling_qwen3.Qwen3DecoderLayer, modeling_qwen3.Qwen3RMSNorm, modeling_qwen3.Qwen3RotaryEmbedding)}[kind]  # fmt: skip
+
+
+def decoder_layer(cfg) -> nn.Module:
+    """EAGLE-3's decoder layer of ``cfg``'s family: q/k/v read [E ; hidden], 2d wide, and a ``hidden_norm``."""
+    layer_cls, norm_cls, _ = _family(cfg.model_type)
+    layer = layer_cls(cfg, 0)
+    attn, d, hd, bias = layer.self_attn, cfg.hidden_size, cfg.head_dim, getattr(cfg, "attention_bias", False)
+    attn.q_proj, attn.k_proj, attn.v_proj = (nn.Linear(2 * d, n * hd, bias=bias) for n in (cfg.num_attention_heads, cfg.num_key_value_heads,
+                                                                                            cfg.num_key_value_heads))  # fmt: skip
+    layer.hidden_norm = norm_cls(d, eps=cfg.rms_norm_eps)
+    return layer
+
+
 class Eagle3Head(nn.Module):
     """The head over the target's embedding ``embed`` [V, d] (or the head's own, where it saved
     one): the feature head's interface (``cfg``, ``config``, ``forward``, ``trained_state``)."""
 
     def __init__(self, spec: Eagle3Spec, embed: torch.Tensor, max_positions: int):
         super().__init__()
-        from transformers.models.llama import modeling_llama
-        from transformers.models.qwen3 import modeling_qwen3
-
         from specdec.export.head import HeadConfig
 
         c = spec.layer_config
-        family = {"llama": (modeling_llama.LlamaDecoderLayer, modeling_llama.LlamaRMSNorm, modeling_llama.LlamaRotaryEmbedding),
-                  "qwen3": (modeling_qwen3.Qwen3DecoderLayer, modeling_qwen3.Qwen3RMSNorm, modeling_qwen3.Qwen3RotaryEmbedding)}[c.model_type]  # fmt: skip
-        layer_cls, norm_cls, rotary_cls = family
+        _, norm_cls, rotary_cls = _family(c.model_type)
         d, heads, kv, hd = c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim
         self.spec, self.config = spec, c
-        self.layer = layer_cls(c, 0)
-        attn, bias = self.layer.self_attn, getattr(c, "attention_bias", False)
-        attn.q_proj, attn.k_proj, attn.v_proj = (nn.Linear(2 * d, n * hd, bias=bias) for n in (heads, kv, kv))  # [E ; hidden], 2d wide
-        self.layer.hidden_norm = norm_cls(d, eps=c.rms_norm_eps)
+        self.layer = decoder_layer(c)
         self.norm = norm_cls(d, eps=c.rms_norm_eps)
         self.rotary = rotary_cls(c)
         self.lm_head = nn.Linear(d, spec.draft_vocab, bias=False)

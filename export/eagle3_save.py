@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from specdec.export.eagle3 import FAMILIES, Eagle3Spec
+from specdec.export.eagle3 import FAMILIES, Eagle3Spec, decoder_layer
 
 SPECULATORS_VERSION = "0.9.0"  # the release the conformance test loads it with (tests/eagle3_venv.py)
 
@@ -39,7 +39,7 @@ def new_spec(target_cfg, aux: tuple[int, ...], draft_ids: torch.Tensor | None, e
     torch.manual_seed(seed)
     d, vocab = target_cfg.hidden_size, target_cfg.vocab_size
     ids = torch.arange(vocab) if draft_ids is None else draft_ids.long()
-    layer = _layer(layer_cfg)
+    layer = decoder_layer(layer_cfg)
     state = {f"layers.0.{k}": v.detach().clone() for k, v in layer.state_dict().items()}
     state["fc.weight"] = nn.Linear(len(aux) * d, d, bias=False).weight.detach().clone()
     state["norm.weight"] = torch.ones(d)
@@ -49,21 +49,6 @@ def new_spec(target_cfg, aux: tuple[int, ...], draft_ids: torch.Tensor | None, e
         state["d2t"] = ids - torch.arange(len(ids))
         state["t2d"] = torch.zeros(vocab, dtype=torch.bool).index_fill_(0, ids, True)
     return Eagle3Spec("speculators", layer_cfg, len(ids), tuple(aux), d, norm_before_residual, state=state)
-
-
-def _layer(cfg) -> nn.Module:
-    """One EAGLE-3 decoder layer of ``cfg``'s family: q/k/v read 2d, and a ``hidden_norm``."""
-    from transformers.models.llama import modeling_llama
-    from transformers.models.qwen3 import modeling_qwen3
-
-    layer_cls, norm_cls = {"llama": (modeling_llama.LlamaDecoderLayer, modeling_llama.LlamaRMSNorm),
-                           "qwen3": (modeling_qwen3.Qwen3DecoderLayer, modeling_qwen3.Qwen3RMSNorm)}[cfg.model_type]  # fmt: skip
-    layer = layer_cls(cfg, 0)
-    attn, d, hd, bias = layer.self_attn, cfg.hidden_size, cfg.head_dim, getattr(cfg, "attention_bias", False)
-    attn.q_proj, attn.k_proj, attn.v_proj = (nn.Linear(2 * d, n * hd, bias=bias) for n in (cfg.num_attention_heads, cfg.num_key_value_heads,
-                                                                                            cfg.num_key_value_heads))  # fmt: skip
-    layer.hidden_norm = norm_cls(d, eps=cfg.rms_norm_eps)
-    return layer
 
 
 def save(spec: Eagle3Spec, folder: Path, verifier: str | None, architectures: list[str], gamma: int) -> None:

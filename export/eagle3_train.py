@@ -77,13 +77,10 @@ def train_eagle3(bundle, corpus: str, recipe, save=None, report=print, layers: t
     [default: EAGLE-3's 2, L/2, L - 3]. Returns the training record."""
     from pathlib import Path
 
-    import numpy as np
-
     from specdec.export.bundle import commit
     from specdec.export.eagle3_save import new_spec, save as save_head
     from specdec.export.feature import add_eagle3, expose_features, restaged, tables
-    from specdec.export.head_data import with_features
-    from specdec.export.train_head import data, fit, trainable
+    from specdec.export.train_head import draft_vocab_ids, featured_data, fit, trainable
     from specdec.runtime.text import TextCodec
 
     bundle = Path(bundle)
@@ -103,13 +100,8 @@ def train_eagle3(bundle, corpus: str, recipe, save=None, report=print, layers: t
     with restaged(bundle) as stage:  # the data only: never committed
         staged = expose_features(stage, manifest, streams=aux)
         embed, head_t, _ = tables(stage, staged)
-        train_seqs, held, described = data(corpus, TextCodec.from_bundle(bundle, manifest), staged, recipe, report)
-        cache = Path(corpus) / "features" if "conversations" in described else None
-        train_seqs, held = with_features(stage, staged, train_seqs, report, cache), with_features(stage, staged, held, report, cache)
-    t_data, ids = time.perf_counter() - t0, None
-    if recipe.draft_vocab is not None:
-        counts = np.bincount(np.concatenate(train_seqs.ids), minlength=manifest.vocab_size)
-        ids = torch.from_numpy(np.sort(np.argsort(-counts, kind="stable")[: recipe.draft_vocab]))
+        train_seqs, held, described = featured_data(stage, staged, corpus, TextCodec.from_bundle(bundle, manifest), recipe, report)
+    t_data, ids = time.perf_counter() - t0, draft_vocab_ids(recipe, train_seqs, manifest.vocab_size)
     embed, head_t = torch.from_numpy(embed), torch.from_numpy(head_t)
     spec = new_spec(layer_config(manifest, recipe.intermediate), aux, ids, embed, head_t, recipe.seed)
     head = TrainableEagle3(spec, embed, head_t, manifest.max_seq_len)

@@ -232,7 +232,6 @@ def train(bundle: Path, corpus: str, recipe: Recipe, save: Path | None = None, r
     from specdec.export.bundle import commit
     from specdec.export.feature import add_head, expose_features, restaged, tables
     from specdec.export.head import save_head
-    from specdec.export.head_data import with_features
     from specdec.runtime.text import TextCodec
 
     bundle = Path(bundle)
@@ -245,9 +244,7 @@ def train(bundle: Path, corpus: str, recipe: Recipe, save: Path | None = None, r
     with restaged(bundle) as stage:
         staged = expose_features(stage, manifest)
         embed, head_t, tied = tables(stage, staged)
-        train_seqs, held, described = data(corpus, codec, staged, recipe, report)
-        cache = Path(corpus) / "features" if "conversations" in described else None  # a distill folder keeps them for the next recipe
-        train_seqs, held = with_features(stage, staged, train_seqs, report, cache), with_features(stage, staged, held, report, cache)
+        train_seqs, held, described = featured_data(stage, staged, corpus, codec, recipe, report)
         t_data = time.perf_counter() - t_start
         t = staged.target
         head = new_head(recipe, train_seqs, torch.from_numpy(embed), torch.from_numpy(head_t), tied, (t.num_heads, t.num_kv_heads, t.head_dim),
@@ -260,6 +257,26 @@ def train(bundle: Path, corpus: str, recipe: Recipe, save: Path | None = None, r
             save_head(head, Path(save), record)
         commit(stage, bundle, final)
     return record
+
+
+def featured_data(stage: Path, staged, corpus: str, codec, recipe: Recipe, report: Callable[[str], None]):
+    """``data``'s (training, held-out, description), each sequence with the staged target graphs'
+    features (a distill folder keeps them for the next recipe)."""
+    from specdec.export.head_data import with_features
+
+    train_seqs, held, described = data(corpus, codec, staged, recipe, report)
+    cache = Path(corpus) / "features" if "conversations" in described else None
+    return with_features(stage, staged, train_seqs, report, cache), with_features(stage, staged, held, report, cache), described
+
+
+def draft_vocab_ids(recipe: Recipe, train_seqs, vocab: int) -> torch.Tensor | None:
+    """[N] the ``recipe.draft_vocab`` most frequent tokens of ``train_seqs``, sorted (None: the whole vocabulary)."""
+    if recipe.draft_vocab is None:
+        return None
+    if not 1 <= recipe.draft_vocab <= vocab:
+        raise ConfigError(f"--draft-vocab {recipe.draft_vocab}: expected 1..{vocab} (the target's vocabulary)")
+    counts = np.bincount(np.concatenate(train_seqs.ids), minlength=vocab)
+    return torch.from_numpy(np.sort(np.argsort(-counts, kind="stable")[: recipe.draft_vocab]))
 
 
 def trainable(bundle: Path):
@@ -284,12 +301,7 @@ def new_head(recipe: Recipe, train_seqs, embed: torch.Tensor, head_t: torch.Tens
 
     d = embed.shape[1]
     inter = recipe.intermediate or int(round(8 * d / 3 / 64)) * 64
-    vocab_ids = None
-    if recipe.draft_vocab is not None:
-        if not 1 <= recipe.draft_vocab <= vocab:
-            raise ConfigError(f"--draft-vocab {recipe.draft_vocab}: expected 1..{vocab} (the target's vocabulary)")
-        counts = np.bincount(np.concatenate(train_seqs.ids), minlength=vocab)
-        vocab_ids = torch.from_numpy(np.sort(np.argsort(-counts, kind="stable")[: recipe.draft_vocab]))
+    vocab_ids = draft_vocab_ids(recipe, train_seqs, vocab)
     cfg = HeadConfig(d, inter, *attention, vocab, max_seq, draft_vocab=recipe.draft_vocab)
     torch.manual_seed(recipe.seed)  # the head's initial weights; then the training noise (fit)
     return FeatureHead(cfg, embed, head_t, vocab_ids, tied)
