@@ -70,11 +70,11 @@ def layer_config(manifest, intermediate: int | None):
                                 max_position_embeddings=manifest.max_seq_len)  # fmt: skip
 
 
-def train_eagle3(bundle, corpus: str, recipe, save=None, report=print, layers: tuple[int, ...] | None = None) -> dict:
+def train_eagle3(bundle, corpus: str, recipe, save=None, report=print, layers: tuple[int, ...] | None = None, checkpoint=None, seconds=None) -> dict:
     """Train an EAGLE-3 head for ``bundle``'s target on ``corpus`` and write it into the bundle
     (its fused features into the target graphs, as for a published head); ``save``: also a
     folder in Speculators' layout (export/eagle3_save.py). ``layers``: the auxiliary layers
-    [default: EAGLE-3's 2, L/2, L - 3]. Returns the training record."""
+    [default: EAGLE-3's 2, L/2, L - 3]. ``checkpoint``, ``seconds``: train_head.fit's. Returns the training record."""
     from pathlib import Path
 
     from specdec.export.bundle import commit
@@ -105,7 +105,7 @@ def train_eagle3(bundle, corpus: str, recipe, save=None, report=print, layers: t
     embed, head_t = torch.from_numpy(embed), torch.from_numpy(head_t)
     spec = new_spec(layer_config(manifest, recipe.intermediate), aux, ids, embed, head_t, recipe.seed)
     head = TrainableEagle3(spec, embed, head_t, manifest.max_seq_len)
-    fitted = fit(head, train_seqs, held, recipe, report=report)
+    fitted = fit(head, train_seqs, held, recipe, report=report, seconds=seconds, checkpoint=checkpoint)
     spec = head.to_spec()
     record = {"recipe": dataclasses.asdict(recipe), "corpus": corpus, **described, "data_seconds": round(t_data, 1), **fitted}
     report(f"held-out α(T=1) / argmax agreement: {record['held_out']['after']}")

@@ -227,8 +227,11 @@ def data(corpus: str, codec, manifest, recipe: Recipe, report: Callable[[str], N
     return train, held, {"train_files": len(train_files), "held_out_files": len(held_files)}
 
 
-def train(bundle: Path, corpus: str, recipe: Recipe, save: Path | None = None, report: Callable[[str], None] = print) -> dict:
-    """Train a head for ``bundle``'s target on ``corpus`` (text or a distill folder) and write it into the bundle; returns the training record."""
+def train(bundle: Path, corpus: str, recipe: Recipe, save: Path | None = None, report: Callable[[str], None] = print, checkpoint: Path | None = None,
+          seconds: float | None = None) -> dict:  # fmt: skip
+    """Train a head for ``bundle``'s target on ``corpus`` (text or a distill folder) and write it
+    into the bundle; returns the training record. ``checkpoint``, ``seconds``: ``fit``'s (a run
+    stopped by its time still writes the head it has)."""
     from specdec.export.bundle import commit
     from specdec.export.feature import add_head, expose_features, restaged, tables
     from specdec.export.head import save_head
@@ -249,7 +252,7 @@ def train(bundle: Path, corpus: str, recipe: Recipe, save: Path | None = None, r
         t = staged.target
         head = new_head(recipe, train_seqs, torch.from_numpy(embed), torch.from_numpy(head_t), tied, (t.num_heads, t.num_kv_heads, t.head_dim),
                         staged.vocab_size, staged.max_seq_len)  # fmt: skip
-        fitted = fit(head, train_seqs, held, recipe, report=report)
+        fitted = fit(head, train_seqs, held, recipe, report=report, seconds=seconds, checkpoint=checkpoint)
         record = {"recipe": asdict(recipe), "corpus": corpus, **described, "data_seconds": round(t_data, 1), **fitted}
         report(f"held-out α(T=1) / argmax agreement: {record['held_out']['after']}")
         final = add_head(stage, staged, head, record)
@@ -310,7 +313,8 @@ def new_head(recipe: Recipe, train_seqs, embed: torch.Tensor, head_t: torch.Tens
 WARM, CALIBRATE, RECALIBRATE = 10, 40, 50  # a time-bounded fit times steps WARM..CALIBRATE, then sets its step count; again every RECALIBRATE steps
 
 
-def fit(head, train_seqs, held, recipe: Recipe, device: str = "cpu", report: Callable[[str], None] = print, seconds: float | None = None) -> dict:
+def fit(head, train_seqs, held, recipe: Recipe, device: str = "cpu", report: Callable[[str], None] = print, seconds: float | None = None,
+        checkpoint: Path | None = None) -> dict:  # fmt: skip
     """Train ``head`` on ``train_seqs`` (Sequences with features; top-K labels where a distill
     folder gave them) by ``recipe`` on ``device``; returns the log, the training time and the
     held-out figures before and after. The head is left on ``device`` in eval mode.
@@ -320,49 +324,82 @@ def fit(head, train_seqs, held, recipe: Recipe, device: str = "cpu", report: Cal
     the learning-rate schedule follows the new count. Every ``RECALIBRATE`` steps after, the
     count is fit again at the rate since the last fit (``fit_steps``): a rate measured while
     something else ran beside the training (3.8 s a step for SmolLM2's stage 2, 2.7 s alone)
-    would otherwise end the run a quarter early."""
+    would otherwise end the run a quarter early.
+
+    With ``checkpoint`` (a file: export/train_resume.py), the run goes on from the state saved
+    there, if any, and saves it every ``EVERY_SECONDS``, on Ctrl-C and when it stops. The step
+    count is then ``recipe.steps`` whatever the time, and ``seconds`` ends this run early instead
+    (the next one goes on): several runs' time adds up to one schedule."""
+    from specdec.export import train_resume
     from specdec.export.head_data import batches, collate
 
     rng = np.random.default_rng(recipe.seed)  # the batches' order
     head.to(device)
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=recipe.lr, weight_decay=0.0, betas=(0.9, 0.95))
-    before = evaluate(head.eval(), held, device)
-    log, order = [], []
     vocab = head.full_head_t.shape[-1]
     index = torch.full((vocab,), -1, dtype=torch.long, device=device)  # token id -> draft-vocabulary column
     index[head.vocab_ids] = torch.arange(len(head.vocab_ids), device=device)
-    t0 = time.perf_counter()
+    key = train_resume.run_key(recipe, train_seqs)
+    resumed = train_resume.load(checkpoint, key, head, opt, rng, device) if checkpoint is not None else None
+    if resumed is None:
+        progress, order = {"step": 0, "steps": recipe.steps, "log": [], "before": evaluate(head.eval(), held, device), "seconds": 0.0, "runs": 0}, []
+    else:
+        progress, order = resumed
+        report(f"training goes on from {checkpoint} at step {progress['step']}/{progress['steps']} ({progress['seconds']:.0f} s trained)")
+    progress["runs"] += 1
+    bounded = seconds is not None and checkpoint is None  # a time-fit schedule; with a checkpoint, the time ends this run only
+    steps, step, log, first = progress["steps"], progress["step"], progress["log"], progress["step"]
+    base, t0 = progress["seconds"], time.perf_counter()  # seconds trained by earlier runs; this run's start
+    t_saved = t0
+
+    def keep() -> None:
+        progress.update(step=step, steps=steps, seconds=base + time.perf_counter() - t0)
+        train_resume.save(checkpoint, key, head, opt, progress, rng, order)
+
     head.train()
-    steps, step = recipe.steps, 0
-    while step < steps:
-        if step == WARM:
-            t_warm = time.perf_counter()
-        if seconds is not None and step == CALIBRATE:  # the rate of steps WARM..CALIBRATE: the first ones load kernels
-            rate = (time.perf_counter() - t_warm) / (CALIBRATE - WARM)
-            steps = fit_steps(step, time.perf_counter() - t0, seconds, rate, recipe.steps)
-            report(f"{steps} steps fit {seconds:.0f} s at {1e3 * rate:.0f} ms a step")
-            t_mark = time.perf_counter()
-        elif seconds is not None and step > CALIBRATE and (step - CALIBRATE) % RECALIBRATE == 0:
-            now = time.perf_counter()
-            steps = fit_steps(step, now - t0, seconds, (now - t_mark) / RECALIBRATE, recipe.steps)
-            t_mark = now
-        lr = recipe.lr * min(1.0, (step + 1) / 50) * 0.5 * (1 + math.cos(math.pi * step / steps))
-        for group in opt.param_groups:
-            group["lr"] = lr
-        if not order:
-            order = batches(train_seqs, recipe.batch * recipe.window, rng)  # a new epoch
-        ids, mask, f, *top = (torch.from_numpy(x).to(device) for x in collate(train_seqs, order.pop()))
-        loss, parts = losses(head, ids, mask, f, recipe, noise=True, top=tuple(top) or None, index=index)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        step += 1
-        if step % 50 == 0 or step == steps:
-            log.append([step, round(loss.item(), 4)])
-            shown = {k: round(v.item(), 4) for k, v in parts.items()}
-            report(f"step {step}/{steps} loss {loss.item():.4f} {shown} ({time.perf_counter() - t0:.0f} s)")
+    try:
+        while step < steps:
+            if step == first + WARM:
+                t_warm = time.perf_counter()
+            if bounded and step == CALIBRATE:  # the rate of steps WARM..CALIBRATE: the first ones load kernels
+                rate = (time.perf_counter() - t_warm) / (CALIBRATE - WARM)
+                steps = fit_steps(step, time.perf_counter() - t0, seconds, rate, recipe.steps)
+                report(f"{steps} steps fit {seconds:.0f} s at {1e3 * rate:.0f} ms a step")
+                t_mark = time.perf_counter()
+            elif bounded and step > CALIBRATE and (step - CALIBRATE) % RECALIBRATE == 0:
+                now = time.perf_counter()
+                steps = fit_steps(step, now - t0, seconds, (now - t_mark) / RECALIBRATE, recipe.steps)
+                t_mark = now
+            elif checkpoint is not None and seconds is not None and time.perf_counter() - t0 >= seconds:
+                report(f"stopped at step {step}/{steps} after {seconds:.0f} s; the same command goes on from {checkpoint}")
+                break
+            lr = recipe.lr * min(1.0, (step + 1) / 50) * 0.5 * (1 + math.cos(math.pi * step / steps))
+            for group in opt.param_groups:
+                group["lr"] = lr
+            if not order:
+                order = batches(train_seqs, recipe.batch * recipe.window, rng)  # a new epoch
+            ids, mask, f, *top = (torch.from_numpy(x).to(device) for x in collate(train_seqs, order.pop()))
+            loss, parts = losses(head, ids, mask, f, recipe, noise=True, top=tuple(top) or None, index=index)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            step += 1
+            if step % 50 == 0 or step == steps:
+                log.append([step, round(loss.item(), 4)])
+                shown = {k: round(v.item(), 4) for k, v in parts.items()}
+                report(f"step {step}/{steps} loss {loss.item():.4f} {shown} ({time.perf_counter() - t0:.0f} s)")
+            if checkpoint is not None and time.perf_counter() - t_saved >= train_resume.EVERY_SECONDS:
+                keep()
+                t_saved = time.perf_counter()
+    except KeyboardInterrupt:
+        if checkpoint is not None:
+            keep()
+            report(f"interrupted at step {step}/{steps}; the same command goes on from {checkpoint}")
+        raise
+    if checkpoint is not None:
+        keep()
     head.eval()
-    return {"train_seconds": round(time.perf_counter() - t0, 1), "steps": steps, "log": log,
-            "held_out": {"before": before, "after": evaluate(head, held, device)}}
+    return {"train_seconds": round(base + time.perf_counter() - t0, 1), "steps": steps, "steps_done": step, "runs": progress["runs"], "log": log,
+            "held_out": {"before": progress["before"], "after": evaluate(head, held, device)}}  # fmt: skip

@@ -172,6 +172,62 @@ def test_train_drafter_on_distilled_data(whole, chat_bundle, tmp_path):
     assert second["held_out"]["before"] == record["held_out"]["before"]
 
 
+def test_a_stopped_training_goes_on_from_its_checkpoint_to_the_same_head(whole, chat_bundle, tmp_path):
+    """train-drafter --checkpoint: a run interrupted at step 50 of 100 (Ctrl-C) and run again
+    ends with the very weights of one uninterrupted run (same batches, noise and AdamW moments:
+    bit for bit on one machine); a run with another recipe is refused in one line naming it."""
+    from safetensors.torch import load_file
+
+    recipe = train_head.Recipe(steps=100, batch=2, window=64, lr=3e-3, seed=5)
+
+    def run(name, checkpoint=None, report=lambda s: None, r=recipe):
+        bundle = tmp_path / name
+        if not bundle.exists():
+            shutil.copytree(chat_bundle[1], bundle)
+        return train_head.train(bundle, str(whole[0]), r, save=tmp_path / f"{name}-head", report=report, checkpoint=checkpoint)
+
+    straight = run("straight")
+
+    def stop_at_50(line):
+        if line.startswith("step 50/"):
+            raise KeyboardInterrupt
+
+    ck = tmp_path / "train.ckpt"
+    with pytest.raises(KeyboardInterrupt):
+        run("resumed", ck, stop_at_50)
+    assert ck.is_file() and not (tmp_path / "resumed-head").exists()
+    with pytest.raises(ConfigError, match=r"--checkpoint .*train.ckpt: saved by a run with other --lr \(0.003 there, 0.001 here\)"):
+        run("other", ck, r=train_head.Recipe(steps=100, batch=2, window=64, lr=1e-3, seed=5))
+    lines = []
+    resumed = run("resumed", ck, lines.append)
+    assert any("training goes on from" in line and "at step 50/100" in line for line in lines), lines
+    assert resumed["steps_done"] == straight["steps_done"] == 100 and resumed["runs"] == 2
+    assert resumed["held_out"] == straight["held_out"] and resumed["log"] == straight["log"]
+    a, b = (load_file(str(tmp_path / f"{n}-head" / "head.safetensors")) for n in ("straight", "resumed"))
+    assert a.keys() == b.keys() and all(torch_equal(a[k], b[k]) for k in a)
+    # through the CLI: a run bounded by its time stops early and says how to go on; the same command, unbounded, ends the schedule
+    from click.testing import CliRunner
+
+    from specdec.commands.cli.main import cli
+
+    bundle = tmp_path / "cli"
+    shutil.copytree(chat_bundle[1], bundle)
+    args = ["train-drafter", str(bundle), "--corpus", str(whole[0]), "--steps", "100", "--batch", "2", "--window", "64", "--lr", "3e-3", "--seed", "5",
+            "--checkpoint", str(tmp_path / "cli.ckpt")]  # fmt: skip
+    first = CliRunner().invoke(cli, [*args, "--train-minutes", "1e-9"])
+    assert first.exit_code == 0, first.output
+    assert "0/100 steps: the same command goes on from" in first.output and "feature drafter written into" in first.output
+    second = CliRunner().invoke(cli, args)
+    assert second.exit_code == 0 and "steps: the same command" not in second.output, second.output
+    assert f"held-out α(T=1) {straight['held_out']['after']['alpha_t1']}," in second.output  # the same schedule as the straight run
+
+
+def torch_equal(x, y) -> bool:
+    import torch
+
+    return bool(torch.equal(x, y))
+
+
 def test_a_plan_answered_by_transformers_is_the_targets_data(whole, chat_bundle, tmp_path):
     """The GPU path (tools/gpu/drafter.py): ``specdec distill --plan-only`` here, the jobs answered
     by the same target in transformers, many rows per forward (specdec/commands/distill/hf.py), in shards
@@ -278,10 +334,20 @@ def test_a_plan_answered_by_transformers_is_the_targets_data(whole, chat_bundle,
     assert record["held_out"]["before"] == second["held_out"]["after"]
     assert second["steps"] == train_head.CALIBRATE + 1
     assert second["conversations"] == record["conversations"] and second["tokens"] == record["tokens"]
+    # an EAGLE-3 head over two layers' streams (their own features cache), from its checkpoint: saved in Speculators' layout
+    cache = again.index("--features-cache") + 1
+    eagle = [*again[:cache], str(tmp_path / "cache3"), *again[cache + 1 :], "--aux-layers", "0,1", "--checkpoint", str(tmp_path / "e3.ckpt")]
+    fourth = subprocess.run(eagle, capture_output=True, text=True, timeout=600)
+    assert fourth.returncode == 0, fourth.stderr[-3000:]
+    from specdec.export import eagle3
+
+    spec = eagle3.read(tmp_path / "o" / "head")
+    assert eagle3.is_eagle3(tmp_path / "o" / "head") and spec.aux_layers == (0, 1) and spec.draft_vocab == 64
+    assert (tmp_path / "e3.ckpt").is_file() and json.loads((tmp_path / "cache3" / "cache.json").read_text())["layers"] == [0, 1]
     from specdec.export.head import load_head
 
     embed = model.get_input_embeddings().weight.detach().float()
-    head, _ = load_head(tmp_path / "o" / "head", embed, torch.from_numpy(head_t.copy()), bool(model.config.tie_word_embeddings))
+    head, _ = load_head(tmp_path / "first", embed, torch.from_numpy(head_t.copy()), bool(model.config.tie_word_embeddings))
     assert head.cfg.draft_vocab == 64 and head.cfg.max_positions == 512
 
 

@@ -77,77 +77,6 @@ def answer(model, data: Path, rows: int, tokens: int | None, minutes: float | No
                    "earlier_answer_tokens": have}  # fmt: skip
 
 
-def earlier_features(model, data: Path, feats: dict[int, np.ndarray], rows: int, report, relabel: int = 0, bf16: bool = False,
-                     cache: Path | None = None) -> dict:  # fmt: skip
-    """Features, into ``feats``, for the answers in ``data`` that this run did not make (an earlier
-    run's, or a corpus answered elsewhere): one forward each (specdec/commands/distill/hf.py ``features``).
-
-    ``relabel``: answers with fewer top labels than this get the top-``relabel`` of the same
-    forward, their shards written again (a corpus that came back with its top-1 only).
-    ``cache``: a folder of each answer's features (and labels) as ``JOB.npz``, read back by a run
-    that was stopped or trains again, so the forwards are paid once (~830 tok/s on this 2-core CPU in bfloat16)."""
-    from tqdm import tqdm
-
-    from specdec.atomic import write_atomic
-    from specdec.commands.distill.hf import features
-    from specdec.shards import read_shard, shard_paths, write_shard
-
-    earlier = [a for path in shard_paths(data) for a in read_shard(path) if a.job not in feats]
-    labels: dict[int, tuple] = {}
-    todo = []
-    if cache is not None:  # features of one target, made one way: a cache of another is refused, not read
-        cache.mkdir(parents=True, exist_ok=True)
-        key = {"target": str(model.config._name_or_path), "width": model.config.hidden_size, "bf16": bf16}
-        meta = cache / "cache.json"
-        if meta.is_file() and json.loads(meta.read_text()) != key:
-            sys.exit(f"--features-cache {cache}: it holds features of {json.loads(meta.read_text())}, this run makes {key}; pass another folder")
-        meta.write_text(json.dumps(key))
-    for a in earlier:
-        hit = cache / f"{a.job}.npz" if cache else None
-        if hit is None or not hit.is_file():
-            todo.append(a)
-            continue
-        with np.load(hit) as z:
-            if z["f"].shape[0] != len(a.prompt) + len(a.answer):  # another answer's features under this job's number: made again
-                todo.append(a)
-                continue
-            top = (z["top_id"], z["top_lp"]) if "top_id" in z.files else None
-            if relabel and a.top_id.shape[1] < relabel and (top is None or top[0].shape[1] < relabel):
-                todo.append(a)  # cached without the labels asked for: its forward again
-                continue
-            feats[a.job] = z["f"]
-            if top is not None:
-                labels[a.job] = top
-    if cache is not None:
-        report(f"features of {len(earlier) - len(todo)} earlier answers read from {cache}")
-    t0 = time.perf_counter()
-    k = relabel if any(a.top_id.shape[1] < relabel for a in todo) else 0
-    with tqdm(total=sum(len(a.prompt) + len(a.answer) for a in todo), unit="tok", unit_scale=True, desc="features", mininterval=30, disable=not todo) as bar:
-        for job, f, top in features(model, todo, rows, top_k=k, bf16=bf16):
-            feats[job] = f
-            if top is not None:
-                labels[job] = top
-            if cache is not None:  # whole files only: a stopped run resumes at the next answer
-                write_atomic(cache / f"{job}.npz", lambda fh: np.savez(fh, f=f, **({"top_id": top[0], "top_lp": top[1]} if top is not None else {})))
-            bar.update(len(f))
-    seconds = time.perf_counter() - t0
-    if todo:
-        report(f"features of {len(todo)} earlier answers in {seconds:.0f} s ({sum(map(len, (feats[a.job] for a in todo))) / max(seconds, 1e-9):,.0f} tok/s)")
-    relabeled = 0
-    for path in shard_paths(data) if relabel else ():
-        shard = list(read_shard(path))
-        if all(a.top_id.shape[1] >= relabel or a.job not in labels for a in shard):
-            continue
-        for a in shard:
-            if a.job in labels:
-                a.top_id, a.top_lp = (x[:, :relabel] for x in labels[a.job])
-                relabeled += 1
-        write_shard(data, int(path.stem.split("-")[1]), shard)
-    if relabeled:
-        report(f"{relabeled} answers relabeled with the top-{relabel} of this target's forward")
-    return {"answers": len(earlier), "computed": len(todo), "seconds": round(seconds, 1), "bf16": bf16, "relabeled": relabeled}
-
-
 def target_tables(model) -> tuple:
     """(embed [V, d], head_t [d, V], tied): the target's tables a feature head drafts with, float32 on the CPU."""
     embed = model.get_input_embeddings().weight.detach().float().cpu()  # [V, d]
@@ -156,10 +85,12 @@ def target_tables(model) -> tuple:
 
 
 def train(model, data: Path, feats: dict[int, np.ndarray], recipe, device: str, report, seconds: float | None = None,
-          deadline: float | None = None, init: Path | None = None) -> tuple[object, dict]:  # fmt: skip
+          deadline: float | None = None, init: Path | None = None, aux: tuple[int, ...] = (), checkpoint: Path | None = None) -> tuple[object, dict]:  # fmt: skip
     """The feature head on the answers with features in ``feats`` (export/train_head.py ``fit``),
     its optimizer steps fit into ``seconds`` and before ``deadline`` (a ``time.perf_counter`` time);
-    from the head saved in ``init`` where given (a fresh learning-rate schedule), else a new one."""
+    from the head saved in ``init`` where given (a fresh learning-rate schedule), else a new one.
+    ``aux``: an EAGLE-3 head over these layers' streams instead (export/eagle3_train.py).
+    ``checkpoint``: fit's (the run goes on from it; the time ends the run, not the schedule)."""
     from specdec.commands.distill.run import read_prompts
     from specdec.export.head_data import distilled
     from specdec.export.train_head import fit, new_head
@@ -170,7 +101,14 @@ def train(model, data: Path, feats: dict[int, np.ndarray], recipe, device: str, 
     c = model.config
     embed, head_t, tied = target_tables(model)
     attention = (c.num_attention_heads, c.num_key_value_heads, getattr(c, "head_dim", None) or embed.shape[1] // c.num_attention_heads)
-    if init is None:
+    if aux:
+        from specdec.export.eagle3_save import new_spec
+        from specdec.export.eagle3_train import TrainableEagle3
+        from specdec.export.train_head import draft_vocab_ids
+
+        spec = new_spec(c, aux, draft_vocab_ids(recipe, train_seqs, embed.shape[0]), embed, head_t, recipe.seed)
+        head = TrainableEagle3(spec, embed, head_t, max_seq)
+    elif init is None:
         head = new_head(recipe, train_seqs, embed, head_t, tied, attention, embed.shape[0], max_seq)
     else:  # a run that goes on from an earlier head (its draft vocabulary kept): training steps add up across runs
         from specdec.export.head import load_head
@@ -186,7 +124,7 @@ def train(model, data: Path, feats: dict[int, np.ndarray], recipe, device: str, 
         report(f"training goes on from {init}")
     if deadline is not None:
         seconds = min(s for s in (seconds, deadline - time.perf_counter()) if s is not None)
-    record = fit(head, train_seqs, held, recipe, device, report, seconds)
+    record = fit(head, train_seqs, held, recipe, device, report, seconds, checkpoint)
     record.update(init=None if init is None else str(init), conversations=len(train_seqs), tokens=train_seqs.tokens, trained_positions=train_seqs.trained, held_out_conversations=len(held))
     return head.cpu(), record
 
@@ -266,6 +204,8 @@ def main() -> None:
     ap.add_argument("--train-minutes", type=float, default=None, help="fit the training into this time (at most --steps steps)")
     ap.add_argument("--deadline-minutes", type=float, default=None,
                     help="the whole run's time from its start: training gets what answering, the archive and the data left, less the held-out figures and the writing")
+    ap.add_argument("--aux-layers", default=None, help="train an EAGLE-3 head over these target layers' streams (e.g. 2,15,27), saved in Speculators' layout")
+    ap.add_argument("--checkpoint", type=Path, default=None, help="the training state in this file: a run with the same file and settings goes on where it stopped")
     ap.add_argument("--init", type=Path, default=None, help="go on training the head saved in this folder (OUT/head of an earlier run) instead of a new one")
     ap.add_argument("--features-bf16", action="store_true",
                     help="earlier answers' features under bfloat16 autocast (a CPU: 2x faster; 0.9%% off float32's on SmolLM2, inside the training noise)")
@@ -289,7 +229,14 @@ def main() -> None:
     t0 = time.perf_counter()
     model = load_target(args.gguf or args.model, args.device)
     feats, answered = answer(model, args.data, args.rows, args.tokens, args.minutes, report)
-    earlier = earlier_features(model, args.data, feats, args.rows, report, args.relabel, args.features_bf16, args.features_cache)
+    aux = tuple(int(x) for x in args.aux_layers.split(",")) if args.aux_layers else ()
+    if aux and args.init:
+        ap.error("--init goes on from a specdec head; an EAGLE-3 head (--aux-layers) goes on with --checkpoint")
+    if aux:  # the answering passes kept the last hidden state only: the streams come from one forward each
+        feats.clear()
+    from specdec.commands.distill.hf import earlier_features
+
+    earlier = earlier_features(model, args.data, feats, args.rows, report, args.relabel, args.features_bf16, args.features_cache, aux)
     if not feats:
         sys.exit(f"no answer in {args.data}: none answered here (--minutes 0?) and none there from an earlier run")
     args.out.mkdir(parents=True, exist_ok=True)
@@ -302,14 +249,19 @@ def main() -> None:
                     draft_vocab=args.draft_vocab, bf16=args.bf16)  # fmt: skip
     deadline = None if args.deadline_minutes is None else t0 + 60 * args.deadline_minutes - FINISH_SECONDS
     head, fitted = train(model, args.data, feats, recipe, args.device, report, None if args.train_minutes is None else 60 * args.train_minutes, deadline,
-                         args.init)  # fmt: skip
+                         args.init, aux, args.checkpoint)  # fmt: skip
     record = {"provenance": {**provenance(), "command": " ".join(["python", "tools/gpu/drafter.py", *sys.argv[1:]])}, "device": args.device,
               "answering": answered, "earlier_answers": earlier, "corpus_archive": archive, "recipe": asdict(recipe), "corpus": str(args.data), **fitted, "seconds": round(time.perf_counter() - t0, 1)}  # fmt: skip
     if args.device == "cuda":
         import torch
 
         record["gpu"] = torch.cuda.get_device_name()
-    save_head(head, args.out / "head", record)
+    if aux:  # Speculators' layout: specdec-export --feature-drafter OUT/head reads it, and so do vLLM and Speculators
+        from specdec.export.eagle3_save import save as save_eagle3
+
+        save_eagle3(head.to_spec(), args.out / "head", str(args.gguf or args.model), [], gamma=4)
+    else:
+        save_head(head, args.out / "head", record)
     (args.out / "drafter.json").write_text(json.dumps(record, indent=1))
     for path in sorted((args.out / "head").iterdir()) if args.split_mib else ():
         split(path, args.split_mib << 20)

@@ -34,8 +34,13 @@ from specdec.errors import ConfigError
                    "and what reads its format, load; --save writes it in Speculators' layout.")
 @click.option("--aux-layers", default=None, help="With --save-format speculators: comma-separated target layers the head's fc reads "
               "(the residual stream entering each; the layer count: the final norm's input) [default: 2, L/2, L-3].")
+@click.option("--checkpoint", default=None, type=click.Path(dir_okay=False, path_type=Path), help="Keep the training state in this file (every "
+              "10 minutes, on Ctrl-C, at the end); the same command with the same file goes on where it stopped, so several runs add up to one schedule.")
+@click.option("--train-minutes", default=None, type=click.FloatRange(0, min_open=True), help="Train at most this long: with --checkpoint this run "
+              "stops there and the next goes on; without, the step count is fit into the time (at most --steps).")
 def train_drafter_cmd(bundle: Path, corpus: str, steps: int, batch: int, window: int, windows: int, lr: float, noise: float, unroll: int,
-                      draft_vocab: int | None, bf16: bool, seed: int, save: Path | None, save_format: str, aux_layers: str | None) -> None:  # fmt: skip
+                      draft_vocab: int | None, bf16: bool, seed: int, save: Path | None, save_format: str, aux_layers: str | None,
+                      checkpoint: Path | None, train_minutes: float | None) -> None:  # fmt: skip
     """Train a feature drafter (EAGLE-style head) for BUNDLE's target and write it into BUNDLE.
 
     Adds the features output to the target's graphs and a head graph; the bundle is re-hashed
@@ -49,17 +54,19 @@ def train_drafter_cmd(bundle: Path, corpus: str, steps: int, batch: int, window:
         raise ConfigError(f"train-drafter needs the export extra ({e.name} is missing): pip install torch==2.13.0 -e '.[export]'") from None
     recipe = Recipe(steps=steps, batch=batch, window=window, windows=windows, lr=lr, noise=noise, unroll=unroll, draft_vocab=draft_vocab, bf16=bf16, seed=seed)
     report = lambda line: click.echo(line, err=True)  # noqa: E731
+    seconds = None if train_minutes is None else 60 * train_minutes
     if save_format == "speculators":
         from specdec.export.eagle3_train import train_eagle3
 
-        record = train_eagle3(bundle, corpus, recipe, save, report, _layer_ids(aux_layers))
+        record = train_eagle3(bundle, corpus, recipe, save, report, _layer_ids(aux_layers), checkpoint, seconds)
     elif aux_layers is not None:
         raise ConfigError(f"--aux-layers {aux_layers}: only an EAGLE-3 head reads auxiliary layers; add --save-format speculators")
     else:
-        record = train(bundle, corpus, recipe, save, report=report)
+        record = train(bundle, corpus, recipe, save, report, checkpoint, seconds)
     after = record["held_out"]["after"]
+    left = "" if record["steps_done"] >= record["steps"] else f"; {record['steps_done']}/{record['steps']} steps: the same command goes on from {checkpoint}"
     click.echo(f"feature drafter written into {bundle}: held-out α(T=1) {after['alpha_t1']}, argmax agreement {after['argmax_t0']} "
-               f"({record['data_seconds']:.0f} s data, {record['train_seconds']:.0f} s training)")  # fmt: skip
+               f"({record['data_seconds']:.0f} s data, {record['train_seconds']:.0f} s training){left}")  # fmt: skip
 
 
 def _layer_ids(text: str | None) -> tuple[int, ...] | None:

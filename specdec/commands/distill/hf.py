@@ -175,3 +175,78 @@ def features(model, answers: list[Answer], rows: int, top_k: int = 0, bf16: bool
                 f[-1] = 0
                 done.append((a.job, f, labels))
         yield from done
+
+
+def earlier_features(model, data, feats: dict[int, np.ndarray], rows: int, report, relabel: int = 0, bf16: bool = False,
+                     cache=None, layers: tuple[int, ...] = ()) -> dict:  # fmt: skip
+    """Features, into ``feats``, for the answers in ``data`` that this run did not make (an earlier
+    run's, or a corpus answered elsewhere): one forward each (``features``); tools/gpu/drafter.py's data.
+
+    ``relabel``: answers with fewer top labels than this get the top-``relabel`` of the same
+    forward, their shards written again (a corpus that came back with its top-1 only).
+    ``cache``: a folder of each answer's features (and labels) as ``JOB.npz``, read back by a run
+    that was stopped or trains again, so the forwards are paid once (~830 tok/s on this 2-core CPU in bfloat16).
+    ``layers``: the auxiliary streams an EAGLE-3 head fuses follow the LM head's input (``features``)."""
+    import json
+    import time
+
+    from tqdm import tqdm
+
+    from specdec.atomic import write_atomic
+    from specdec.errors import ConfigError
+    from specdec.shards import read_shard, shard_paths, write_shard
+
+    earlier = [a for path in shard_paths(data) for a in read_shard(path) if a.job not in feats]
+    labels: dict[int, tuple] = {}
+    todo = []
+    if cache is not None:  # features of one target, made one way: a cache of another is refused, not read
+        cache.mkdir(parents=True, exist_ok=True)
+        key = {"target": str(model.config._name_or_path), "width": model.config.hidden_size, "bf16": bf16, **({"layers": list(layers)} if layers else {})}
+        meta = cache / "cache.json"
+        if meta.is_file() and json.loads(meta.read_text()) != key:
+            raise ConfigError(f"--features-cache {cache}: it holds features of {json.loads(meta.read_text())}, this run makes {key}; pass another folder")
+        meta.write_text(json.dumps(key))
+    for a in earlier:
+        hit = cache / f"{a.job}.npz" if cache else None
+        if hit is None or not hit.is_file():
+            todo.append(a)
+            continue
+        with np.load(hit) as z:
+            if z["f"].shape[0] != len(a.prompt) + len(a.answer):  # another answer's features under this job's number: made again
+                todo.append(a)
+                continue
+            top = (z["top_id"], z["top_lp"]) if "top_id" in z.files else None
+            if relabel and a.top_id.shape[1] < relabel and (top is None or top[0].shape[1] < relabel):
+                todo.append(a)  # cached without the labels asked for: its forward again
+                continue
+            feats[a.job] = z["f"]
+            if top is not None:
+                labels[a.job] = top
+    if cache is not None:
+        report(f"features of {len(earlier) - len(todo)} earlier answers read from {cache}")
+    t0 = time.perf_counter()
+    k = relabel if any(a.top_id.shape[1] < relabel for a in todo) else 0
+    with tqdm(total=sum(len(a.prompt) + len(a.answer) for a in todo), unit="tok", unit_scale=True, desc="features", mininterval=30, disable=not todo) as bar:
+        for job, f, top in features(model, todo, rows, top_k=k, bf16=bf16, layers=layers):
+            feats[job] = f
+            if top is not None:
+                labels[job] = top
+            if cache is not None:  # whole files only: a stopped run resumes at the next answer
+                write_atomic(cache / f"{job}.npz", lambda fh: np.savez(fh, f=f, **({"top_id": top[0], "top_lp": top[1]} if top is not None else {})))
+            bar.update(len(f))
+    seconds = time.perf_counter() - t0
+    if todo:
+        report(f"features of {len(todo)} earlier answers in {seconds:.0f} s ({sum(map(len, (feats[a.job] for a in todo))) / max(seconds, 1e-9):,.0f} tok/s)")
+    relabeled = 0
+    for path in shard_paths(data) if relabel else ():
+        shard = list(read_shard(path))
+        if all(a.top_id.shape[1] >= relabel or a.job not in labels for a in shard):
+            continue
+        for a in shard:
+            if a.job in labels:
+                a.top_id, a.top_lp = (x[:, :relabel] for x in labels[a.job])
+                relabeled += 1
+        write_shard(data, int(path.stem.split("-")[1]), shard)
+    if relabeled:
+        report(f"{relabeled} answers relabeled with the top-{relabel} of this target's forward")
+    return {"answers": len(earlier), "computed": len(todo), "seconds": round(seconds, 1), "bf16": bf16, "relabeled": relabeled}
