@@ -52,6 +52,15 @@ def same_source(a: np.ndarray | None, b: np.ndarray | None) -> bool:
     return (a is None and b is None) or (a is not None and b is not None and np.array_equal(a, b))
 
 
+TENANT = "tenant:"  # the prefix of a salt the server derived from an API key (specdec serve --isolate-tenants)
+
+
+def salt_class(salt: str | None) -> str:
+    """The metrics class of a cache salt, never the salt itself: "none", "tenant" (the server's,
+    from an API key) or "request" (the client's own ``cache_salt``)."""
+    return "none" if salt is None else "tenant" if salt.startswith(TENANT) else "request"
+
+
 class Engine:
     """``slots`` requests in flight over one bundle's sessions (``sessions``: graph name -> session).
 
@@ -89,6 +98,8 @@ class Engine:
         self.pending: dict[int, np.ndarray] = {}  # slot -> the source it waits for (started since the last step)
         self.starts = 0
         self.prefix_queries = self.prefix_hits = self.evictions = 0  # prompt tokens asked, prompt tokens reused; slots overwritten
+        self.salts: list[str | None] = [None] * slots  # per slot, the cache salt of the request whose KV rows it holds
+        self.by_salt = {c: [0, 0] for c in ("none", "request", "tenant")}  # salt class -> [prompt tokens asked, reused]
         self.synthetic: float | None = None  # benchmarks only (specdec.bench.synthetic): outputs are then NOT the target's
 
     def free_slot(self) -> int | None:
@@ -102,6 +113,8 @@ class Engine:
         """Rows of ``slot`` that ``req`` can keep: the tokens its prompt shares with what the slot
         holds, short of the prompt's last token (fed by the first decoding call)."""
         if req.params.prompt_logprobs is not None or not same_source(req.source, self.sources[slot]):  # prompt logprobs come from feeding it
+            return 0
+        if req.params.cache_salt != self.salts[slot]:  # another tenant's rows: never reused, so never faster
             return 0
         n = min(self.held(slot), len(req.prompt) - 1)
         diff = np.flatnonzero(self.seqs[slot, :n] != req.prompt[:n])
@@ -130,6 +143,9 @@ class Engine:
             self.evictions += 1  # another prefix was held here
         self.prefix_queries += L
         self.prefix_hits += keep
+        counts = self.by_salt[salt_class(req.params.cache_salt)]
+        counts[0], counts[1] = counts[0] + L, counts[1] + keep
+        self.salts[slot] = req.params.cache_salt
         self.starts += 1
         self.last_used[slot] = self.starts
         for model in self.models:
@@ -227,10 +243,11 @@ class Engine:
         self.pending.clear()
 
     def _donors(self, r: Row) -> list[Row]:
-        """The rows in flight with ``r``'s very prompt (the n choices of one prompt; of one source
+        """The rows in flight with ``r``'s very prompt and cache salt (the n choices of one prompt; of one source
         too, for an encoder-decoder): they feed it in the same chunks, so the KV rows they hold
         are the ones ``r`` would compute, bit for bit."""
-        return [d for d in self.rows.values() if d is not r and same_source(d.req.source, r.req.source) and np.array_equal(d.req.prompt, r.req.prompt)]
+        return [d for d in self.rows.values() if d is not r and same_source(d.req.source, r.req.source) and d.req.params.cache_salt == r.req.params.cache_salt
+                and np.array_equal(d.req.prompt, r.req.prompt)]  # fmt: skip
 
     def _share(self, src: Row, r: Row, start: int, stop: int) -> bool:
         """Give row ``r`` the prompt rows [start, stop) that ``src`` has fed already (n choices of
@@ -248,6 +265,7 @@ class Engine:
             r.sink.prompt_logprobs += src.sink.prompt_logprobs[start + 1 : stop + 1]
         self.shared_tokens += stop - start
         self.prefix_hits += stop - start
+        self.by_salt[salt_class(r.req.params.cache_salt)][1] += stop - start
         r.stats.prefill_seconds += clock() - t0
         return True
 

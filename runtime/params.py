@@ -24,6 +24,7 @@ from specdec.runtime.speculative import check_lenience
 
 
 MAX_BEAMS = 32  # beams a search keeps (each holds a KV slot per model)
+MAX_SALT = 256  # characters of a cache_salt
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,9 @@ class SamplingParams:
     ``structured_outputs`` (vLLM's field; a ``StructuredOutputs`` or a dict of its fields) holds
     the output to a JSON schema, regex, choice or grammar: the target's and the draft's rows are
     masked alike, so the output is the target's own under the constraint (runtime/constraints.py).
+    ``cache_salt`` (vLLM's field): a request reuses only KV rows that a request with the same salt
+    left (prefix reuse, or rows copied from a request in flight with the same prompt); None is a
+    class of its own. Tenants with different salts never see each other's prefixes, not even as time.
     """
 
     max_new_tokens: int = 128
@@ -66,6 +70,7 @@ class SamplingParams:
     min_p: float = 0.0
     min_tokens: int = 0
     structured_outputs: StructuredOutputs | None = None
+    cache_salt: str | None = None
 
     def __post_init__(self) -> None:
         self.sampling  # raises SamplingError on a bad value
@@ -85,6 +90,9 @@ class SamplingParams:
             k = getattr(self, name)
             if k is not None and (not is_int(k) or not 0 <= k <= MAX_LOGPROBS):
                 raise InputError(f"{name}={k!r}: expected an integer in 0..{MAX_LOGPROBS} (alternatives per token) or None")
+        salt = self.cache_salt
+        if salt is not None and (not isinstance(salt, str) or not salt or len(salt) > MAX_SALT):
+            raise InputError(f"cache_salt={salt!r}: expected a non-empty string of at most {MAX_SALT} characters, or None")
         if self.logprobs_mode not in LOGPROBS_MODES:
             raise InputError(f"logprobs_mode={self.logprobs_mode!r}: expected one of {', '.join(LOGPROBS_MODES)}")
         self._check_penalties()

@@ -21,7 +21,7 @@ from specdec.runtime.handles import Handle
 from specdec.runtime.params import BeamParams, SamplingParams
 from specdec.runtime.text import TextCodec
 from specdec.serve.errors import RETRY_AFTER, Refused, check_json
-from specdec.serve.generation import Generation, best, echoed_prompt, speculative, sse, usage
+from specdec.serve.generation import Generation, best, echoed_prompt, with_metrics, sse, usage
 from specdec.serve.kinds import Chat
 from specdec.serve.limits import loads
 from specdec.serve.protocol import FieldError
@@ -63,7 +63,7 @@ async def generate(state: ServerState, request: Request, cls, kind):
         if body.use_beam_search:
             return await beam_search(state, body, kind, prompts)
         await compile_grammar(state, body)
-        handles = admit(state, body, kind, prompts)
+        handles = admit(state, body, kind, prompts, state.cache_salt(request, body.cache_salt))
     except Refused as e:
         if state.metrics:
             state.metrics.requests.labels(e.outcome).inc()
@@ -73,7 +73,7 @@ async def generate(state: ServerState, request: Request, cls, kind):
     head = {"id": rid, "object": kind.object, "created": created, "model": state.model, "system_fingerprint": state.fingerprint}
     tools = plan(body) if kind is Chat else None
     if body.stream and tools is None:
-        return StreamingResponse(sse(gens, kind, body, {**head, "object": kind.chunk_object}, state.codec), media_type="text/event-stream")
+        return StreamingResponse(sse(gens, kind, body, {**head, "object": kind.chunk_object}, state.codec, state.spec_decode_metrics), media_type="text/event-stream")
     keep = kind.max_tokens(body) != 0  # max_tokens=0 (with echo): the prompt alone; the one token decoded is dropped
     got = await collected(request, gens, keep, rid)
     if isinstance(got, Response):
@@ -111,7 +111,7 @@ async def collected(request: Request, gens: list[Generation], keep: bool, rid: s
 
 
 def whole(state: ServerState, body, kind, gens: list[Generation], head: dict, text: list, scored: list, keep: bool) -> dict:
-    """The one JSON body of a request read to its end: the best choices, usage, the speculative figures."""
+    """The one JSON body of a request read to its end: the best choices, usage, the speculative figures where asked."""
     handles = [g.handle for g in gens]
     tokens = [g.ids if keep else [] for g in gens]
     scored = [s[: len(g.ids)] for s, g in zip(scored, gens)]  # a stop string may have taken back a token
@@ -124,7 +124,7 @@ def whole(state: ServerState, body, kind, gens: list[Generation], head: dict, te
         lps = (echoed + scored[i]) if returns_logprobs else None
         finish = g.finish if keep else "length"
         choices.append(kind.choice(index, echo + "".join(text[i]), finish, True, False, lps, state.codec))
-    out = {**head, "choices": choices, "usage": usage(gens, body.rows, keep), "speculative": speculative(handles)}
+    out = with_metrics({**head, "choices": choices, "usage": usage(gens, body.rows, keep)}, handles, state.spec_decode_metrics)
     if body.return_token_ids:
         for choice, i in zip(choices, picked):
             choice["token_ids"] = tokens[i]
@@ -205,10 +205,10 @@ async def compile_grammar(state: ServerState, body) -> None:
         raise Refused(400, str(e), param=field) from None
 
 
-def admit(state: ServerState, body, kind, prompts: list[list[int]]) -> list[Handle]:
+def admit(state: ServerState, body, kind, prompts: list[list[int]], salt: str | None = None) -> list[Handle]:
     """Submit a parsed request (``read``), one handle per choice (prompt i's choice j at
-    i * n + j, its seed + j when seeded), queued as one group; a ``Refused`` says why not,
-    and then none is queued."""
+    i * n + j, its seed + j when seeded), queued as one group under the cache ``salt``
+    (``ServerState.cache_salt``); a ``Refused`` says why not, and then none is queued."""
     engine = state.ready()
     group: list[tuple[list[int], SamplingParams]] = []
     try:
@@ -220,7 +220,7 @@ def admit(state: ServerState, body, kind, prompts: list[list[int]]) -> list[Hand
             logprobs, prompt_logprobs = kind.logprobs(body)
             if logprobs is None and body.rows > body.choices:
                 logprobs = 0  # best_of ranks by them (not returned: the handle keeps them, the choice does not ask)
-            sampling = {**body.sampling(), "logprobs": logprobs, "prompt_logprobs": prompt_logprobs, "logprobs_mode": state.logprobs_mode}
+            sampling = {**body.sampling(), "logprobs": logprobs, "prompt_logprobs": prompt_logprobs, "logprobs_mode": state.logprobs_mode, "cache_salt": salt}
             for j in range(body.rows):
                 seed = None if sampling["seed"] is None else sampling["seed"] + j
                 group.append((prompt, SamplingParams(max_new_tokens=max_tokens, gamma=state.gamma, **{**sampling, "seed": seed})))

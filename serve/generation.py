@@ -1,6 +1,6 @@
 """One request's output: ``Generation`` reads a handle's pieces (stop strings, the metrics'
 timings, cancelling a request its reader left), and the answer is assembled from it: the whole
-body (``usage``, ``best`` of best_of, the ``speculative`` figures) or server-sent events (``sse``).
+body (``usage``, ``best`` of best_of, ``metrics.speculative_decoding`` where asked) or server-sent events (``sse``).
 """
 
 from __future__ import annotations
@@ -121,24 +121,33 @@ def echoed_prompt(body, handle: Handle) -> tuple[str, list]:
     return text, list(zip(ids, handle.prompt_logprobs)) if handle.prompt_logprobs is not None else []
 
 
-def speculative(handles: list[Handle]) -> dict:
-    """The request's speculative-decoding figures over all its choices (the response's
-    ``speculative`` extension)."""
+def spec_metrics(handles: list[Handle]) -> dict:
+    """The request's speculative decoding over all its choices, as vLLM reports it per request
+    (``metrics.speculative_decoding``, its --per-request-spec-decode-metrics summary), plus what
+    only specdec has: the drafter, whether γ adapted, and the target calls (plain steps included).
+    ``acceptance_histogram[j]``: verify calls that kept exactly j drafts (a chain keeps position
+    i only after 1..i-1, so ``accepted_at[i-1]`` counts the calls that kept >= i)."""
     stats = [h.stats for h in handles]
-    first = stats[0]
-    calls, drafted, accepted = (sum(getattr(s, k) for s in stats) for k in ("target_calls", "drafted", "accepted"))
-    verify = sum(s.verify_calls for s in stats)
+    steps, drafted, accepted = (sum(getattr(s, k) for s in stats) for k in ("verify_calls", "drafted", "accepted"))
+    width = max(len(s.accepted_at) for s in stats)
+    at_least = [steps] + [sum(s.accepted_at[i] for s in stats if i < len(s.accepted_at)) for i in range(width)]  # calls that kept >= j
     return {
-        "drafter": first.drafter,
-        "gamma": first.gamma,
-        "adaptive_gamma": first.adaptive,
-        "target_calls": calls,
-        "verify_calls": verify,
-        "drafted_tokens": drafted,
-        "accepted_tokens": accepted,
-        "acceptance_rate": first.acceptance_rate if len(stats) == 1 else (accepted / drafted if drafted else 0.0),
-        "mean_accepted_tokens": first.mean_accepted if len(stats) == 1 else (accepted / verify if verify else 0.0),
+        "mean_acceptance_length": 1.0 + (accepted / steps if steps else 0.0),
+        "draft_acceptance_rate": accepted / drafted if drafted else 0.0,
+        "acceptance_histogram": [at_least[j] - (at_least[j + 1] if j < width else 0) for j in range(width + 1)],
+        "num_spec_steps": steps,
+        "num_accepted_draft_tokens": accepted,
+        "num_draft_tokens": drafted,
+        "num_spec_tokens": stats[0].gamma,
+        "drafter": stats[0].drafter,
+        "adaptive_gamma": stats[0].adaptive,
+        "target_calls": sum(s.target_calls for s in stats),
     }
+
+
+def with_metrics(out: dict, handles: list[Handle], mode: str) -> dict:
+    """``out`` with the request's ``metrics.speculative_decoding`` where the server reports them (``mode`` "summary")."""
+    return {**out, "metrics": {"speculative_decoding": spec_metrics(handles)}} if mode == "summary" else out
 
 
 def usage(gens: list[Generation], rows: int, kept: bool = True) -> dict:
@@ -163,11 +172,12 @@ def best(scored: list[list], rows: int, n: int) -> list[int]:
     return picked
 
 
-async def sse(gens: list[Generation], kind, body, head: dict, codec: TextCodec | None) -> AsyncIterator[str]:
+async def sse(gens: list[Generation], kind, body, head: dict, codec: TextCodec | None, metrics: str = "none") -> AsyncIterator[str]:
     """Server-sent events: one chunk per accepted piece of a choice (its ``index`` named, with
     its tokens' logprobs when asked; with ``echo`` the first carries the prompt), a last one per
-    choice with its finish_reason, a usage chunk when asked, then ``data: [DONE]``. The last
-    chunk of a request with one choice carries the ``speculative`` figures."""
+    choice with its finish_reason, a usage chunk when asked, then ``data: [DONE]``. With
+    ``metrics`` "summary", the last chunk with a choice, and the usage chunk, carry
+    ``metrics.speculative_decoding`` (``spec_metrics``)."""
     opts = body.stream_options
     every = bool(opts and opts.continuous_usage_stats)
     handles = [g.handle for g in gens]
@@ -208,13 +218,13 @@ async def sse(gens: list[Generation], kind, body, head: dict, codec: TextCodec |
                 continue
             left -= 1
             last = chunk(i, "", [], gens[i].finish if keep else "length")
-            yield event({**last, "speculative": speculative(handles)} if len(gens) == 1 else last)
+            yield event(with_metrics(last, handles, metrics) if not left else last)
     finally:  # a client that left (or an error) ends every choice: deltas' cleanup cancels them
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
     if opts and opts.include_usage:
-        yield event({**head, "choices": [], "usage": usage(gens, body.rows, keep), "speculative": speculative(handles)})
+        yield event(with_metrics({**head, "choices": [], "usage": usage(gens, body.rows, keep)}, handles, metrics))
     yield "data: [DONE]\n\n"
 
 

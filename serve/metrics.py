@@ -105,3 +105,10 @@ class _PrefixCache:
                                  ("hits", "Prompt tokens not fed: kept in a slot from an earlier request, or copied from a row in flight with the same prompt", e.prefix_hits),
                                  ("evictions", "Cached prefixes overwritten by another request (least recently used first)", e.evictions)):  # fmt: skip
             yield CounterMetricFamily(f"specdec_prefix_cache_{name}", doc, value=value)
+        for i, name in enumerate(("queries", "hits")):  # by the class of the requests' cache salt, never by tenant
+            family = CounterMetricFamily(f"specdec_prefix_cache_{name}_by_salt_class",
+                                         f"Prompt tokens {('of requests started', 'not fed')[i]}, by cache salt class: none, request (the client's "
+                                         "cache_salt), tenant (the server's, from the API key)", labels=["salt_class"])  # fmt: skip
+            for cls, counts in e.by_salt.items():
+                family.add_metric([cls], counts[i])
+            yield family

@@ -102,6 +102,7 @@ class _Sampling(_Body):
     ignore_eos: bool = False
     return_token_ids: bool = False
     user: str | None = None  # metadata; not used
+    cache_salt: str | None = Field(default=None, min_length=1, max_length=200)  # vLLM's: prefix reuse only among requests with the same salt
     n: int | None = 1  # choices per prompt; choice j of a seeded request draws from seed + j
     response_format: ResponseFormat | None = None  # text, json_object or json_schema (constrained decoding)
     structured_outputs: dict[str, Any] | None = None  # vLLM's extension: one of json, regex, choice, grammar, json_object

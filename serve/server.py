@@ -48,7 +48,9 @@ class ServeConfig:
     threads: int | None = None
     provider: str = "cpu"  # ONNX Runtime provider: "cpu", "cuda" or "cuda-graph"
     verify: str = "full"  # the bundle's files: "full" digests, or "size" only (a trusted bundle, fast start)
-    api_key: str | None = None
+    api_key: str | tuple[str, ...] | None = None  # one key or several (a tenant each); None: no key asked
+    isolate_tenants: bool = False  # prefix reuse only within a key's requests: the cache salt derived from it
+    spec_decode_metrics: str = "none"  # vLLM's --per-request-spec-decode-metrics: "summary" adds metrics.speculative_decoding
     grace_period: float = 30.0  # seconds SIGTERM waits for requests in flight
     log_level: str = "info"
     logprobs_mode: str = "raw_logprobs"  # vLLM's names: raw_logprobs, or processed_logprobs (the distribution sampled)
@@ -57,6 +59,7 @@ class ServeConfig:
     cache_slots: int | None = None  # KV slots (>= max_batch); None: max_batch
 
 
+SPEC_DECODE_METRICS = ("none", "summary")  # vLLM's --per-request-spec-decode-metrics (its "detailed" per-step lists are not kept)
 LOGPROBS_MODES = {"raw_logprobs": "raw", "processed_logprobs": "processed"}  # vLLM's --logprobs-mode -> SamplingParams.logprobs_mode
 
 
@@ -106,9 +109,22 @@ def prepare(cfg: ServeConfig, bind: bool = True) -> ServerState:
     fingerprint = f"specdec-{__version__}"
     if cfg.logprobs_mode not in LOGPROBS_MODES:
         raise ConfigError(f"--logprobs-mode {cfg.logprobs_mode!r}: expected one of {', '.join(LOGPROBS_MODES)}")
-    return ServerState(model=model, max_seq_len=m.max_seq_len, codec=codec, chat=chat, gamma=cfg.gamma, api_key=cfg.api_key,
-                       fingerprint=fingerprint, manifest=m, logprobs_mode=LOGPROBS_MODES[cfg.logprobs_mode],
+    keys = api_keys(cfg.api_key)
+    if cfg.isolate_tenants and not keys:
+        raise ConfigError("--isolate-tenants: each tenant's cache salt comes from its API key, and no key is set; pass --api-key KEY (once per tenant)")
+    if cfg.spec_decode_metrics not in SPEC_DECODE_METRICS:
+        raise ConfigError(f"--per-request-spec-decode-metrics {cfg.spec_decode_metrics!r}: expected one of {', '.join(SPEC_DECODE_METRICS)}")
+    return ServerState(model=model, max_seq_len=m.max_seq_len, codec=codec, chat=chat, gamma=cfg.gamma, api_keys=keys, isolate_tenants=cfg.isolate_tenants,
+                       spec_decode_metrics=cfg.spec_decode_metrics, fingerprint=fingerprint, manifest=m, logprobs_mode=LOGPROBS_MODES[cfg.logprobs_mode],
                        allowed_origins=tuple(cfg.allowed_origins))  # the manifest is opened and verified once
+
+
+def api_keys(given: str | tuple[str, ...] | list[str] | None) -> tuple[str, ...]:
+    """The keys a server lets in (``ServeConfig.api_key``: one, several or None); an empty key is refused."""
+    keys = (given,) if isinstance(given, str) else tuple(given or ())
+    if any(not k for k in keys):
+        raise ConfigError("--api-key '': expected a non-empty key (or no --api-key at all)")
+    return keys
 
 
 def load_engine(cfg: ServeConfig, state: ServerState):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import time
 from dataclasses import dataclass, field
@@ -9,6 +10,7 @@ from typing import Any
 
 from fastapi import Request
 
+from specdec.runtime.engine import TENANT
 from specdec.runtime.text import TextCodec
 from specdec.serve.chat import ChatTemplate
 from specdec.serve.errors import RETRY_AFTER, Refused
@@ -24,7 +26,9 @@ class ServerState:
     codec: TextCodec | None
     chat: ChatTemplate | None
     gamma: int | str | None  # each request's γ: an int, "auto", or None for the bundle's
-    api_key: str | None = None
+    api_keys: tuple[str, ...] = ()  # any of them is let in; none: no key asked
+    isolate_tenants: bool = False  # each key's requests get their own cache salt (cache_salt)
+    spec_decode_metrics: str = "none"  # vLLM's --per-request-spec-decode-metrics: "summary" adds metrics.speculative_decoding
     engine: Any = None  # BatchEngine once ready
     manifest: Any = None  # the bundle's Manifest, opened and verified once
     metrics: Metrics | None = None
@@ -41,8 +45,21 @@ class ServerState:
         return self.engine
 
     def check_key(self, request: Request) -> None:
-        if self.api_key is None:
+        """Let the request in when it carries one of the keys (each compared in constant time);
+        its tenant, a digest of the key, goes on ``request.state.tenant``."""
+        if not self.api_keys:
             return
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), self.api_key.encode()):
+        given = token.strip().encode()
+        matched = [k for k in self.api_keys if hmac.compare_digest(given, k.encode())]
+        if scheme.lower() != "bearer" or not matched:
             raise Refused(401, "missing or wrong API key: send the header 'Authorization: Bearer <key>'", code="invalid_api_key")
+        request.state.tenant = hashlib.sha256(matched[0].encode()).hexdigest()[:32]
+
+    def cache_salt(self, request: Request, asked: str | None) -> str | None:
+        """The salt a request's prefix reuse runs under: with ``isolate_tenants``, its key's
+        tenant's (the client's ``cache_salt`` only divides that further), else the client's own."""
+        if self.isolate_tenants:
+            own = f"{TENANT}{request.state.tenant}"
+            return own if asked is None else f"{own}/{asked}"
+        return None if asked is None else f"request:{asked}"

@@ -161,7 +161,8 @@ def with_tools(messages: list[dict], plan: ToolPlan, template_source: str) -> li
 
 def stream_chunks(out: dict, include_usage: bool) -> list[dict]:
     """A finished chat completion as the chunks of a stream: per choice, its whole message in
-    one delta and then its finish_reason; the usage chunk when asked."""
+    one delta and then its finish_reason; the usage chunk when asked. The response's
+    ``metrics`` (where the server reports them) ride on the last chunk, as in a decoded stream."""
     head = {k: out[k] for k in ("id", "created", "model", "system_fingerprint")} | {"object": "chat.completion.chunk"}
     chunks = []
     for c in out["choices"]:
@@ -173,4 +174,6 @@ def stream_chunks(out: dict, include_usage: bool) -> list[dict]:
         chunks.append({**head, "choices": [{"index": c["index"], "delta": {}, "logprobs": None, "finish_reason": c["finish_reason"]}]})
     if include_usage:
         chunks.append({**head, "choices": [], "usage": out["usage"]})
+    if "metrics" in out:
+        chunks[-1]["metrics"] = out["metrics"]
     return chunks

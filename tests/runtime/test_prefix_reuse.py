@@ -14,6 +14,7 @@ from test_decoder_exact import PROMPTS, first_diff, load_model, torch_greedy  # 
 from specdec.errors import ConfigError, InputError  # noqa: E402
 from specdec.runtime import SpeculativeDecoder  # noqa: E402
 from specdec.runtime.batch import BatchEngine  # noqa: E402
+from specdec.runtime.params import SamplingParams  # noqa: E402
 
 LLAMA = pytest.mark.parametrize("family_bundle", ["llama"], indirect=True)
 TURNS = [[40, 41, 42, 43], [7, 9, 11], [250, 3, 3, 5, 8]]  # what each "user" turn appends
@@ -135,3 +136,33 @@ def test_sessions_need_a_decoder_only_bundle(seq2seq_bundle):
 def test_cache_slots_are_checked(llama_bundle):
     with pytest.raises(ConfigError, match="cache_slots=0"):
         BatchEngine(llama_bundle[2], cache_slots=0)
+
+
+@LLAMA
+def test_a_cache_salt_keeps_prefixes_to_its_own_requests(family_bundle):
+    """cache_salt: a request reuses only the rows a request with its salt left, and copies rows
+    only from a row in flight with its salt (n choices of one prompt); outputs never change.
+    The by-class counts add up to the totals, and no class names a salt."""
+    prompt = [int(t) for t in np.random.default_rng(7).integers(3, 200, 40)]
+    with BatchEngine(family_bundle[3], max_batch=2, cache_slots=4) as engine:
+        e = engine.engine
+
+        def run(salt, n=1):
+            before = (e.prefix_hits, e.shared_tokens)
+            handles = engine.submit_together([(prompt, SamplingParams(max_new_tokens=6, ignore_eos=True, cache_salt=salt))] * n)
+            tokens = [h.result(timeout=300).tokens for h in handles]
+            return tokens, e.prefix_hits - before[0], e.shared_tokens - before[1]
+
+        first, hits, _ = run("alice")
+        assert hits == 0
+        for salt in ("bob", None):  # another salt, and no salt: a class of its own
+            out, hits, _ = run(salt)
+            assert out == first and hits == 0
+        out, hits, _ = run("alice")
+        assert out == first and hits == len(prompt) - 1  # its own prefix: every prompt token but the last
+        out, hits, shared = run("carol", n=2)  # two choices with one salt: the second copies the first's rows
+        assert out == first * 2 and shared == hits == len(prompt) - 1
+        assert sum(c[0] for c in e.by_salt.values()) == e.prefix_queries and sum(c[1] for c in e.by_salt.values()) == e.prefix_hits
+        assert set(e.by_salt) == {"none", "request", "tenant"} and e.by_salt["request"][1] == 2 * (len(prompt) - 1)
+    with pytest.raises(InputError, match="cache_salt=''"):
+        SamplingParams(cache_salt="")

@@ -13,6 +13,7 @@ from specdec.serve.process import ServerProcess  # noqa: E402
 from models import CHAT_TEMPLATE as TEMPLATE  # noqa: E402, F401 (test_server.py reads it from here)
 
 KEY = "test-key-0123"
+OTHER_KEY = "test-key-4567"  # a second tenant of the shared server (--isolate-tenants)
 
 
 class Server(ServerProcess):
@@ -28,9 +29,10 @@ class Server(ServerProcess):
 
 @pytest.fixture(scope="session")
 def server(chat_bundle, tmp_path_factory):
-    """The shared server: the chat bundle, 4 rows, an API key, model name "tiny", CORS for one origin."""
-    s = Server(chat_bundle[1], "--max-batch", "4", "--max-queue", "16", "--served-model-name", "tiny", "--api-key", KEY,
-               "--allowed-origins", "http://localhost:3000",
+    """The shared server: the chat bundle, 4 rows, two API keys as two tenants (--isolate-tenants), model name "tiny",
+    CORS for one origin, each response's speculative figures (vLLM's metrics.speculative_decoding)."""
+    s = Server(chat_bundle[1], "--max-batch", "4", "--max-queue", "16", "--served-model-name", "tiny", "--api-key", KEY, "--api-key", OTHER_KEY,
+               "--isolate-tenants", "--per-request-spec-decode-metrics", "summary", "--allowed-origins", "http://localhost:3000",
                log=tmp_path_factory.mktemp("logs") / "server.log")  # fmt: skip
     yield s
     s.close()

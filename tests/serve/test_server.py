@@ -12,7 +12,7 @@ import time
 import httpx
 import numpy as np
 import pytest
-from conftest import KEY, Server
+from conftest import KEY, OTHER_KEY, Server
 from prometheus_client.parser import text_string_to_metric_families
 
 openai = pytest.importorskip("openai")
@@ -56,6 +56,11 @@ def extra(obj, name):
     return (obj.model_extra or {})[name]
 
 
+def spec(obj) -> dict:
+    """A response's (or last chunk's) speculative figures: vLLM's metrics.speculative_decoding."""
+    return extra(obj, "metrics")["speculative_decoding"]
+
+
 # -- outputs are the target's ------------------------------------------------------------------
 
 
@@ -69,8 +74,10 @@ def test_served_greedy_equals_specdec_generate(server, client, chat_bundle, refe
         assert extra(r.choices[0], "token_ids") == ref.tokens
         assert r.choices[0].text == ref.text and r.choices[0].finish_reason == "length"
         assert r.usage.completion_tokens == 40 and r.usage.prompt_tokens == len(extra(r, "prompt_token_ids"))
-        spec = extra(r, "speculative")
-        assert spec["drafted_tokens"] > 0 and 0 <= spec["accepted_tokens"] <= spec["drafted_tokens"]
+        got = spec(r)
+        assert got["num_draft_tokens"] > 0 and 0 <= got["num_accepted_draft_tokens"] <= got["num_draft_tokens"]
+        assert sum(got["acceptance_histogram"]) == got["num_spec_steps"] and len(got["acceptance_histogram"]) == got["num_spec_tokens"] + 1
+        assert sum(j * n for j, n in enumerate(got["acceptance_histogram"])) == got["num_accepted_draft_tokens"]
     ids = [5, 17, 99, 3, 250, 42]
     r = client.completions.create(model="tiny", prompt=ids, max_tokens=30, temperature=0, extra_body={"return_token_ids": True, "ignore_eos": True})
     assert extra(r, "prompt_token_ids") == ids
@@ -123,7 +130,7 @@ def test_streaming_chunks_add_up_to_the_completion(client):
     assert text == whole.choices[0].text and ids == extra(whole.choices[0], "token_ids")
     assert len([c for c in chunks if c.choices]) > 2  # streamed, not one blob
     last = [c for c in chunks if c.choices][-1]
-    assert last.choices[0].finish_reason == "length" and extra(last, "speculative")["drafted_tokens"] > 0
+    assert last.choices[0].finish_reason == "length" and spec(last)["num_draft_tokens"] > 0
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 50
     assert chunks[-1].usage.model_dump() == whole.usage.model_dump()  # the usage chunk's totals are the whole response's
     assert extra(chunks[0], "prompt_token_ids") == extra(whole, "prompt_token_ids")
@@ -187,21 +194,32 @@ def test_stop_strings_and_stop_token_ids(client, reference):
 
 
 def test_metrics_parse_and_add_up_to_the_requests_sent(server, client):
+    """Over 100 requests (streamed and whole, greedy and sampled), Prometheus' counters move by
+    what the responses said: outcomes, tokens, and each response's metrics.speculative_decoding."""
     before = metrics(server.url)
     sent = {"length": 0, "stop": 0, "invalid": 0}
-    completion = drafted = accepted = 0
-    for i in range(5):
-        r = client.completions.create(model="tiny", prompt=PROMPTS[i], max_tokens=20 + 5 * i, temperature=0, extra_body={"ignore_eos": True})
-        sent[r.choices[0].finish_reason] += 1
+    completion = drafted = accepted = steps = 0
+    for i in range(99):
+        kw = dict(model="tiny", prompt=PROMPTS[i % len(PROMPTS)], max_tokens=4 + i % 13, temperature=(0, 1)[i % 2], seed=i, extra_body={"ignore_eos": i % 3 > 0})
+        if i % 4 == 3:
+            chunks = list(client.completions.create(stream=True, stream_options={"include_usage": True}, **kw))
+            r, finish = chunks[-1], [c.choices[0].finish_reason for c in chunks if c.choices][-1]
+            assert "metrics" not in (chunks[0].model_extra or {})  # on the last chunk only
+        else:
+            r = client.completions.create(**kw)
+            finish = r.choices[0].finish_reason
+        sent[finish] += 1
         completion += r.usage.completion_tokens
-        drafted += extra(r, "speculative")["drafted_tokens"]
-        accepted += extra(r, "speculative")["accepted_tokens"]
+        got = spec(r)
+        drafted, accepted, steps = drafted + got["num_draft_tokens"], accepted + got["num_accepted_draft_tokens"], steps + got["num_spec_steps"]
+        assert got["draft_acceptance_rate"] == (got["num_accepted_draft_tokens"] / got["num_draft_tokens"] if got["num_draft_tokens"] else 0.0)
     nulls = client.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=8,  # null means the default, as OpenAI takes it
                                       extra_body={"temperature": None, "top_p": None, "n": None, "stream": None, "seed": 3})
     sent[nulls.choices[0].finish_reason] += 1
     completion += nulls.usage.completion_tokens
-    drafted += extra(nulls, "speculative")["drafted_tokens"]
-    accepted += extra(nulls, "speculative")["accepted_tokens"]
+    drafted += spec(nulls)["num_draft_tokens"]
+    accepted += spec(nulls)["num_accepted_draft_tokens"]
+    steps += spec(nulls)["num_spec_steps"]
     for bad in ({"temperature": -1}, {"n": 0}, {"max_tokens": "ten"}):
         with pytest.raises(openai.BadRequestError):
             client.completions.create(model="tiny", prompt="x", extra_body=bad)
@@ -212,11 +230,42 @@ def test_metrics_parse_and_add_up_to_the_requests_sent(server, client):
         assert d(f"specdec_requests_total{{outcome={outcome}}}") == n
     assert d("specdec_generation_tokens_total") == completion
     assert d("specdec_spec_decode_num_draft_tokens_total") == drafted and d("specdec_spec_decode_num_accepted_tokens_total") == accepted
+    assert d("specdec_spec_decode_num_drafts_total") == steps and drafted > 0
     assert sum(d(f"specdec_spec_decode_num_accepted_tokens_per_pos_total{{position={p}}}") for p in range(1, 5)) == accepted
-    assert d("specdec_e2e_request_latency_seconds_count") == 6 and d("specdec_time_to_first_token_seconds_count") == 6
+    assert d("specdec_e2e_request_latency_seconds_count") == 100 and d("specdec_time_to_first_token_seconds_count") == 100
     assert after["specdec_num_requests_running"] == 0 and after["specdec_num_requests_waiting"] == 0
     assert 0 < after["specdec_spec_decode_acceptance_rate"] <= 1
     assert after["specdec_spec_decode_gamma_count"] >= d("specdec_spec_decode_num_drafts_total") > 0
+
+
+def test_tenants_never_reuse_each_others_prefix(server, client):
+    """--isolate-tenants with two keys, through the official client: the second tenant sending the
+    first's 300-token prompt feeds all of it (the prefix-hit counter does not move), the same tenant
+    gets its hit; a tenant's own cache_salt divides its cache further. Outputs never change.
+    Prometheus counts hits per salt class, never per tenant. (Time to first token, cold against
+    the other tenant's, is bench-serve --isolation's.)"""
+    other = openai.OpenAI(base_url=server.url + "/v1", api_key=OTHER_KEY, max_retries=0, timeout=60)
+    prompt = [int(t) for t in np.random.default_rng(11).integers(3, 250, 300)]
+
+    def send(c, **kw):
+        before = metrics(server.url)
+        r = c.completions.create(model="tiny", prompt=prompt, max_tokens=8, temperature=0, extra_body={"return_token_ids": True, "ignore_eos": True, **kw})
+        after = metrics(server.url)
+        d = {cls: after[f"specdec_prefix_cache_hits_by_salt_class_total{{salt_class={cls}}}"] - before[f"specdec_prefix_cache_hits_by_salt_class_total{{salt_class={cls}}}"]
+             for cls in ("none", "request", "tenant")}  # fmt: skip
+        assert d["none"] == d["request"] == 0  # every request of an isolating server is salted by its tenant
+        assert after["specdec_prefix_cache_hits_total"] - before["specdec_prefix_cache_hits_total"] == d["tenant"]
+        return extra(r.choices[0], "token_ids"), d["tenant"]
+
+    first, _ = send(client)
+    assert send(other) == (first, 0)  # the other tenant: a cold start
+    assert send(client) == (first, len(prompt) - 1)  # the same tenant: its hit
+    assert send(other) == (first, len(prompt) - 1)
+    assert send(client, cache_salt="project-x") == (first, 0)  # a salt of its own within the tenant
+    text = httpx.get(server.url + "/metrics", headers={"Authorization": f"Bearer {KEY}"}).text
+    assert KEY not in text and OTHER_KEY not in text and "project-x" not in text
+    with pytest.raises(openai.BadRequestError, match="cache_salt"):
+        client.completions.create(model="tiny", prompt="x", max_tokens=1, extra_body={"cache_salt": ""})
 
 
 def test_prompt_lists_and_n_give_one_choice_each_in_order(client, reference):
@@ -318,7 +367,7 @@ def test_logprobs_and_echo_are_the_targets(server, client, chat_bundle):
             assert abs(v - row[tok]) < 1e-4 and 1 <= len(top) <= 2 and all(np.abs(best - x).min() < 1e-4 for x in top.values())
         offsets = c.logprobs.text_offset  # per-token text: a split UTF-8 character decodes to "\ufffd" on its own
         assert len(c.logprobs.tokens) == 16 and offsets[0] == 0 and all(a <= b for a, b in zip(offsets, offsets[1:]))
-        assert extra(r, "speculative")["accepted_tokens"] > 0 or temperature  # drafted tokens were scored at T=0
+        assert spec(r)["num_accepted_draft_tokens"] > 0 or temperature  # drafted tokens were scored at T=0
     echo = client.completions.create(model="tiny", prompt=PROMPTS[0], echo=True, logprobs=0, max_tokens=0)
     c = echo.choices[0]
     lp = ref(prompt)
@@ -448,6 +497,25 @@ def test_browser_safety_json_only_cors_opt_in_and_version(server, small_server):
     from specdec import __version__
 
     assert httpx.get(server.url + "/version", timeout=30).json() == {"version": __version__}
+
+
+def test_a_client_cache_salt_without_tenants(small_server):
+    """Without --isolate-tenants the client's cache_salt is its own class ("request"): the same salt
+    hits, another salt does not, and no salt is a class of its own (one slot, as the server has)."""
+    c = openai.OpenAI(base_url=small_server.url + "/v1", api_key="x", max_retries=0, timeout=60)
+    prompt = [int(t) for t in np.random.default_rng(12).integers(3, 200, 60)]
+
+    def hits(salt) -> dict:
+        before = metrics(small_server.url)
+        c.completions.create(model=None, prompt=prompt, max_tokens=2, temperature=0, extra_body={"cache_salt": salt} if salt else {})
+        after = metrics(small_server.url)
+        return {k: after[f"specdec_prefix_cache_hits_by_salt_class_total{{salt_class={k}}}"] - before[f"specdec_prefix_cache_hits_by_salt_class_total{{salt_class={k}}}"]
+                for k in ("none", "request")}  # fmt: skip
+
+    kept = len(prompt) - 1  # one slot: each request finds what the one before it left
+    assert hits("a") == {"none": 0, "request": 0} and hits("a") == {"none": 0, "request": kept}
+    assert hits("b") == {"none": 0, "request": 0} and hits(None) == {"none": 0, "request": 0}
+    assert hits(None) == {"none": kept, "request": 0}
 
 
 def test_processed_logprobs_mode(small_server):
@@ -726,6 +794,8 @@ def test_serve_cli_refuses_bad_options_in_one_line(llama_bundle, tmp_path):
         ([bundle, "--chat-template", str(tmp_path / "none.jinja")], "none.jinja"),
         ([bundle, "--port", "70000"], "--port"),
         ([bundle, "--cache-slots", "0"], "cache_slots=0"),
+        ([bundle, "--isolate-tenants"], "--isolate-tenants"),
+        ([bundle, "--api-key", ""], "--api-key ''"),
     ]
     for args, names in cases:
         r = subprocess.run([sys.executable, "-m", "specdec", "serve", *args], capture_output=True, text=True, timeout=60)

@@ -28,7 +28,13 @@ from specdec.runtime.drafters import DRAFTERS
 @click.option("--served-model-name", default=None, help="The model name clients send [default: the bundle folder's name].")
 @click.option("--chat-template", default=None, type=click.Path(path_type=Path), help="Jinja chat template [default: the bundle's, from its tokenizer].")
 @click.option("--threads", default=None, type=int, help="ONNX Runtime intra-op threads per session [default: one per core].")
-@click.option("--api-key", default=None, envvar="SPECDEC_API_KEY", help="Require 'Authorization: Bearer KEY' on every route but /health [env: SPECDEC_API_KEY].")
+@click.option("--api-key", multiple=True, envvar="SPECDEC_API_KEY", help="Require 'Authorization: Bearer KEY' on every route but /health; repeat "
+              "for several keys, one per tenant [env: SPECDEC_API_KEY, keys separated by spaces].")
+@click.option("--isolate-tenants", is_flag=True, help="Prefix reuse only within one API key's requests: the server derives each key's "
+              "cache_salt, so a request never reuses, or starts faster from, another tenant's prompt. Needs --api-key.")
+@click.option("--per-request-spec-decode-metrics", "spec_decode_metrics", default="none", show_default=True, type=click.Choice(["none", "summary"]),
+              help="summary: each response carries its drafted, accepted and acceptance rate in metrics.speculative_decoding "
+                   "(vLLM's field; in the last chunk of a stream). Off by default: strict clients refuse unknown fields.")
 @click.option("--grace-period", default=30.0, show_default=True, type=float, help="Seconds SIGTERM lets requests in flight finish.")
 @click.option("--logprobs-mode", default="raw_logprobs", show_default=True, type=click.Choice(["raw_logprobs", "processed_logprobs"]),
               help="Logprobs from the raw logits, or from the distribution sampled (after penalties, temperature, top-k/p, min-p), as vLLM's.")
