@@ -179,21 +179,29 @@ class Engine:
                 self.proposer.start(r)
         if not rows:
             return
+        t0 = clock()
         its = speculative_step(rows, [g for _, g in plan.decode], self.proposer, self.target, self.synthetic)
-        policy = self._policy(len(rows), rows) if any(r.req.adaptive for r in rows) else None
-        if policy:  # a batch's acceptance step is part of what verifying k costs
-            it = its[0]
-            policy.observe([i.drafted for i in its], [i.accepted for i in its], it.draft_calls, it.draft_seconds, it.target_seconds + it.accept_seconds)
         self.occupancy[len(rows)] += 1
         for r, it in zip(rows, its):
             r.stats.record(it)
             self._emit(r, it.accepted)
+        if any(r.req.adaptive for r in rows):  # the iteration's whole time: drafting, the call, acceptance, emission
+            self._policy(len(rows), rows).observe([i.drafted for i in its], [i.accepted for i in its], clock() - t0)
+            for r, i in zip(rows, its):
+                if r.acceptance is not None and i.drafted:
+                    r.acceptance.observe(i.drafted, i.accepted)
         if self.observer:
             self.observer(its)
 
     def _width(self, rows: list[Row]) -> int:
-        """γ for the adaptive ones of a step's decoding ``rows``."""
-        return self._policy(len(rows), rows).next()
+        """γ for the adaptive ones of a step's decoding ``rows``: what maximizes the call's tokens
+        per second over the rows' own α (a row joining starts from its setting's pooled α)."""
+        policy = self._policy(len(rows), rows)
+        adaptive = [r for r in rows if r.req.adaptive]
+        for r in adaptive:
+            if r.acceptance is None:
+                r.acceptance = policy.acceptance.fork()
+        return policy.next([r.acceptance for r in adaptive])
 
     def _policy(self, rows: int, among: list[Row]) -> AdaptiveGamma:
         """The adaptive-γ policy of calls of ``rows`` rows (costs are the graph's that runs them)

@@ -14,6 +14,7 @@ from specdec.runtime.request import Request
 from specdec.runtime.stats import Stats
 
 if TYPE_CHECKING:
+    from specdec.runtime.adaptive import Acceptance
     from specdec.runtime.constraints import GrammarState
     from specdec.runtime.handles import Handle
 
@@ -33,6 +34,7 @@ class Row:
     ready: bool = False  # prompt fed: the row decodes
     scored: list | None = None  # with logprobs asked: the last iteration's TokenLogprob per kept token
     grammar: GrammarState | None = None  # structured outputs: this row's matcher (``Request.new_grammar``)
+    acceptance: Acceptance | None = None  # adaptive γ in a batch: this row's own α (the engine's ``_width``)
 
     @property
     def stats(self) -> Stats:

@@ -165,7 +165,7 @@ def test_adaptive_gamma_greedy_matches(family_bundle):
     res = dec.generate(PROMPTS[0], max_new_tokens=120, gamma="auto", ignore_eos=True)
     assert res.tokens == ref and res.stats.adaptive
     (policy,) = dec.policies.values()  # kept for the next request at this sampling setting
-    assert policy.draft_call > 0 and not dec.fork().policies
+    assert policy.fit[0] > 0 and not dec.fork().policies  # it timed iterations
     again = dec.generate(PROMPTS[0], max_new_tokens=120, gamma="auto", ignore_eos=True, temperature=0.0)
     assert again.tokens == ref and len(dec.policies) == 1
 
@@ -202,6 +202,59 @@ def test_adaptive_gamma_falls_back_to_plain_decoding_and_probes():
     chosen = feed(policy, 0.05, 0.5, (1.0, 0.1), np.random.default_rng(0), steps=120)
     late = chosen[40:]
     assert late.count(0) >= 0.8 * len(late) and 1 in late  # plain steps, with γ = 1 probes
+
+
+def acceptance_of(alpha: float, rng, calls: int = 400, width: int = 6, burst: float = 0.0):
+    """An ``Acceptance`` fed ``calls`` simulated calls of ``width`` drafts: each kept with
+    probability ``alpha``, or with ``burst`` > 0, a call wholly predictable (all kept) with
+    probability ``burst`` and i.i.d. at ``alpha`` otherwise (acceptances in stretches)."""
+    from specdec.runtime.adaptive import Acceptance
+
+    acc = Acceptance(decay=0.999)
+    for _ in range(calls):
+        n = width if rng.random() < burst else next((i for i in range(width) if rng.random() >= alpha), width)
+        acc.observe(width, n)
+    return acc
+
+
+def test_expected_tokens_per_call_follow_the_measured_positions():
+    """``Acceptance.expected``: with i.i.d. acceptances it is Eq. 1 at the measured α (within the
+    sampling noise of 400 calls: 0.15 token); with acceptances in stretches (a call either wholly
+    predictable or not) it stays near the true tokens per call where Eq. 1 at the MLE α misses by
+    more than half a token (the full calls' many successes inflate α)."""
+    from specdec.runtime.analysis import expected_tokens
+
+    rng = np.random.default_rng(5)
+    iid = acceptance_of(0.7, rng)
+    for g in (1, 3, 6):
+        assert abs(iid.expected(g) - expected_tokens(0.7, g)) < 0.15, (g, iid.expected(g))
+    bursty = acceptance_of(0.3, rng, burst=0.5)
+    truth = 0.5 * 7 + 0.5 * expected_tokens(0.3, 6)  # half the calls keep all 6 drafts, half are i.i.d. at 0.3
+    # 0.35: the share of full calls in 400 draws is 0.5 ± 0.025 (1σ), 0.14 token at 5.6 tokens apart, plus the prior's pull toward α
+    assert abs(bursty.expected(6) - truth) < 0.35 < 0.6 < abs(expected_tokens(bursty.alpha, 6) - truth), (bursty.expected(6), truth, bursty.alpha)
+
+
+def test_a_batch_gamma_maximizes_the_sum_of_its_rows_tokens_per_second():
+    """A batched call verifies every row at the widest row's γ and costs T(γ) whatever each row
+    would want, so its γ maximizes Σ_r E_r[tokens](γ) / T(γ) against rows / T(0): checked against
+    that sum by brute force, on rows of many acceptance rates. A batch of unpredictable rows makes
+    plain decoding pay; and the rows in a call decide its γ."""
+    policy = AdaptiveGamma(6, probe_every=10**9)
+    rng = np.random.default_rng(3)
+    feed(policy, 0.5, 0.05, (1.0, 0.12), rng, steps=60)  # the iteration measured: 0.05 s a draft, the call 1 + 0.12 k
+
+    def brute(rows):
+        rates = {g: sum(a.expected(g) for a in rows) / policy.target_time(g) for g in range(1, 7)}
+        rates[0] = len(rows) / policy.target_time(0)
+        return max(rates, key=rates.get)
+
+    pool = {a: acceptance_of(a, rng) for a in (0.05, 0.3, 0.6, 0.9, 0.95)}
+    for alphas in ([0.9], [0.9] * 4, [0.95] + [0.05] * 7, [0.3] * 8, [0.6, 0.05, 0.9, 0.3]):
+        rows = [pool[a] for a in alphas]
+        assert policy.best(rows) == brute(rows), alphas
+    assert policy.best([pool[0.05]] * 8) == 0 and policy.best([pool[0.95]]) >= 3
+    policy.gamma = 4
+    assert policy.next([pool[0.05]] * 8) == 0  # the rows of this call decide it
 
 
 @pytest.mark.parametrize("family_bundle", ["llama"], indirect=True)  # a draft close to the target

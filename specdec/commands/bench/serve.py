@@ -117,8 +117,10 @@ async def send(client, route: str, body: dict, load: Load) -> tuple[float, list[
     return next((t - t0 for t, n in arrivals if n), 0.0), ids, "".join(text)
 
 
-async def conversation(client, seed: int, users: list[list[int]], tr: Traffic, codec, load: Load, per_turn: list[list[float]], stream: bool) -> None:
-    """One unit of work: its turns in order, each the history plus the next user turn; stops at an error."""
+async def conversation(client, seed: int, users: list[list[int]], tr: Traffic, codec, load: Load, per_turn: list[list[float]], stream: bool,
+                       outputs: list[list[int]] | None = None) -> None:  # fmt: skip
+    """One unit of work: its turns in order, each the history plus the next user turn (each reply's
+    ids into ``outputs``); stops at an error."""
     history: list = []  # token ids, or messages (--chat)
     for t, user in enumerate(users):
         history += [{"role": "user", "content": codec.decode(user)}] if tr.chat else user
@@ -128,6 +130,8 @@ async def conversation(client, seed: int, users: list[list[int]], tr: Traffic, c
         if got is None:
             return
         per_turn[t].append(got[0])
+        if outputs is not None:
+            outputs.append(got[1])
         history += [{"role": "assistant", "content": got[2]}] if tr.chat else got[1]
 
 
@@ -145,11 +149,12 @@ async def served(url: str, name: str, concurrency: int, units: list[list[list[in
     import httpx
 
     load, todo, per_turn = Load(name, concurrency, tr.temperature), list(enumerate(units)), [[] for _ in range(tr.turns)]
+    outputs: dict[int, list[list[int]]] = {}  # unit -> each turn's reply ids
 
     async def worker(client):
         while todo:
             i, users = todo.pop(0)
-            await conversation(client, i, users, tr, codec, load, per_turn, stream and tr.n == 1)
+            await conversation(client, i, users, tr, codec, load, per_turn, stream and tr.n == 1, outputs.setdefault(i, []))
 
     async with httpx.AsyncClient(base_url=url, timeout=tr.timeout, limits=httpx.Limits(max_connections=concurrency)) as client:
         q0, h0 = await prefix_counts(client)
@@ -161,7 +166,7 @@ async def served(url: str, name: str, concurrency: int, units: list[list[list[in
         load.seconds = time.perf_counter() - t0
         q1, h1 = await prefix_counts(client)
     return {**load.row(), "prefix_hit_rate": (h1 - h0) / (q1 - q0) if q1 > q0 else 0.0,
-            "turn_ttft_ms": [1e3 * statistics.median(x) if x else 0.0 for x in per_turn]}  # fmt: skip
+            "turn_ttft_ms": [1e3 * statistics.median(x) if x else 0.0 for x in per_turn], "outputs": outputs}  # fmt: skip
 
 
 def http_overhead(bundle: Path, gamma: int, servers: dict, urls: dict, work: list[list[list[int]]], tr: Traffic, rounds: int) -> list[dict]:
@@ -246,6 +251,22 @@ def measured(s, name: str, c: int, units: list, tr: Traffic, codec) -> dict:
     return row
 
 
+def compared(level: list[dict], greedy: bool, plain: str | None) -> list[dict]:
+    """One concurrency's rows with each server's tok/s over the ``plain`` server's (the one run
+    with --gamma 0, where there is one: ``vs_plain``) and, greedy, whether every reply equals the
+    first server's token for token (``same_outputs``); the replies themselves are dropped."""
+    plain = next((r for r in level if r["mode"] == plain), None)
+    first = level[0]["outputs"]
+    for r in level:
+        if plain is not None and plain["tok_s"] > 0:
+            r["vs_plain"] = r["tok_s"] / plain["tok_s"]
+        if greedy:
+            r["same_outputs"] = all(r["outputs"].get(i) == ids for i, ids in first.items()) and r["outputs"].keys() == first.keys()
+    for r in level:
+        del r["outputs"]
+    return level
+
+
 def stop(procs: dict) -> None:
     """SIGTERM to every server at once, then wait (a Ray server shuts Ray down: give it time); kill what is left."""
     import subprocess
@@ -293,15 +314,18 @@ def bench_serve(bundle: Path, server: tuple[str, ...], old: Path | None, concurr
     tr = Traffic(tokens, temperature, turns, n, chat, timeout)
     logs = Path(tempfile.mkdtemp(prefix="specdec-bench-serve-"))
     click.echo(f"server logs in {logs}", err=True)
+    plain = next((k for k, (_, p) in servers.items() if p["gamma"] == "0"), None)  # the plain-decoding server the others are set against
     procs, rows = start(bundle, servers, old, max(64, 2 * max(levels)), logs), []
     try:
         for li, c in enumerate(levels):
+            level = []
             for name, s in list(procs.items())[:: 1 if li % 2 == 0 else -1]:
                 asyncio.run(served(s.url, name, c, warm[:c], tr, codec))  # warm-up: one unit per client
-                rows.append(r := measured(s, name, c, units, tr, codec))
+                level.append(r := measured(s, name, c, units, tr, codec))
                 click.echo(f"{name:>22} c={c:<3} {r['tok_s']:7.0f} tok/s {r['req_s']:6.2f} req/s  TTFT p50 {r['ttft_p50_ms']:.1f} ms  "
                            f"ITL p99 {r['itl_p99_ms']:.2f} ms  hit rate {r['prefix_hit_rate']:.2f}  errors {r['errors']}  "
                            f"CPU client {r['client_cores']:.2f} / server {r.get('server_cores', float('nan')):.2f} cores", err=True)  # fmt: skip
+            rows += compared(sorted(level, key=lambda r: list(procs).index(r["mode"])), temperature == 0 and n == 1, plain)
         urls = {name: procs[name].url for name in servers}
         work = [[p] for p in pool][:overhead_requests]
         costs = http_overhead(bundle, m.gamma, servers, urls, work, tr, overhead_rounds) if overhead else []
@@ -327,6 +351,11 @@ def report(bundle: Path, m, servers: dict, old: Path | None, rows: list[dict], c
               f"{listed}{' (and each from --old)' if old else ''}, "
               "on 127.0.0.1, interleaved at each concurrency (order alternating); latencies measured by the client")  # fmt: skip
     md = markdown(rows, header)
+    if any("vs_plain" in r or "same_outputs" in r for r in rows):
+        md += ("\nEach server against plain decoding (the --gamma 0 server's tok/s in the same interleaved round) and, greedy, whether "
+               "every reply equals the first server's token for token:\n\n| clients | server | tok/s / plain | outputs equal |\n|---:|---|---:|---|\n")  # fmt: skip
+        md += "".join(f"| {r['concurrency']} | {r['mode']} | {r.get('vs_plain', float('nan')):.2f} | "
+                      f"{'-' if 'same_outputs' not in r else 'yes' if r['same_outputs'] else '**no**'} |\n" for r in rows)  # fmt: skip
     md += ("\nCPU over each run: the client (this benchmark's process) and the server (its process tree), cores busy and ms of "
            f"CPU a token, on this box's {os.cpu_count()} cores:\n\n| clients | server | client cores | client ms a token | server cores | "
            "server ms a token |\n|---:|---|---:|---:|---:|---:|\n")  # fmt: skip
@@ -369,7 +398,13 @@ def report(bundle: Path, m, servers: dict, old: Path | None, rows: list[dict], c
 @click.option("--overhead/--no-overhead", default=True, show_default=True, help="Compare each server with an in-process BatchEngine, one request at a time.")
 @click.option("--overhead-rounds", default=3, show_default=True, type=int, help="Rounds of that comparison (this box drifts).")
 @click.option("--overhead-requests", default=16, show_default=True, type=int, help="Requests per round of that comparison.")
+@click.option("--isolation", default=None, type=int, metavar="TRIALS", help="Instead: time tenant isolation (--isolate-tenants against "
+              "shared prefix reuse), TRIALS interleaved trials of a --prompt-tokens prompt through the official openai client.")
 @click.option("--out", default=None, type=click.Path(file_okay=False, path_type=Path), help="Write results.md, results.json and load.png here.")
-def bench_serve_cmd(**kw) -> None:
+def bench_serve_cmd(isolation: int | None, **kw) -> None:
     """`specdec serve` under load: servers side by side, interleaved, measured by the client."""
+    if isolation is not None:
+        from specdec.commands.bench.isolation import bench_isolation
+
+        return bench_isolation(kw["bundle"].resolve(), isolation, kw["prompt_tokens"], kw["out"])
     bench_serve(**kw)
