@@ -73,6 +73,17 @@ def optimal_gamma(alpha: float, cost: float, max_gamma: int = DEFAULT_MAX_GAMMA,
     return best + 1 if gains[best] > 1.0 else 0
 
 
+def batch_speedup(alphas, gamma: int, cost: float, verify_cost: float = 1.0) -> float:
+    """A batched call's tokens per second over plain decoding of the same rows: every row is
+    padded to the call's γ, so the call costs γc + v (in plain steps of the batch) and yields
+    Σ_r E[tokens](α_r, γ); plain yields one token per row per step (γ = 0: 1). The sum over rows
+    of Theorem 3.8, which ``runtime/adaptive.py`` maximizes each iteration from measured costs."""
+    alphas = [_check_alpha(a, open_interval=True) for a in alphas]
+    if not gamma:
+        return 1.0
+    return sum(expected_tokens(a, gamma) for a in alphas) / (len(alphas) * (gamma * _check_cost("cost", cost) + _check_cost("verify_cost", verify_cost)))
+
+
 def acceptance(p: np.ndarray, q: np.ndarray, lenience: float = 1.0) -> np.ndarray:
     """β per row (Theorem 3.5): sum_x min(p, q); with lenience l, sum_x min(p / l, q) (A.5)."""
     p, q = np.asarray(p, dtype=np.float64), np.asarray(q, dtype=np.float64)

@@ -221,9 +221,10 @@ def admit(state: ServerState, body, kind, prompts: list[list[int]], salt: str | 
             if logprobs is None and body.rows > body.choices:
                 logprobs = 0  # best_of ranks by them (not returned: the handle keeps them, the choice does not ask)
             sampling = {**body.sampling(), "logprobs": logprobs, "prompt_logprobs": prompt_logprobs, "logprobs_mode": state.logprobs_mode, "cache_salt": salt}
+            gamma = state.request_gamma(sampling)
             for j in range(body.rows):
                 seed = None if sampling["seed"] is None else sampling["seed"] + j
-                group.append((prompt, SamplingParams(max_new_tokens=max_tokens, gamma=state.gamma, **{**sampling, "seed": seed})))
+                group.append((prompt, SamplingParams(max_new_tokens=max_tokens, gamma=gamma, **{**sampling, "seed": seed})))
         return engine.submit_together(group)  # checked whole, queued whole: the choices of a prompt feed it once
     except Exception as e:
         if isinstance(e, QueueFullError):

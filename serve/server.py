@@ -42,7 +42,7 @@ class ServeConfig:
     max_batch: int | None = None  # None: the bundle's --max-batch
     max_queue: int = 64
     drafter: str | None = None  # None: the bundle's default (manifest.default_drafter())
-    gamma: int | str | None = None  # None: the bundle's γ (its default drafter's, with that drafter); "auto": adaptive
+    gamma: int | str | None = "auto"  # "auto": adaptive (a seeded sampled request keeps the bundle's); None: the bundle's γ (its default drafter's)
     served_model_name: str | None = None  # None: the bundle folder's name
     chat_template: Path | None = None  # None: the bundle's
     threads: int | None = None

@@ -38,6 +38,14 @@ class ServerState:
     allowed_origins: tuple[str, ...] = ()  # CORS origins; none: no CORS headers
     created: int = field(default_factory=lambda: int(time.time()))
 
+    def request_gamma(self, sampling: dict) -> int | str | None:
+        """A request's γ: the server's, except that a seeded sampled request under ``auto`` keeps
+        the bundle's fixed γ. Its tokens then reproduce run after run, as a seed promises; with γ
+        chosen from timings they would follow the target's law but not repeat (greedy repeats either way)."""
+        if self.gamma == "auto" and sampling.get("seed") is not None and sampling.get("temperature", 1.0) > 0:
+            return None
+        return self.gamma
+
     def ready(self):
         if self.engine is None:
             why = f"the model failed to load: {self.failed}" if self.failed else "the model is still loading"

@@ -59,6 +59,8 @@ def test_plan_table_marks_the_choice():
         (["--alpha", "0.5", "--cost", "0.1", "--gamma", "0"], "gamma"),
         (["--alpha", "0.5", "--cost", "x"], "--cost"),
         (["--cost", "0.1"], "--alpha"),
+        (["--batch", "0.9,x", "--cost", "0.1"], "--batch"),
+        (["--batch", "0.9,1.2", "--cost", "0.1"], "alpha"),
     ],
 )
 def test_plan_bad_values_exit_2_with_one_line(args, word):
@@ -67,6 +69,21 @@ def test_plan_bad_values_exit_2_with_one_line(args, word):
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and word in lines[0], out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_plan_batch_is_the_sum_of_its_rows_theorem():
+    """--batch: a call verifying γ for every row yields Σ_r E[tokens](α_r, γ) in γc + v plain steps;
+    one predictable row among unpredictable ones is worth a small γ only, and a batch of
+    unpredictable rows decodes plainly, where one row alone at the same α would not."""
+    from specdec.runtime.analysis import expected_tokens
+
+    got = json.loads(run("plan", "--batch", "0.9,0.2,0.2,0.2", "--cost", "0.1", "--verify-cost", "1.4", "--json").stdout)
+    want = {g: sum(expected_tokens(a, g) for a in (0.9, 0.2, 0.2, 0.2)) / (4 * (0.1 * g + 1.4)) for g in range(1, 17)}
+    want[0] = 1.0
+    assert got["gamma"] == max(want, key=want.get) and all(abs(got["speedups"][str(g)] - x) < 1e-12 for g, x in want.items())
+    plain = json.loads(run("plan", "--batch", "0.3,0.3,0.3", "--cost", "0.1", "--verify-cost", "1.4", "--json").stdout)
+    alone = json.loads(run("plan", "--alpha", "0.3", "--cost", "0.1", "--json").stdout)  # v = 1: one row, a memory-bound call
+    assert plain["gamma"] == 0 and alone["gamma"] > 0
 
 
 def test_plan_trees_from_a_measured_cost_curve(tmp_path):

@@ -35,6 +35,11 @@ def test_servers_side_by_side(chat_bundle, tmp_path):
     rows = check(tmp_path, got, ["γ=4", "plain"])
     assert [r["mode"] for r in rows] == ["γ=4", "plain", "plain", "γ=4"]  # interleaved, the order alternating
     assert "| γ=4 |" in got.stdout
+    # greedy: every reply equal token for token across servers; tok/s over the plain server's in the same round
+    assert all(r["same_outputs"] for r in rows) and all(r["vs_plain"] == 1.0 for r in rows if r["mode"] == "plain")
+    by = {(r["mode"], r["concurrency"]): r["tok_s"] for r in rows}
+    assert all(abs(r["vs_plain"] - by[(r["mode"], r["concurrency"])] / by[("plain", r["concurrency"])]) < 1e-12 for r in rows)
+    assert "| tok/s / plain | outputs equal |" in got.stdout
 
 
 def test_multi_turn_chat_with_and_without_prefix_reuse(chat_bundle, tmp_path):
@@ -52,3 +57,14 @@ def test_malformed_server_exits_2_with_one_line(tmp_path):
         got = bench(str(tmp_path), "--server", spec)
         lines = got.stderr.strip().splitlines()
         assert got.returncode == 2 and len(lines) == 1 and word in lines[0], got.stderr
+
+
+def test_isolation_trials_show_the_side_channel_only_without_isolation(chat_bundle, tmp_path):
+    """--isolation: through the official client, the other tenant's request gets no prefix hit
+    from an isolating server and every token of it from a shared one; the same tenant's gets its own."""
+    got = bench(str(chat_bundle[1]), "--isolation", "2", "--prompt-tokens", "60", "--out", str(tmp_path))
+    assert got.returncode == 0, got.stderr
+    rows = {(r["server"], r["kind"]): r for r in json.loads((tmp_path / "results.json").read_text())["rows"]}
+    assert rows[("isolated", "other")]["hits"] == 0 and rows[("shared", "other")]["hits"] == 2 * 59
+    assert rows[("isolated", "same")]["hits"] == rows[("shared", "same")]["hits"] == 2 * 59 and rows[("isolated", "cold")]["hits"] == 0
+    assert all(r["ttft_ms_p50"] > 0 and r["trials"] == 2 for r in rows.values())

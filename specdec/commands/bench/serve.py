@@ -251,12 +251,13 @@ def measured(s, name: str, c: int, units: list, tr: Traffic, codec) -> dict:
     return row
 
 
-def compared(level: list[dict], greedy: bool, plain: str | None) -> list[dict]:
-    """One concurrency's rows with each server's tok/s over the ``plain`` server's (the one run
-    with --gamma 0, where there is one: ``vs_plain``) and, greedy, whether every reply equals the
-    first server's token for token (``same_outputs``); the replies themselves are dropped."""
+def compared(level: list[dict], greedy: bool, plain: str | None, first: str) -> list[dict]:
+    """One concurrency's rows (in the order they ran) with each server's tok/s over the ``plain``
+    server's (the one run with --gamma 0, where there is one: ``vs_plain``) and, greedy, whether
+    every reply equals the ``first`` server's token for token (``same_outputs``); the replies
+    themselves are dropped."""
     plain = next((r for r in level if r["mode"] == plain), None)
-    first = level[0]["outputs"]
+    first = next(r for r in level if r["mode"] == first)["outputs"]
     for r in level:
         if plain is not None and plain["tok_s"] > 0:
             r["vs_plain"] = r["tok_s"] / plain["tok_s"]
@@ -325,7 +326,7 @@ def bench_serve(bundle: Path, server: tuple[str, ...], old: Path | None, concurr
                 click.echo(f"{name:>22} c={c:<3} {r['tok_s']:7.0f} tok/s {r['req_s']:6.2f} req/s  TTFT p50 {r['ttft_p50_ms']:.1f} ms  "
                            f"ITL p99 {r['itl_p99_ms']:.2f} ms  hit rate {r['prefix_hit_rate']:.2f}  errors {r['errors']}  "
                            f"CPU client {r['client_cores']:.2f} / server {r.get('server_cores', float('nan')):.2f} cores", err=True)  # fmt: skip
-            rows += compared(sorted(level, key=lambda r: list(procs).index(r["mode"])), temperature == 0 and n == 1, plain)
+            rows += compared(level, temperature == 0 and n == 1, plain, first=list(procs)[0])
         urls = {name: procs[name].url for name in servers}
         work = [[p] for p in pool][:overhead_requests]
         costs = http_overhead(bundle, m.gamma, servers, urls, work, tr, overhead_rounds) if overhead else []

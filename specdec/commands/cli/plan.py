@@ -22,14 +22,19 @@ from specdec.errors import ConfigError
               "(`specdec bench --drafters feature-tree` reports them): plan tree shapes instead of γ.")
 @click.option("--tree-cost", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="With --rank-acceptance: a tree call's cost against a 1-token call per node count (tools/bench_tree_cost.py's JSON).")
+@click.option("--batch", default=None, help="Each row's α in one batched call, comma-separated (e.g. 0.9,0.3,0.3,0.3): the γ all of "
+              "them verify at, as --gamma auto chooses it under load (--cost and --verify-cost then in plain steps of that batch).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def plan_cmd(alpha, cost, cost_ops, gamma, max_gamma, verify_cost, rank_acceptance, tree_cost, as_json) -> None:
+def plan_cmd(alpha, cost, cost_ops, gamma, max_gamma, verify_cost, rank_acceptance, tree_cost, batch, as_json) -> None:
     """Expected tokens, speedup and operations for γ (paper §3), choosing γ when not given; with
-    --rank-acceptance and --tree-cost, the best tree shape (depth x width) for a measured cost curve."""
+    --rank-acceptance and --tree-cost, the best tree shape (depth x width) for a measured cost curve;
+    with --batch, the γ of a batched call over rows of different acceptance."""
     from specdec.runtime.analysis import plan
 
     if rank_acceptance is not None:
         return _plan_trees(rank_acceptance, cost, tree_cost, max_gamma, as_json)
+    if batch is not None:
+        return _plan_batch(batch, cost, verify_cost, min(max_gamma, 16), as_json)
     if alpha is None:
         raise ConfigError("--alpha is missing: expected the acceptance rate in (0, 1), or --rank-acceptance for a tree drafter")
     chosen = plan(alpha, cost, cost_ops, gamma, max_gamma, verify_cost)
@@ -48,6 +53,27 @@ def plan_cmd(alpha, cost, cost_ops, gamma, max_gamma, verify_cost, rank_acceptan
         click.echo(f"no gamma pays: alpha={alpha:g} <= c={cost:g} (Corollary 3.9); decode without a draft")
     elif gamma is None and chosen.gamma == max_gamma:
         click.echo(f"gamma is capped at --max-gamma={max_gamma}; larger gamma would still gain a little")
+
+
+def _plan_batch(batch: str, cost: float, verify_cost: float, max_gamma: int, as_json: bool) -> None:
+    """The batch's speedup over plain decoding per γ, and the γ that maximizes it (0: plain)."""
+    from specdec.runtime.analysis import batch_speedup
+
+    try:
+        alphas = [float(x) for x in batch.split(",")]
+    except ValueError:
+        raise ConfigError(f"--batch {batch!r}: expected comma-separated acceptance rates in (0, 1), one per row, e.g. 0.9,0.3,0.3") from None
+    speedups = {g: batch_speedup(alphas, g, cost, verify_cost) for g in range(max_gamma + 1)}
+    best = max(speedups, key=lambda g: (speedups[g], -g))
+    if as_json:
+        click.echo(json.dumps({"gamma": best, "speedup": speedups[best], "speedups": speedups, "rows": len(alphas)}))
+        return
+    click.echo(f"{len(alphas)} rows, alpha {', '.join(f'{a:g}' for a in alphas)}  c={cost:g}  v={verify_cost:g} (in plain steps of this batch)")
+    click.echo(f"{'gamma':>5}  {'speedup':>7}")
+    for g in sorted(set(range(min(max_gamma, 8) + 1)) | {best}):
+        click.echo(f"{g:>5}  {speedups[g]:>6.3f}x{'  <- chosen' if g == best else ''}")
+    if best == 0:
+        click.echo("no gamma pays for this batch: decode it plainly (--gamma auto does, and probes gamma 1 now and then)")
 
 
 def _plan_trees(rank_acceptance: str, cost: float, tree_cost: Path | None, max_depth: int, as_json: bool) -> None:

@@ -21,7 +21,9 @@ from specdec.runtime.drafters import DRAFTERS
 @click.option("--max-batch", default=None, type=int, help="Requests decoded together [default: the bundle's --max-batch].")
 @click.option("--max-queue", default=64, show_default=True, type=int, help="Requests waiting for a row; past it new requests get 503 + Retry-After.")
 @click.option("--drafter", default=None, type=click.Choice(list(DRAFTERS)), help="What proposes tokens [default: the bundle's, see specdec inspect].")
-@click.option("--gamma", default=None, help="Draft tokens per target call: 0..bundle gamma, or auto [default: the bundle's].")
+@click.option("--gamma", default="auto", show_default=True, help="Draft tokens per target call: auto (chosen each iteration from the "
+              "measured costs and each row's acceptance, 0 where speculation does not pay; a seeded sampled request keeps the bundle's "
+              "γ, so it reproduces), or 0..the bundle's gamma.")
 @click.option("--provider", default="cpu", show_default=True, type=click.Choice(["cpu", "cuda", "cuda-graph"]), help="ONNX Runtime provider.")
 @click.option("--verify", default="full", show_default=True, type=click.Choice(["full", "size"]),
               help="Check the bundle's files: full digests (once per unchanged file), or sizes only for a bundle you trust (changed bytes would run as another model).")
