@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from specdec.errors import ConfigError
+from specdec.export.train_resume import CALIBRATE, Budget, fit_steps  # noqa: F401 (CALIBRATE, fit_steps: what tests and tools read here)
 
 @dataclass(frozen=True)
 class Recipe:
@@ -135,12 +136,6 @@ def evaluate(head, held, device: str = "cpu", draft_temperatures: tuple[float, .
             agree += float(((p.argmax(-1) == q.argmax(-1)) & mask).sum())
             n += float(mask.sum())
     return {"alpha_t1": round(alpha / n, 4), "argmax_t0": round(agree / n, 4), **{f"alpha_t1@{tau:g}": round(a / n, 4) for tau, a in scaled.items()}}
-
-
-def fit_steps(step: int, elapsed: float, seconds: float, rate: float, cap: int) -> int:
-    """The run's step count after ``step`` steps in ``elapsed`` s, for the rest of ``seconds``
-    at ``rate`` s a step: at least one more step, at most ``cap``."""
-    return max(step + 1, min(cap, step + int((seconds - elapsed) / rate)))
 
 
 def chain_agreement(head, held, depth: int = 3, device: str = "cpu") -> dict:
@@ -310,7 +305,17 @@ def new_head(recipe: Recipe, train_seqs, embed: torch.Tensor, head_t: torch.Tens
     return FeatureHead(cfg, embed, head_t, vocab_ids, tied)
 
 
-WARM, CALIBRATE, RECALIBRATE = 10, 40, 50  # a time-bounded fit times steps WARM..CALIBRATE, then sets its step count; again every RECALIBRATE steps
+def train_step(head, opt, params, batch, recipe: Recipe, lr: float, index: torch.Tensor, device: str) -> tuple[torch.Tensor, dict]:
+    """One optimizer step on ``batch`` (``collate``'s arrays) at learning rate ``lr``: (loss, its parts)."""
+    for group in opt.param_groups:
+        group["lr"] = lr
+    ids, mask, f, *top = (torch.from_numpy(x).to(device) for x in batch)
+    loss, parts = losses(head, ids, mask, f, recipe, noise=True, top=tuple(top) or None, index=index)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    opt.step()
+    return loss, parts
 
 
 def fit(head, train_seqs, held, recipe: Recipe, device: str = "cpu", report: Callable[[str], None] = print, seconds: float | None = None,
@@ -319,17 +324,12 @@ def fit(head, train_seqs, held, recipe: Recipe, device: str = "cpu", report: Cal
     folder gave them) by ``recipe`` on ``device``; returns the log, the training time and the
     held-out figures before and after. The head is left on ``device`` in eval mode.
 
-    With ``seconds``, the run fits that time: after ``CALIBRATE`` steps the number of steps
-    becomes what the rest of the time allows at the rate of the steps timed (at most ``recipe.steps``), and
-    the learning-rate schedule follows the new count. Every ``RECALIBRATE`` steps after, the
-    count is fit again at the rate since the last fit (``fit_steps``): a rate measured while
-    something else ran beside the training (3.8 s a step for SmolLM2's stage 2, 2.7 s alone)
-    would otherwise end the run a quarter early.
-
-    With ``checkpoint`` (a file: export/train_resume.py), the run goes on from the state saved
-    there, if any, and saves it every ``EVERY_SECONDS``, on Ctrl-C and when it stops. The step
-    count is then ``recipe.steps`` whatever the time, and ``seconds`` ends this run early instead
-    (the next one goes on): several runs' time adds up to one schedule."""
+    With ``seconds``, the run fits that time (``Budget``): a rate measured while something else
+    ran beside the training (3.8 s a step for SmolLM2's stage 2, 2.7 s alone) would otherwise
+    end the run a quarter early. With ``checkpoint`` (export/train_resume.py), the run goes on
+    from the state saved there, if any, saving it every ``EVERY_SECONDS``, on Ctrl-C and at its
+    end; the step count is then ``recipe.steps`` and ``seconds`` ends this run early instead, so
+    several runs' time adds up to one schedule."""
     from specdec.export import train_resume
     from specdec.export.head_data import batches, collate
 
@@ -337,59 +337,32 @@ def fit(head, train_seqs, held, recipe: Recipe, device: str = "cpu", report: Cal
     head.to(device)
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=recipe.lr, weight_decay=0.0, betas=(0.9, 0.95))
-    vocab = head.full_head_t.shape[-1]
-    index = torch.full((vocab,), -1, dtype=torch.long, device=device)  # token id -> draft-vocabulary column
+    index = torch.full((head.full_head_t.shape[-1],), -1, dtype=torch.long, device=device)  # token id -> draft-vocabulary column
     index[head.vocab_ids] = torch.arange(len(head.vocab_ids), device=device)
     key = train_resume.run_key(recipe, train_seqs)
-    resumed = train_resume.load(checkpoint, key, head, opt, rng, device) if checkpoint is not None else None
-    if resumed is None:
-        progress, order = {"step": 0, "steps": recipe.steps, "log": [], "before": evaluate(head.eval(), held, device), "seconds": 0.0, "runs": 0}, []
-    else:
-        progress, order = resumed
-        report(f"training goes on from {checkpoint} at step {progress['step']}/{progress['steps']} ({progress['seconds']:.0f} s trained)")
-    progress["runs"] += 1
-    bounded = seconds is not None and checkpoint is None  # a time-fit schedule; with a checkpoint, the time ends this run only
-    steps, step, log, first = progress["steps"], progress["step"], progress["log"], progress["step"]
-    base, t0 = progress["seconds"], time.perf_counter()  # seconds trained by earlier runs; this run's start
-    t_saved = t0
+    progress, order = train_resume.begin(checkpoint, key, head, opt, rng, device, recipe.steps, lambda: evaluate(head.eval(), held, device), report)
+    steps, step, log, base = progress["steps"], progress["step"], progress["log"], progress["seconds"]
+    budget = Budget(seconds, checkpoint is None, recipe.steps, report)
 
     def keep() -> None:
-        progress.update(step=step, steps=steps, seconds=base + time.perf_counter() - t0)
+        progress.update(step=step, steps=steps, seconds=base + time.perf_counter() - budget.t0)
         train_resume.save(checkpoint, key, head, opt, progress, rng, order)
 
+    t_saved = time.perf_counter()
     head.train()
     try:
         while step < steps:
-            if step == first + WARM:
-                t_warm = time.perf_counter()
-            if bounded and step == CALIBRATE:  # the rate of steps WARM..CALIBRATE: the first ones load kernels
-                rate = (time.perf_counter() - t_warm) / (CALIBRATE - WARM)
-                steps = fit_steps(step, time.perf_counter() - t0, seconds, rate, recipe.steps)
-                report(f"{steps} steps fit {seconds:.0f} s at {1e3 * rate:.0f} ms a step")
-                t_mark = time.perf_counter()
-            elif bounded and step > CALIBRATE and (step - CALIBRATE) % RECALIBRATE == 0:
-                now = time.perf_counter()
-                steps = fit_steps(step, now - t0, seconds, (now - t_mark) / RECALIBRATE, recipe.steps)
-                t_mark = now
-            elif checkpoint is not None and seconds is not None and time.perf_counter() - t0 >= seconds:
+            steps = budget.steps(step, steps)
+            if budget.over():
                 report(f"stopped at step {step}/{steps} after {seconds:.0f} s; the same command goes on from {checkpoint}")
                 break
+            order = order or batches(train_seqs, recipe.batch * recipe.window, rng)  # a new epoch
             lr = recipe.lr * min(1.0, (step + 1) / 50) * 0.5 * (1 + math.cos(math.pi * step / steps))
-            for group in opt.param_groups:
-                group["lr"] = lr
-            if not order:
-                order = batches(train_seqs, recipe.batch * recipe.window, rng)  # a new epoch
-            ids, mask, f, *top = (torch.from_numpy(x).to(device) for x in collate(train_seqs, order.pop()))
-            loss, parts = losses(head, ids, mask, f, recipe, noise=True, top=tuple(top) or None, index=index)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            opt.step()
+            loss, parts = train_step(head, opt, params, collate(train_seqs, order.pop()), recipe, lr, index, device)
             step += 1
             if step % 50 == 0 or step == steps:
                 log.append([step, round(loss.item(), 4)])
-                shown = {k: round(v.item(), 4) for k, v in parts.items()}
-                report(f"step {step}/{steps} loss {loss.item():.4f} {shown} ({time.perf_counter() - t0:.0f} s)")
+                report(f"step {step}/{steps} loss {loss.item():.4f} {({k: round(v.item(), 4) for k, v in parts.items()})} ({time.perf_counter() - budget.t0:.0f} s)")
             if checkpoint is not None and time.perf_counter() - t_saved >= train_resume.EVERY_SECONDS:
                 keep()
                 t_saved = time.perf_counter()
@@ -401,5 +374,5 @@ def fit(head, train_seqs, held, recipe: Recipe, device: str = "cpu", report: Cal
     if checkpoint is not None:
         keep()
     head.eval()
-    return {"train_seconds": round(base + time.perf_counter() - t0, 1), "steps": steps, "steps_done": step, "runs": progress["runs"], "log": log,
+    return {"train_seconds": round(base + time.perf_counter() - budget.t0, 1), "steps": steps, "steps_done": step, "runs": progress["runs"], "log": log,
             "held_out": {"before": progress["before"], "after": evaluate(head, held, device)}}  # fmt: skip

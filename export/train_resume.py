@@ -1,6 +1,8 @@
-"""A training run that goes on where it stopped (``train-drafter --checkpoint FILE``): fit's whole state in one file.
+"""A training run's time and its resumption (``train-drafter --train-minutes M --checkpoint FILE``).
 
-    state   the head's trainable weights and its draft vocabulary, AdamW's moments, the step
+    Budget  the run's steps against its time: the step count fit to it, or the run ended by it
+    state   (with a checkpoint) fit's whole state in one file:
+            the head's trainable weights and its draft vocabulary, AdamW's moments, the step
             reached and the run's planned step count, the batch order's generator and the
             epoch's batches not yet taken, torch's generator (the context noise), the loss log,
             the held-out figures before the first step, the seconds trained so far
@@ -15,8 +17,10 @@ from it takes the same steps the uninterrupted run would have taken, bit for bit
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -24,6 +28,42 @@ import torch
 from specdec.errors import ConfigError
 
 EVERY_SECONDS = 600.0
+
+
+def fit_steps(step: int, elapsed: float, seconds: float, rate: float, cap: int) -> int:
+    """The run's step count after ``step`` steps in ``elapsed`` s, for the rest of ``seconds``
+    at ``rate`` s a step: at least one more step, at most ``cap``."""
+    return max(step + 1, min(cap, step + int((seconds - elapsed) / rate)))
+
+
+WARM, CALIBRATE, RECALIBRATE = 10, 40, 50  # a time-bounded fit times steps WARM..CALIBRATE, then sets its step count; again every RECALIBRATE steps
+
+
+class Budget:
+    """A run's steps against its ``seconds``: ``fit`` (no checkpoint) sets the step count from
+    the rate of steps WARM..CALIBRATE and again every RECALIBRATE steps (``fit_steps``); else the
+    time only ends the run (``over``), the schedule staying the recipe's."""
+
+    def __init__(self, seconds: float | None, fit: bool, cap: int, report: Callable[[str], None]):
+        self.seconds, self.fit, self.cap, self.report = seconds, fit and seconds is not None, cap, report
+        self.t0 = self.t_warm = self.t_mark = time.perf_counter()
+
+    def steps(self, step: int, steps: int) -> int:
+        now = time.perf_counter()
+        if self.fit and step == WARM:
+            self.t_warm = now
+        elif self.fit and step == CALIBRATE:  # the first steps load kernels: not timed
+            rate = (now - self.t_warm) / (CALIBRATE - WARM)
+            steps = fit_steps(step, now - self.t0, self.seconds, rate, self.cap)
+            self.report(f"{steps} steps fit {self.seconds:.0f} s at {1e3 * rate:.0f} ms a step")
+            self.t_mark = now
+        elif self.fit and step > CALIBRATE and (step - CALIBRATE) % RECALIBRATE == 0:
+            steps = fit_steps(step, now - self.t0, self.seconds, (now - self.t_mark) / RECALIBRATE, self.cap)
+            self.t_mark = now
+        return steps
+
+    def over(self) -> bool:
+        return not self.fit and self.seconds is not None and time.perf_counter() - self.t0 >= self.seconds
 
 
 def run_key(recipe, train_seqs) -> dict:
@@ -48,6 +88,19 @@ def save(path: Path, key: dict, head, opt, progress: dict, rng: np.random.Genera
         "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None,
     }
     write_atomic(Path(path), lambda fh: torch.save(state, fh))
+
+
+def begin(path: Path | None, key: dict, head, opt, rng: np.random.Generator, device: str, steps: int, before, report) -> tuple[dict, list]:
+    """(progress, the epoch's remaining batches) of a run: from the checkpoint at ``path`` where
+    one is there (``load``), else a first run's (``before()``: the held-out figures before training)."""
+    resumed = load(path, key, head, opt, rng, device) if path is not None else None
+    if resumed is None:
+        progress, order = {"step": 0, "steps": steps, "log": [], "before": before(), "seconds": 0.0, "runs": 0}, []
+    else:
+        progress, order = resumed
+        report(f"training goes on from {path} at step {progress['step']}/{progress['steps']} ({progress['seconds']:.0f} s trained)")
+    progress["runs"] += 1
+    return progress, order
 
 
 def load(path: Path, key: dict, head, opt, rng: np.random.Generator, device: str) -> tuple[dict, list] | None:

@@ -126,6 +126,23 @@ def sweep(bundle: Path, concurrency: list[int], temperatures: list[float], promp
     return rows
 
 
+def compared(level: list[dict], greedy: bool, plain: str | None, first: str) -> list[dict]:
+    """One concurrency's rows (in the order they ran) with each server's tok/s over the ``plain``
+    server's (the one run with --gamma 0, where there is one: ``vs_plain``) and, greedy, whether
+    every reply equals the ``first`` server's token for token (``same_outputs``); the replies
+    themselves are dropped."""
+    plain = next((r for r in level if r["mode"] == plain), None)
+    first = next(r for r in level if r["mode"] == first)["outputs"]
+    for r in level:
+        if plain is not None and plain["tok_s"] > 0:
+            r["vs_plain"] = r["tok_s"] / plain["tok_s"]
+        if greedy:
+            r["same_outputs"] = all(r["outputs"].get(i) == ids for i, ids in first.items()) and r["outputs"].keys() == first.keys()
+    for r in level:
+        del r["outputs"]
+    return level
+
+
 def markdown(rows: list[dict], header: str) -> str:
     lines = [header, "", "| T | clients | mode | aggregate tok/s | requests/s | per-request tok/s | TTFT p50 / p99 ms | ITL p50 / p99 ms | requests | errors |",
              "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|"]

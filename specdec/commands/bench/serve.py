@@ -30,7 +30,7 @@ from pathlib import Path
 
 import click
 
-from specdec.commands.bench.load import Load, markdown, plot, run_load
+from specdec.commands.bench.load import Load, compared, markdown, plot, run_load
 from specdec.errors import ConfigError, InputError
 
 RESERVED = ("host", "port", "served_model_name")  # the benchmark sets these
@@ -249,23 +249,6 @@ def measured(s, name: str, c: int, units: list, tr: Traffic, codec) -> dict:
     if server is not None and server0 is not None:
         row.update(server_cores=(server - server0) / wall, server_cpu_ms_per_token=1e3 * (server - server0) / tokens)
     return row
-
-
-def compared(level: list[dict], greedy: bool, plain: str | None, first: str) -> list[dict]:
-    """One concurrency's rows (in the order they ran) with each server's tok/s over the ``plain``
-    server's (the one run with --gamma 0, where there is one: ``vs_plain``) and, greedy, whether
-    every reply equals the ``first`` server's token for token (``same_outputs``); the replies
-    themselves are dropped."""
-    plain = next((r for r in level if r["mode"] == plain), None)
-    first = next(r for r in level if r["mode"] == first)["outputs"]
-    for r in level:
-        if plain is not None and plain["tok_s"] > 0:
-            r["vs_plain"] = r["tok_s"] / plain["tok_s"]
-        if greedy:
-            r["same_outputs"] = all(r["outputs"].get(i) == ids for i, ids in first.items()) and r["outputs"].keys() == first.keys()
-    for r in level:
-        del r["outputs"]
-    return level
 
 
 def stop(procs: dict) -> None:

@@ -194,11 +194,10 @@ def earlier_features(model, data, feats: dict[int, np.ndarray], rows: int, repor
 
     from specdec.atomic import write_atomic
     from specdec.errors import ConfigError
-    from specdec.shards import read_shard, shard_paths, write_shard
+    from specdec.shards import read_shard, shard_paths
 
     earlier = [a for path in shard_paths(data) for a in read_shard(path) if a.job not in feats]
     labels: dict[int, tuple] = {}
-    todo = []
     if cache is not None:  # features of one target, made one way: a cache of another is refused, not read
         cache.mkdir(parents=True, exist_ok=True)
         key = {"target": str(model.config._name_or_path), "width": model.config.hidden_size, "bf16": bf16, **({"layers": list(layers)} if layers else {})}
@@ -206,22 +205,7 @@ def earlier_features(model, data, feats: dict[int, np.ndarray], rows: int, repor
         if meta.is_file() and json.loads(meta.read_text()) != key:
             raise ConfigError(f"--features-cache {cache}: it holds features of {json.loads(meta.read_text())}, this run makes {key}; pass another folder")
         meta.write_text(json.dumps(key))
-    for a in earlier:
-        hit = cache / f"{a.job}.npz" if cache else None
-        if hit is None or not hit.is_file():
-            todo.append(a)
-            continue
-        with np.load(hit) as z:
-            if z["f"].shape[0] != len(a.prompt) + len(a.answer):  # another answer's features under this job's number: made again
-                todo.append(a)
-                continue
-            top = (z["top_id"], z["top_lp"]) if "top_id" in z.files else None
-            if relabel and a.top_id.shape[1] < relabel and (top is None or top[0].shape[1] < relabel):
-                todo.append(a)  # cached without the labels asked for: its forward again
-                continue
-            feats[a.job] = z["f"]
-            if top is not None:
-                labels[a.job] = top
+    todo = [a for a in earlier if not _cached(cache, a, relabel, feats, labels)]
     if cache is not None:
         report(f"features of {len(earlier) - len(todo)} earlier answers read from {cache}")
     t0 = time.perf_counter()
@@ -237,8 +221,37 @@ def earlier_features(model, data, feats: dict[int, np.ndarray], rows: int, repor
     seconds = time.perf_counter() - t0
     if todo:
         report(f"features of {len(todo)} earlier answers in {seconds:.0f} s ({sum(map(len, (feats[a.job] for a in todo))) / max(seconds, 1e-9):,.0f} tok/s)")
+    relabeled = _relabel(data, labels, relabel) if relabel else 0
+    if relabeled:
+        report(f"{relabeled} answers relabeled with the top-{relabel} of this target's forward")
+    return {"answers": len(earlier), "computed": len(todo), "seconds": round(seconds, 1), "bf16": bf16, "relabeled": relabeled}
+
+
+def _cached(cache, a: Answer, relabel: int, feats: dict, labels: dict) -> bool:
+    """Whether answer ``a``'s features (and labels, with as many as ``relabel`` asks) are in
+    ``cache``: then they are put into ``feats`` and ``labels``."""
+    hit = cache / f"{a.job}.npz" if cache else None
+    if hit is None or not hit.is_file():
+        return False
+    with np.load(hit) as z:
+        if z["f"].shape[0] != len(a.prompt) + len(a.answer):  # another answer's features under this job's number: made again
+            return False
+        top = (z["top_id"], z["top_lp"]) if "top_id" in z.files else None
+        if relabel and a.top_id.shape[1] < relabel and (top is None or top[0].shape[1] < relabel):
+            return False  # cached without the labels asked for: its forward again
+        feats[a.job] = z["f"]
+        if top is not None:
+            labels[a.job] = top
+    return True
+
+
+def _relabel(data, labels: dict, relabel: int) -> int:
+    """Give the answers in ``data``'s shards that have ``labels`` their top-``relabel``, each shard
+    written again where one changed; returns how many answers were."""
+    from specdec.shards import read_shard, shard_paths, write_shard
+
     relabeled = 0
-    for path in shard_paths(data) if relabel else ():
+    for path in shard_paths(data):
         shard = list(read_shard(path))
         if all(a.top_id.shape[1] >= relabel or a.job not in labels for a in shard):
             continue
@@ -247,6 +260,4 @@ def earlier_features(model, data, feats: dict[int, np.ndarray], rows: int, repor
                 a.top_id, a.top_lp = (x[:, :relabel] for x in labels[a.job])
                 relabeled += 1
         write_shard(data, int(path.stem.split("-")[1]), shard)
-    if relabeled:
-        report(f"{relabeled} answers relabeled with the top-{relabel} of this target's forward")
-    return {"answers": len(earlier), "computed": len(todo), "seconds": round(seconds, 1), "bf16": bf16, "relabeled": relabeled}
+    return relabeled
