@@ -70,14 +70,18 @@ class Acceptance:
     def alpha(self) -> float:
         return self.successes / (self.successes + self.failures)
 
-    def expected(self, gamma: int) -> float:
-        """E[tokens] of a call drafting ``gamma``: 1 + Σ_i P(drafts 1..i kept), each position's
-        rate its own count shrunk toward α (positions past ``depth``: α)."""
+    def curve(self, gamma: int) -> np.ndarray:
+        """[gamma + 1] E[tokens] of a call drafting 0..``gamma``: 1 + Σ_{i<=g} P(drafts 1..i kept),
+        each position's rate its own count shrunk toward α (positions past ``depth``: α)."""
         a = min(self.alpha, 1 - 1e-9)
         rates = np.full(gamma, a)
         n = min(gamma, len(self.tested))
         rates[:n] = (self.kept[:n] + self.PRIOR * a) / (self.tested[:n] + self.PRIOR)
-        return 1.0 + float(np.cumprod(rates).sum())
+        return np.concatenate(([1.0], 1.0 + np.cumsum(np.cumprod(rates))))
+
+    def expected(self, gamma: int) -> float:
+        """E[tokens] of a call drafting ``gamma`` (``curve``'s last)."""
+        return float(self.curve(gamma)[-1])
 
     def fork(self, weight: float = 8.0) -> Acceptance:
         """A row's own count, starting from this pooled one as a prior worth ``weight`` calls:
@@ -122,8 +126,8 @@ class AdaptiveGamma:
         pooled one's choice), so the call's γ maximizes the batch's tokens per second (``best``)."""
         if self.plan:
             return self.plan.pop(0)
-        if rows is not None and len(rows) > 1 and self.fit[0] > 0:
-            self.gamma = self.best(rows)
+        if self.fit[0] > 0:  # chosen here, once an iteration, from what the last ones measured
+            self.gamma = self.best(rows if rows is not None and len(rows) > 1 else [self.acceptance])
         if self.gamma == 0:
             self.plain_run += 1
             if self.plain_run >= self.probe_every:
@@ -142,8 +146,6 @@ class AdaptiveGamma:
         for k, n in zip(drafted, accepted):
             if k:
                 self.acceptance.observe(k, n)
-        if self.fit[0] > 0:
-            self.gamma = self.best([self.acceptance])
 
     def _time_target(self, k: int, seconds: float) -> None:
         d = self.decay
@@ -160,9 +162,6 @@ class AdaptiveGamma:
         decoding). Rows are padded to the call's widest, so every row of it verifies γ and the
         iteration costs T(γ) however few a row would want: the rate is Σ_r E_r[tokens](γ) over
         T(γ), against rows / T(0) plain (Theorem 3.8 summed over the batch's rows)."""
-        best, rate = 0, len(rows) / self.target_time(0)
-        for g in range(1, self.max_gamma + 1):
-            r = sum(a.expected(g) for a in rows) / self.target_time(g)
-            if r > rate:
-                best, rate = g, r
-        return best
+        tokens = sum(a.curve(self.max_gamma) for a in rows)  # [max_gamma + 1]; at γ = 0 one a row
+        rates = tokens / np.array([self.target_time(g) for g in range(self.max_gamma + 1)])
+        return int(np.argmax(rates))  # ties: the smaller γ
