@@ -329,7 +329,7 @@ def set_rope(cfg, theta: float | None = None, **scaling) -> None:
             cfg.rope_scaling = scaling
 
 
-# -- quantized bundles' greedy output (docs/exactness.md, "A limit of int8/int4 bundles") ---------
+# -- quantized bundles' greedy output (docs/exactness.md, "int8/int4 bundles: why the kernel matters") ---------
 
 
 def assert_same_up_to_a_close_call(runner, prompt: list[int], got: list[int], want: list[int], label="") -> None:
