@@ -17,7 +17,7 @@ Python call syntax with literal arguments only (parsed with ``ast``, never evalu
         ``columns`` maps a header to a ``str.format`` template over the record
 
     {{ bench_include("threads.md") }}
-        a benchmark's own Markdown report, inlined as written
+        a benchmark's own Markdown report, inlined as written (a ``.txt`` report: as a text block)
 
     {{ bench_ratio("peers/results.json", "rows[peer=specdec].tok_s", "rows[peer=llamacpp].tok_s", ".2f") }}
         the first value over the second, both PATHs into the same file (a ratio measured in one run)
@@ -153,8 +153,10 @@ class Bench:
         return fmt(a / b, spec)
 
     def bench_include(self, name: str) -> str:
+        if name.endswith(".txt"):  # a tool's printed report, shown as printed
+            return "```text\n" + self.load(name).strip() + "\n```"
         if not name.endswith(".md"):
-            raise BenchError(f"{self.page}: bench_include takes a Markdown report, not {name}")
+            raise BenchError(f"{self.page}: bench_include takes a Markdown or text report, not {name}")
         lines, out = self.load(name).strip().splitlines(), []
         for line in lines:  # a table needs a blank line before it; reports often omit it
             if line.startswith("|") and out and out[-1].strip() and not out[-1].startswith("|"):
