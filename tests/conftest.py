@@ -25,14 +25,6 @@ def pytest_configure(config):
             pass
 
 
-def pytest_xdist_auto_num_workers(config):
-    """``-n auto``: a worker per core, and one more on a machine of up to 4 cores. Much of the
-    suite waits (servers starting, Ray's controller and autoscaler, subprocess CLIs, side
-    venvs), and with one worker per core those waits leave a core idle."""
-    cores = os.cpu_count() or 1
-    return cores + 1 if cores <= 4 else cores
-
-
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config, items):
     """GPU tests skip cleanly on machines without CUDA (CI never has one). Under ``--dist
