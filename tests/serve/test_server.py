@@ -367,7 +367,9 @@ def test_logprobs_and_echo_are_the_targets(server, client, chat_bundle):
             assert abs(v - row[tok]) < 1e-4 and 1 <= len(top) <= 2 and all(np.abs(best - x).min() < 1e-4 for x in top.values())
         offsets = c.logprobs.text_offset  # per-token text: a split UTF-8 character decodes to "\ufffd" on its own
         assert len(c.logprobs.tokens) == 16 and offsets[0] == 0 and all(a <= b for a, b in zip(offsets, offsets[1:]))
-        assert spec(r)["num_accepted_draft_tokens"] > 0 or temperature  # drafted tokens were scored at T=0
+        # drafted tokens were scored: the seeded sampled request keeps the bundle's fixed γ (a seed
+        # reproduces), while greedy under the server's --gamma auto may run γ = 0 on a loaded machine
+        assert spec(r)["num_accepted_draft_tokens"] > 0 or not temperature
     echo = client.completions.create(model="tiny", prompt=PROMPTS[0], echo=True, logprobs=0, max_tokens=0)
     c = echo.choices[0]
     lp = ref(prompt)
