@@ -42,7 +42,8 @@ def group_of(item) -> str | None:
 def longest_first(item) -> int:
     """The rank of the item's group, else of its module (a module's tests spread over workers)."""
     rank = LONGEST_FIRST.get(group_of(item))
-    return rank if rank is not None else LONGEST_FIRST.get(item.module.__name__.rpartition(".")[2], len(LONGEST_FIRST))
+    module = getattr(getattr(item, "module", None), "__name__", "")  # a non-Python item has none
+    return rank if rank is not None else LONGEST_FIRST.get(module.rpartition(".")[2], len(LONGEST_FIRST))
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
