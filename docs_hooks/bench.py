@@ -75,6 +75,18 @@ def matches(record: Any, where: dict) -> bool:
     return True
 
 
+def locate(records: Any, selector: str, where: str = "") -> int:
+    """The index of the one record of ``records`` that a selector ``k=v,k2=v2`` matches."""
+    clauses = dict(c.split("=", 1) for c in selector.split(",") if c.strip())
+    clauses = {k.strip(): v.strip() for k, v in clauses.items()}
+    if not isinstance(records, list):
+        raise BenchError(f"{where}: selector [{selector}] applied to a {type(records).__name__}, not a list")
+    found = [i for i, r in enumerate(records) if matches(r, clauses)]
+    if len(found) != 1:
+        raise BenchError(f"{where}: selector [{selector}] matches {len(found)} records, expected 1")
+    return found[0]
+
+
 def resolve(data: Any, path: str, where: str = "") -> Any:
     """The value at ``path`` in ``data`` (see the module docstring); raises BenchError naming the step."""
     path, _, reducer = path.partition("|")
@@ -82,14 +94,7 @@ def resolve(data: Any, path: str, where: str = "") -> Any:
     for m in SEGMENT.finditer(path):
         selector, key = m.group(1), m.group(2)
         if selector is not None:
-            clauses = dict(c.split("=", 1) for c in selector.split(",") if c.strip())
-            clauses = {k.strip(): v.strip() for k, v in clauses.items()}
-            if not isinstance(value, list):
-                raise BenchError(f"{where}: selector [{selector}] applied to a {type(value).__name__}, not a list")
-            found = [r for r in value if matches(r, clauses)]
-            if len(found) != 1:
-                raise BenchError(f"{where}: selector [{selector}] matches {len(found)} records, expected 1")
-            value = found[0]
+            value = value[locate(value, selector, where)]
         elif isinstance(value, dict):
             if key not in value:
                 raise BenchError(f"{where}: no key {key!r} (have {sorted(value)[:12]})")
