@@ -264,7 +264,9 @@ def test_engine_steps_allocate_nothing(dec):
     tracemalloc.start()
     try:
         steps(20)  # warm up under tracing (lazily built caches)
-        quiet = peak(lambda: steps(100))
+        # The least of three runs: an allocation in the steps shows in every run, while a
+        # stray one from another thread (xdist's channel, a collector) shows in one at most.
+        quiet = min(peak(lambda: steps(40)) for _ in range(3))
         control = peak(lambda: steps(1, extra=lambda out: out.copy()))
     finally:
         tracemalloc.stop()
