@@ -4,9 +4,10 @@ it as Speculators saves it (or in EAGLE's reference layout, converted the way Sp
 converter reads it back), and writes the reference forward's draft logits on given tokens. LAYOUT
 "load": the head is one specdec saved in OUT/head (export/eagle3_save.py), loaded by Speculators.
 
-    python eagle3_reference.py TARGET OUT LAYOUT SEED TOKENS_JSON AUX_JSON DRAFT_VOCAB
+    python eagle3_reference.py JOBS_JSON
 
-OUT/head: the head folder; OUT/reference.npz: ``logits`` [T - 1, N] (row j: token j + 1 read with
+JOBS_JSON: a list of jobs [TARGET, OUT, LAYOUT, SEED, TOKENS, AUX, DRAFT_VOCAB], run in one
+process (its imports take most of a job's time). For each, OUT/head: the head folder; OUT/reference.npz: ``logits`` [T - 1, N] (row j: token j + 1 read with
 the target's fused feature of position j, positions from 1, as Speculators trains), ``vocab``
 [N] the target token of each draft token.
 """
@@ -80,14 +81,17 @@ def streams(target: Path, tokens: list[int], aux: list[int]) -> torch.Tensor:
 
 
 def main() -> None:
-    target, out, layout, seed, tokens, aux, draft_vocab = sys.argv[1:8]
-    target, out, seed, tokens, aux = Path(target), Path(out), int(seed), json.loads(tokens), json.loads(aux)
+    for target, out, layout, seed, tokens, aux, draft_vocab in json.loads(sys.argv[1]):
+        reference(Path(target), Path(out), layout, seed, tokens, aux, draft_vocab)
+
+
+def reference(target: Path, out: Path, layout: str, seed: int, tokens: list[int], aux: list[int], draft_vocab: int) -> None:
     if layout == "load":  # a head specdec saved in Speculators' layout: Speculators' own loader reads it
         model = Eagle3DraftModel.from_pretrained(str(out / "head")).eval()
         model.config.transformer_layer_config._attn_implementation = model._attn_impl = "eager"
         model._create_mask_fn = create_float_mask  # the eager path's mask (flex attention's block masks need a GPU build)
     else:
-        model = build(target, aux, int(draft_vocab), seed, layout)
+        model = build(target, aux, draft_vocab, seed, layout)
     g = streams(target, tokens, aux)  # [1, T, 3d]
     ids = torch.tensor([tokens[1:]])  # x_1..x_{T-1}, each with g of the position before (Speculators' shift_batch)
     seen = {}

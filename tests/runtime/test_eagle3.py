@@ -48,23 +48,40 @@ CASES = {"llama-speculators": ("llama", "speculators", [0, 1, 3], 160, 0),
 MAX_DIFF = 1e-4
 
 
-@pytest.fixture(scope="module", params=list(CASES))
-def eagle3(request, tmp_path_factory):
-    """(case, target folder, bundle, reference.npz) for one case."""
-    from eagle3_venv import python
+@pytest.fixture(scope="module")
+def references(tmp_path_factory) -> Path:
+    """Every case's folder: its target, its head and the reference forward (reference.npz), all
+    made by one run of the reference script (its imports take most of a case's time)."""
     from models import save_pair
 
+    root = tmp_path_factory.mktemp("eagle3")
+    jobs = []
+    for case, (family, layout, aux, vocab, seed) in CASES.items():
+        target, _ = save_pair(root / case, family, near=0.3)
+        if layout == "load":
+            saved_by_specdec(target, root / case / "head", aux, vocab, seed)
+        jobs.append([str(target), str(root / case), layout, seed, TOKENS, aux, vocab])
+    run_reference(jobs)
+    return root
+
+
+def run_reference(jobs: list[list]) -> None:
+    """tests/eagle3_reference.py in the Speculators venv, on ``jobs``."""
+    from eagle3_venv import python
+
+    script = Path(__file__).parents[1] / "eagle3_reference.py"
+    run = subprocess.run([str(python()), str(script), json.dumps(jobs)], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def eagle3(request, references):
+    """(case, target folder, bundle, reference.npz) for one case."""
     from specdec.export.pipeline import ExportConfig, export_bundle
 
-    family, layout, aux, vocab, seed = CASES[request.param]
-    root = tmp_path_factory.mktemp(request.param)
-    target, draft = save_pair(root, family, near=0.3)
-    if layout == "load":
-        saved_by_specdec(target, root / "head", aux, vocab, seed)
-    script = Path(__file__).parents[1] / "eagle3_reference.py"
-    run = subprocess.run([str(python()), str(script), str(target), str(root), layout, str(seed), json.dumps(TOKENS), json.dumps(aux), str(vocab)],
-                         capture_output=True, text=True)  # fmt: skip
-    assert run.returncode == 0, run.stderr[-3000:]
+    family = CASES[request.param][0]
+    root = references / request.param
+    target, draft = root / f"{family}-target", root / f"{family}-draft"
     batch = 2 if request.param == "llama-speculators" else 1
     export_bundle(ExportConfig(str(target), str(draft), root / "bundle", gamma=4, max_seq_len=128, max_batch=batch,
                                feature_drafter=str(root / "head"), draft_quantize="none"))  # a float head: its logits compare with the reference
@@ -224,8 +241,6 @@ def test_train_drafter_saves_an_eagle3_head_speculators_loads(eagle3, tmp_path):
     """specdec train-drafter --save-format speculators: an EAGLE-3 head trained here, written into
     the bundle and saved in Speculators' layout; Speculators' loader reads the saved folder and its
     forward equals the bundle's draft logits; greedy decoding with it is the target's."""
-    from eagle3_venv import python
-
     from specdec.export.eagle3_train import train_eagle3
     from specdec.export.pipeline import ExportConfig, export_bundle
     from specdec.export.train_head import Recipe
@@ -239,10 +254,7 @@ def test_train_drafter_saves_an_eagle3_head_speculators_loads(eagle3, tmp_path):
                           layers=(0, 1, 3))  # fmt: skip
     before, after = record["held_out"]["before"], record["held_out"]["after"]
     assert after["alpha_t1"] > before["alpha_t1"] + 0.02, f"training did not move the head: {before} -> {after}"
-    script = Path(__file__).parents[1] / "eagle3_reference.py"
-    run = subprocess.run([str(python()), str(script), str(target), str(tmp_path), "load", "0", json.dumps(TOKENS), "[0, 1, 3]", "320"],
-                         capture_output=True, text=True)  # fmt: skip
-    assert run.returncode == 0, run.stderr[-3000:]
+    run_reference([[str(target), str(tmp_path), "load", 0, TOKENS, [0, 1, 3], 320]])
     ref = np.load(tmp_path / "reference.npz")
     diff = np.abs(draft_logits(bundle)[:, ref["vocab"]] - ref["logits"])
     assert diff.max() < MAX_DIFF, f"Speculators' forward of the saved head differs from the bundle's by {diff.max():.3g}"
