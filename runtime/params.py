@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Mapping, Sequence
 
-import numpy as np
 
 from specdec.errors import InputError
 from specdec.runtime.beam import BeamConfig

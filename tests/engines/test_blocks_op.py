@@ -5,7 +5,6 @@ and thread count, and the op inside ONNX Runtime."""
 from __future__ import annotations
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper

@@ -9,6 +9,7 @@ validation.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -351,9 +352,11 @@ def test_max_kl_must_be_a_positive_bound(llama_bundle, tmp_path, value):
     assert not out.exists()
 
 
-@pytest.mark.parametrize("family", ["qwen2", "mistral", "qwen3", "phi3", "gemma3", "gemma2"])
+@pytest.mark.parametrize("family", ["qwen2", "qwen3", "phi3", "gemma3", "gemma2"])
 def test_new_families_quantize_and_decode_exactly(tmp_path, family):
-    """Qwen3 (q/k norms), Phi-3 (fused projections) and Gemma 3 / 2 (windows, soft-capping) at int4, target and draft: the blocks
+    """Qwen2 (q/k/v biases), Qwen3 (q/k norms), Phi-3 (fused projections) and Gemma 3 / 2 (windows,
+    soft-capping) at int4, target and draft (Mistral is Llama's projections with Gemma's windows:
+    nothing of its own to quantize): the blocks
     replace every projection, the real-text figures are recorded, and speculative greedy output
     is the quantized target's own token for token at every γ: its verify rows carry the bits of a
     1-row call (specdec's row-invariant kernels, docs/exactness.md). max_kl: random-weight models

@@ -85,10 +85,15 @@ def test_mixed_pairs_are_refused(tied_t5, llama_bundle, tmp_path):
     out = tmp_path / "bundle"
     res = export_cli("--target", str(target), "--draft", str(llama_target), "--out", str(out))
     assert_one_line_error(res, "is an encoder-decoder model (t5) but draft", "a decoder-only one (llama)")
-    res = export_cli("--target", str(llama_target), "--draft", str(llama_target), "--out", str(out), "--max-source-len", "64")
-    assert_one_line_error(res, "--max-source-len 64", "is decoder-only")
-    # a draft whose decoder starts elsewhere
+    # the others in process: the command line's one-line error is the same path for every refusal
     from transformers import AutoConfig
+
+    from specdec.errors import ConfigError, ModelError
+    from specdec.export.pipeline import ExportConfig, export_bundle
+
+    with pytest.raises(ConfigError, match="--max-source-len 64: .* is decoder-only"):
+        export_bundle(ExportConfig(str(llama_target), str(llama_target), out, max_source_len=64))
+    # a draft whose decoder starts elsewhere
 
     other = tmp_path / "other"
     import shutil
@@ -97,8 +102,8 @@ def test_mixed_pairs_are_refused(tied_t5, llama_bundle, tmp_path):
     cfg = AutoConfig.from_pretrained(other)
     cfg.decoder_start_token_id = 0
     cfg.save_pretrained(other)
-    res = export_cli("--target", str(target), "--draft", str(other), "--out", str(out))
-    assert_one_line_error(res, "decoder_start_token_id=2", "decoder_start_token_id=0")
+    with pytest.raises(ModelError, match="decoder_start_token_id=2, draft decoder_start_token_id=0"):
+        export_bundle(ExportConfig(str(target), str(other), out))
     assert not out.exists()
 
 

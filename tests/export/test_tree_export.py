@@ -125,10 +125,16 @@ def test_tree_nodes_must_be_a_small_count(llama_bundle, tmp_path, value):
 
 
 def test_tree_nodes_refuse_a_sliding_window_model(tmp_path):
+    """In process: the command line's one-line error (exit 2) is the same path for every refusal
+    (tests/export/test_bad_input.py)."""
     from models import save_pair
-    from test_bad_input import assert_one_line_error, export_cli
+
+    from specdec.errors import ConfigError
+    from specdec.export.pipeline import ExportConfig, export_bundle
 
     target, draft = save_pair(tmp_path, "mistral")  # window 16
-    res = export_cli("--target", str(target), "--draft", str(draft), "--out", str(tmp_path / "b"), "--tree-nodes", "8")
-    assert_one_line_error(res, "--tree-nodes 8", "sliding_window=16", "export without --tree-nodes")
+    with pytest.raises(ConfigError) as err:
+        export_bundle(ExportConfig(str(target), str(draft), tmp_path / "b", tree_nodes=8))
+    msg = str(err.value)
+    assert "\n" not in msg and all(w in msg for w in ("--tree-nodes 8", "sliding_window=16", "export without --tree-nodes")), msg
     assert not (tmp_path / "b").exists()
