@@ -103,15 +103,15 @@ def test_failed_validation_leaves_no_bundle(llama_bundle, tmp_path, monkeypatch)
 
 
 def test_failed_overwrite_keeps_the_old_bundle(llama_bundle, tmp_path, monkeypatch):
-    target, draft, _ = llama_bundle
+    target, draft, bundle = llama_bundle
     out = tmp_path / "b"
-    export_bundle(ExportConfig(str(target), str(draft), out, gamma=2, max_seq_len=64))
-    before = (out / "manifest.json").read_text()
+    shutil.copytree(bundle, out)  # the old bundle: γ = 4
+    before = {f.relative_to(out): f.read_bytes() for f in out.rglob("*") if f.is_file()}
     monkeypatch.setitem(validate.TOLERANCES, ("float32", None), validate.Tolerance(1e-12, 1.0))
     with pytest.raises(ValidationError):
         export_bundle(ExportConfig(str(target), str(draft), out, gamma=3, max_seq_len=64, overwrite=True))
-    assert (out / "manifest.json").read_text() == before
-    assert load_manifest(out).gamma == 2
+    assert {f.relative_to(out): f.read_bytes() for f in out.rglob("*") if f.is_file()} == before
+    assert load_manifest(out).gamma == 4
 
 
 # --- the loader refuses broken bundles ------------------------------------------------------
