@@ -7,9 +7,10 @@ converter reads it back), and writes the reference forward's draft logits on giv
     python eagle3_reference.py JOBS_JSON
 
 JOBS_JSON: a list of jobs [TARGET, OUT, LAYOUT, SEED, TOKENS, AUX, DRAFT_VOCAB], run in one
-process (its imports take most of a job's time). For each, OUT/head: the head folder; OUT/reference.npz: ``logits`` [T - 1, N] (row j: token j + 1 read with
-the target's fused feature of position j, positions from 1, as Speculators trains), ``vocab``
-[N] the target token of each draft token.
+process (its imports take most of a job's time). For each, OUT/head: the head folder;
+OUT/reference.npz: ``logits`` [T - 1, N] (row j: token j + 1 read with the target's fused
+feature of position j, positions from 1, as Speculators trains), ``vocab`` [N] the target token
+of each draft token.
 """
 
 from __future__ import annotations
