@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Mapping, Sequence
 
-
 from specdec.errors import InputError
 from specdec.runtime.beam import BeamConfig
 from specdec.runtime.constraints import StructuredOutputs

@@ -93,10 +93,9 @@ def test_mixed_pairs_are_refused(tied_t5, llama_bundle, tmp_path):
 
     with pytest.raises(ConfigError, match="--max-source-len 64: .* is decoder-only"):
         export_bundle(ExportConfig(str(llama_target), str(llama_target), out, max_source_len=64))
-    # a draft whose decoder starts elsewhere
-
-    other = tmp_path / "other"
     import shutil
+
+    other = tmp_path / "other"  # a draft whose decoder starts elsewhere
 
     shutil.copytree(tied_t5[1], other)
     cfg = AutoConfig.from_pretrained(other)
