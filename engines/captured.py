@@ -32,7 +32,7 @@ import onnxruntime as ort
 
 from specdec.engines.kv import MEMORY, KVCache
 from specdec.engines.ort import GraphRunner
-from specdec.errors import EngineError, SignatureError
+from specdec.errors import SignatureError
 
 _GRAPH_IDS = itertools.count(1)  # ORT reserves 0 for its own single graph and -1 for "not captured"
 
@@ -42,8 +42,6 @@ class CapturedRunner(GraphRunner):
     CUDA graph per KV cache; ``run`` is ``GraphRunner.run``'s."""
 
     def __init__(self, session: ort.InferenceSession, name: str, spec, cache: KVCache, tokens: int):
-        if spec.io.features or spec.io.context:
-            raise EngineError(f"graph {name}: a feature graph's tensors are host buffers; captured CUDA graphs run the chain drafters' graphs")
         self.graphs: dict[int, tuple] = {}  # id(cache) -> (cache, binding, run options): one captured graph each
         super().__init__(session, name, spec, cache, tokens)
 
@@ -58,6 +56,9 @@ class CapturedRunner(GraphRunner):
         self.d_seqlens = device(self.seqlens)  # [1]
         self.h_total = ort.OrtValue.ortvalue_from_numpy(self.total)  # [] on the host: attention reads it there
         self.d_logits = device(np.zeros((1, s, vocab), dtype=np.float32))  # [1, S, V]
+        # a feature graph's (the target's features out, the head's context in): float32 [1, S, d] each
+        self.d_features = device(self.features[:, :s]) if self.features is not None else None
+        self.d_context = device(self.context[:, :s]) if self.context is not None else None
 
     def _set_scalars(self, start: int, s: int) -> None:
         self.seqlens[0] = start + s - 1
@@ -80,6 +81,10 @@ class CapturedRunner(GraphRunner):
         for name, value in ((io.ids, self.d_ids), (io.positions, self.d_pos), (io.seqlens, self.d_seqlens), (io.total, self.h_total)):
             b.bind_ortvalue_input(name, value)
         b.bind_ortvalue_output(io.logits, self.d_logits)
+        if self.d_features is not None:
+            b.bind_ortvalue_output(io.features, self.d_features)
+        if self.d_context is not None:
+            b.bind_ortvalue_input(io.context, self.d_context)
         for names, bind in ((io.past, b.bind_input), (io.present, b.bind_output)):  # present written in place over past
             for (k_name, v_name), ptrs in zip(names, cache.pointers()):
                 for tensor, ptr in zip((k_name, v_name), ptrs):
@@ -93,6 +98,10 @@ class CapturedRunner(GraphRunner):
         self.d_ids.update_inplace(self.ids[:, :s])  # host -> device: 8 bytes a token, each
         self.d_pos.update_inplace(self.pos[:, :s])
         self.d_seqlens.update_inplace(self.seqlens)
+        if self.d_context is not None:
+            self.d_context.update_inplace(self.context[:, :s])  # host -> device: 4 bytes a feature, S x d
         self.session.run_with_iobinding(binding, options)
         # device -> host: ORT's Python API reads a device tensor into a new array (S x V floats)
         np.copyto(self.logits[:, :s], self.d_logits.numpy())
+        if self.d_features is not None:
+            np.copyto(self.features[:, :s], self.d_features.numpy())  # S x d floats

@@ -34,6 +34,7 @@ import onnxruntime as ort
 from specdec.engines.batch import BatchRunner, SlotCache, slot_sources
 from specdec.engines.fused import FusedRunner
 from specdec.engines.kv import KVCache
+from specdec.engines.move import RowMover
 from specdec.engines.captured import CapturedRunner
 from specdec.engines.ort import BatchEncoder, EncoderRunner, GraphRunner, TreeRunner, fixed_tokens, fused_graph, runner_for
 from specdec.engines.sessions import CAPTURE, DEVICE, open_session
@@ -74,6 +75,8 @@ def graph_names(manifest: Manifest, models: Sequence[str], slots: int, fused: bo
     if tree and not any(g.role == "tree" for g in manifest.graphs.values()):
         raise ConfigError("a tree drafter needs the target's tree verify graph, which this bundle lacks; re-export it with --tree-nodes N (e.g. 8)")
     names = [manifest.graph("target", "tree")[0]] if tree else []
+    if tree and any(g.role == "move" for g in manifest.graphs.values()):  # a device cache's row moves (export/kv_move.py)
+        names.append(manifest.graph("target", "move")[0])
     for model in models:
         if slots > 1 and (rows := manifest.rows_graph(model)):
             batched_sizes(manifest, slots)  # refuses an engine larger than the bundle's rows
@@ -131,8 +134,7 @@ class Executor:
             self.dynamic: GraphRunner = runner_for(bundle, name, g, view, session=sessions[name])  # any length
             # captured CUDA graphs: one runner per call length up to the verify's (made at its first call),
             # so a smaller γ (adaptive, a request's own) replays too; longer calls (prompt chunks) run uncaptured
-            # (not a graph with feature tensors: those are host buffers; the feature drafter is float32 only anyway)
-            self.captured: dict[int, CapturedRunner] | None = {} if provider in CAPTURE and not (g.io.features or g.io.context) else None
+            self.captured: dict[int, CapturedRunner] | None = {} if provider in CAPTURE else None
             self._capture = (sessions[name], name, g, m.k)  # the longest captured call: a verify of γ + 1 (a draft catching up feeds as many)
             if self.captured is None:
                 self.static = runner_for(bundle, name, g, view, session=sessions[name], tokens=fixed_tokens(m, model))
@@ -153,9 +155,12 @@ class Executor:
             self.encoder = EncoderRunner(sessions[name], name, g, self.cross[0])
         found = [(n, g) for n, g in m.graphs.items() if g.model == model and g.role == "tree" and n in sessions]
         self.tree_runner = TreeRunner(sessions[found[0][0]], *found[0], view) if found else None  # a tree drafter's verify graph
-        if self.tree_runner is not None and self.device != "cpu":  # a tree keeps rows out of order: a row move (KVCache.keep)
-            raise EngineError(f"tree drafters move KV rows, which runs on host buffers only so far; on provider={provider!r} use a chain drafter "
-                              "(model, feature, feature-lookup, lookup, ...)")
+        # a tree keeps rows out of order: on a device cache they move by the bundle's move graph (KVCache.keep on the host)
+        moves = [(n, g) for n, g in m.graphs.items() if g.model == model and g.role == "move" and n in sessions]
+        self.mover = RowMover(sessions[moves[0][0]], *moves[0]) if moves and self.device != "cpu" else None
+        if self.tree_runner is not None and self.device != "cpu" and self.mover is None:
+            raise EngineError(f"tree drafters move KV rows, which this bundle does on host buffers only (it predates the move graph); "
+                              f"re-export it with --tree-nodes, or on provider={provider!r} use a chain drafter (model, feature, feature-lookup, lookup, ...)")
         self._cross_slot = {id(self.dynamic): -1, id(self.static): -1}  # slot whose cross K/V each batch-1 runner reads
         # The target's features for a feature drafter (export/features.py): per slot, row t + 1
         # holds the feature of position t (row 0 stays zero: what the head reads at position 0).
@@ -305,7 +310,10 @@ class Executor:
         """Commit rows at these positions (ascending, past the committed ones), moved into place
         (the stored features too)."""
         start = self.cache.length(s)
-        self.cache.keep(s, rows)
+        if self.mover is not None:
+            self.mover.keep(self.cache.slot(s), [r - start for r in rows])
+        else:
+            self.cache.keep(s, rows)
         if self.store is not None:
             for i, row in enumerate(rows):  # ascending and row >= start + i: never overwrites a row still to move
                 self.store[s, start + 1 + i] = self.store[s, row + 1]

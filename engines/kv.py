@@ -72,20 +72,22 @@ class KVCache:
     def keep(self, rows: list[int]) -> None:
         """Commit some rows of the last call, in order: row ``length + rows[k]`` moves to
         ``length + k`` (a tree's accepted path: its nodes' rows, ascending, since a node comes
-        after its parent). Copies len(rows) rows per layer at most; a prefix (0, 1, ..) copies none."""
-        n = len(rows)
+        after its parent). Copies len(rows) rows per layer at most; a prefix (0, 1, ..) copies none.
+        Host buffers; a device cache moves them with the bundle's move graph (engines/move.py)."""
+        src, dst = self.moves(rows)
+        if src and self.device != "cpu":
+            raise EngineError(f"KV cache keep({list(rows)}): moving rows of a device cache takes the bundle's move graph (engines/move.py)")
+        for buf in (*self.keys, *self.values) if src else ():
+            buf[:, :, dst] = buf[:, :, src]  # [1, kvH, m, D]: fancy indexing reads a copy first
+        self.append(len(rows))
+
+    def moves(self, rows: list[int]) -> tuple[list[int], list[int]]:
+        """The absolute positions ``keep(rows)`` reads and writes: only the rows that move."""
         if any(not 0 <= r < self.max_seq - self.length for r in rows) or any(a >= b for a, b in zip(rows, rows[1:])):
             raise InputError(f"KV cache keep({list(rows)}) at length {self.length}: expected ascending positions of the last call's rows, "
                              f"as offsets in [0, {self.max_seq - self.length})")
         moved = [k for k, r in enumerate(rows) if r != k]
-        if moved and self.device != "cpu":
-            raise EngineError(f"KV cache keep({list(rows)}): moving rows runs on host buffers only; a CUDA cache keeps prefixes (append)")
-        if moved:
-            src = [self.length + rows[k] for k in moved]  # [m]
-            dst = [self.length + k for k in moved]
-            for buf in (*self.keys, *self.values):
-                buf[:, :, dst] = buf[:, :, src]  # [1, kvH, m, D]: fancy indexing reads a copy first
-        self.append(n)
+        return [self.length + rows[k] for k in moved], [self.length + k for k in moved]
 
     def rewind_to(self, n: int) -> None:
         """Forget every row from ``n`` on; O(1)."""

@@ -113,15 +113,15 @@ class ExportConfig:
     def head(self) -> Path | None:
         """The feature head to add: ``feature_drafter``, else one the ``draft`` folder holds beside
         its model (``head_config.json``, as ``specdec train-drafter --save`` writes it), unless the
-        bundle is float16 or dynamic-int8: the head reads the target's float32 embedding and its
-        LM head's float or q8_0 weights (int8 and int4 keep both; the head's own matrices take
-        the drafts' precision, ``head_quantization``)."""
+        bundle is dynamic-int8: the head reads the target's float embedding and its LM head's
+        float or q8_0 weights (float16, int8 and int4 keep both; the head's own matrices take
+        the drafts' precision, ``head_quantization``, or float16 in a float16 bundle)."""
         if self.feature_drafter is not None:
             return Path(self.feature_drafter)
         if self.draft is None:
             return None
         folder = Path(self.draft)
-        if (folder / "head_config.json").is_file() and self.dtype == "float32" and self.quantize != "dynamic-int8":
+        if (folder / "head_config.json").is_file() and self.quantize != "dynamic-int8":
             return folder
         return None
 
@@ -129,6 +129,8 @@ class ExportConfig:
         """The feature head's matrices: the drafts' block precision (int8 under int4 by default),
         ``HEAD_DEFAULT`` when nothing names a precision, float32 under ``--draft-quantize none``
         or ``dynamic-int8`` (a whole-graph pass a head does not take)."""
+        if self.dtype != "float32":  # a float16 bundle: the head in float16, its tables the target's
+            return None
         kind = self.quantization("draft") if self.quantize or self.draft_quantize else HEAD_DEFAULT
         return kind if kind in ("int8", "int4") else None
 

@@ -204,8 +204,8 @@ class Eagle3Head(nn.Module):
     def forward(self, input_ids, position_ids, context, past_key_values=None, use_cache=False):
         """ids [B, S], positions [B, S], context [B, S, d] -> (logits [B, S, V], features [B, S, d])."""
         small, feature = self.layer_forward(input_ids, position_ids, context, past_key_values)
-        full = small.new_full((*small.shape[:-1], self.cfg.vocab), NEVER)
-        return full.scatter(-1, self.vocab_ids.expand(*small.shape[:-1], -1), small), feature
+        full = small.new_full((*small.shape[:-1], self.cfg.vocab), NEVER, dtype=torch.float32)  # NEVER is -inf in float16
+        return full.scatter(-1, self.vocab_ids.expand(*small.shape[:-1], -1), small.float()), feature
 
     def layer_forward(self, input_ids, position_ids, context, past_key_values=None):
         """(logits over the draft vocabulary [B, S, N], the fed-back feature [B, S, d])."""

@@ -34,6 +34,11 @@ MAX_HEAD_DIFF = 2e-3  # |Δ logits| of the head graph vs PyTorch, float32: GQA's
 # by at most 1/254 of its block's largest term, which through the head's layer came to ~1% of
 # the range on SmolLM2-135M's head (0.37 of 38); a wrong graph is off by the range itself.
 MAX_QUANTIZED_HEAD_DIFF = 0.05
+# A float16 head (a float16 bundle's) against PyTorch in float32, as a fraction of the logits'
+# range: float16 keeps 11 significant bits (each rounding ~5e-4 relative); through fc, the layer
+# and the LM head it came to 0.023-0.028 of a range of ~41 on SmolLM2-135M's head (0.07 %, three
+# seeds); 0.01 leaves 14x that, and a wrong graph is off by the range itself.
+MAX_FLOAT16_HEAD_DIFF = 0.01
 
 
 def _external_array(folder: Path, t: onnx.TensorProto) -> np.ndarray:
@@ -139,7 +144,7 @@ def expose_features(stage: Path, manifest: Manifest, fused: dict | None = None, 
         make = features.fused(tuple(fused["layers"]), manifest.target.num_layers, manifest.target.hidden_size, fused["eps"], names)
     graphs = dict(manifest.graphs)
     for name, g in manifest.graphs.items():
-        if g.model != "target" or g.io.features:
+        if g.model != "target" or g.io.features or not g.io.logits:  # not the move graph (export/kv_move.py)
             continue
         path = inside(stage, g.file)
         proto = onnx.load(str(path), load_external_data=False)
@@ -198,8 +203,6 @@ def add_head(stage: Path, manifest: Manifest, head, record: dict, seed: int = 0,
     from specdec.export.quantize import quantize_weight_only, scheme_for
     from specdec.export.weights import share_with
 
-    if manifest.dtype != "float32":
-        raise ExportError(f"a feature drafter needs a float32 bundle, this one is {manifest.dtype}; export with --dtype float32")
     for f in (*stage.glob(f"{HEAD_GRAPH}.onnx*"), stage / "head.weights"):  # links to an older head's files
         f.unlink(missing_ok=True)
     file = f"{HEAD_GRAPH}.onnx"
@@ -218,7 +221,8 @@ def add_head(stage: Path, manifest: Manifest, head, record: dict, seed: int = 0,
                      cfg.max_positions, int(params), quantize)  # fmt: skip
     graphs = {n: g for n, g in manifest.graphs.items() if g.model != "head"}
     graphs[HEAD_GRAPH] = graph
-    diff = check_head(stage, graph, head, manifest.max_seq_len, seed, quantized=bool(quantize))
+    relative = MAX_QUANTIZED_HEAD_DIFF if quantize else MAX_FLOAT16_HEAD_DIFF if manifest.dtype == "float16" else None
+    diff = check_head(stage, graph, head, manifest.max_seq_len, seed, relative)
     feature = {"width": cfg.width, "training": record, "check": {"max_abs_logits": diff}, **shared}
     return dataclasses.replace(manifest, graphs=graphs, head=spec, feature=feature)
 
@@ -239,10 +243,11 @@ def add_eagle3(stage: Path, manifest: Manifest, spec, layers: tuple[int, ...], r
     return dataclasses.replace(manifest, feature={**manifest.feature, "first": 1, "width": spec.width})
 
 
-def check_head(stage: Path, graph: GraphSpec, head, max_seq: int, seed: int, quantized: bool = False) -> float:
+def check_head(stage: Path, graph: GraphSpec, head, max_seq: int, seed: int, relative: float | None = None) -> float:
     """Max |Δ logits| of the head graph against PyTorch (float32) over a prompt chunk and 1-token
     steps, as the drafter calls it, on the tokens it drafts; an ExportError past
-    ``MAX_HEAD_DIFF`` (float32) or ``MAX_QUANTIZED_HEAD_DIFF`` of the logits' range."""
+    ``MAX_HEAD_DIFF`` (float32), or past ``relative`` of the logits' range (int8 blocks:
+    ``MAX_QUANTIZED_HEAD_DIFF``; float16: ``MAX_FLOAT16_HEAD_DIFF``)."""
     from specdec.engines.kv import KVCache
     from specdec.engines.ort import runner_for
     from specdec.export.head import NEVER, reference
@@ -253,7 +258,7 @@ def check_head(stage: Path, graph: GraphSpec, head, max_seq: int, seed: int, qua
     ids = rng.integers(0, cfg.vocab, n)
     context = rng.standard_normal((n, cfg.width)).astype(np.float32)
     want, _ = reference(head, ids, context)
-    cache = KVCache(1, cfg.num_kv_heads, max_seq, cfg.head_dim, "float32")
+    cache = KVCache(1, cfg.num_kv_heads, max_seq, cfg.head_dim, next(t.dtype for t in graph.inputs if t.name == graph.io.past[0][0]))
     runner = runner_for(stage, HEAD_GRAPH, graph, cache)
     got = []
     for a, b in ((0, n // 2), *((i, i + 1) for i in range(n // 2, n))):
@@ -261,7 +266,7 @@ def check_head(stage: Path, graph: GraphSpec, head, max_seq: int, seed: int, qua
         cache.append(b - a)
     drafted = want > NEVER / 2  # [S, V]: a head with a draft vocabulary gives the rest NEVER
     diff = float(np.abs(np.concatenate(got) - want)[drafted].max())
-    bound = MAX_QUANTIZED_HEAD_DIFF * float(np.ptp(want[drafted])) if quantized else MAX_HEAD_DIFF
+    bound = relative * float(np.ptp(want[drafted])) if relative else MAX_HEAD_DIFF
     if not diff <= bound:
         raise ExportError(f"head graph differs from PyTorch by {diff:.3g} in logits (bound {bound:.3g}); the export is wrong")
     return diff

@@ -6,7 +6,7 @@ input of the LM head, at every fed position. Every target graph already computes
 pass only names it as an output:
 
     logits <- (Mul / Tanh / Div / Cast: soft-capping, scaling) <- MatMul-like head (h, W)
-    features := Identity(h)          float32 [B, S, d], B and S as the graph's logits
+    features := Cast(h, float32)     [B, S, d], B and S as the graph's logits (a float16 graph's too)
 
 Found by walking back from ``logits`` through element-wise ops to the first head product
 (MatMul, FusedMatMul, Gemm, MatMulNBits, MatMulBlocks), so it holds for every family, tied or untied head,
@@ -91,9 +91,15 @@ def _produce(graph: onnx.GraphProto, logits: str, name: str, make, dims: dict) -
 
 
 def identity(graph: onnx.GraphProto, logits: str, name: str, dims: dict) -> None:
-    """``name`` := the LM head's input."""
+    """``name`` := the LM head's input, as float32 (a float16 graph's too)."""
     hidden, _ = head_input(graph, logits)
-    graph.node.append(helper.make_node("Identity", [hidden], [name], name=f"specdec_{name.replace('/', '_')}"))
+    graph.node.append(as_float(hidden, name, f"specdec_{name.replace('/', '_')}"))
+
+
+def as_float(x: str, out: str, name: str) -> onnx.NodeProto:
+    """``out`` := ``x`` as float32: the features are float32 in every graph, the runtime's host
+    buffers; in a float32 graph the Cast is a no-op that ONNX Runtime removes."""
+    return helper.make_node("Cast", [x], [out], name=name, to=onnx.TensorProto.FLOAT)
 
 
 NORMS = {"SimplifiedLayerNormalization", "LayerNormalization", "SkipSimplifiedLayerNormalization", "SkipLayerNormalization"}
@@ -151,7 +157,9 @@ def streams(layer_ids: tuple[int, ...], layers: int, width: int):
 
     def make(graph: onnx.GraphProto, logits: str, name: str, dims: dict) -> None:
         parts = [head_input(graph, logits)[0], *(stream_into(graph, i, layers, logits, width, dims) for i in layer_ids)]
-        graph.node.append(helper.make_node("Concat", parts, [name], name=f"specdec_{name.replace('/', '_')}_streams", axis=-1))
+        tag = f"specdec_{name.replace('/', '_')}"
+        graph.node.append(helper.make_node("Concat", parts, [f"{tag}_cat"], name=f"{tag}_streams", axis=-1))
+        graph.node.append(as_float(f"{tag}_cat", name, f"{tag}_float"))
 
     return make
 
@@ -163,6 +171,8 @@ def fused(layer_ids: tuple[int, ...], layers: int, width: int, eps: float, names
     def make(graph: onnx.GraphProto, logits: str, name: str, dims: dict) -> None:
         tag = f"specdec_{name.replace('/', '_')}"
         parts = [stream_into(graph, i, layers, logits, width, dims) for i in layer_ids]
+        graph.node.extend(as_float(p, f"{tag}_f{k}", f"{tag}_float{k}") for k, p in enumerate(parts))  # float32 weights below
+        parts = [f"{tag}_f{k}" for k in range(len(parts))]
         if "fc_norm.0" in names:
             for k, s in enumerate(parts):
                 graph.node.append(helper.make_node("SimplifiedLayerNormalization", [s, names[f"fc_norm.{k}"]], [f"{tag}_n{k}"],

@@ -17,6 +17,7 @@ features, and its shape (heads, KV heads, head dim) is the target's.
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -104,8 +105,8 @@ class FeatureHead(nn.Module):
         small, h = self.draft_logits(input_ids, position_ids, context, past_key_values, use_cache)
         if self.cfg.draft_vocab is None:
             return small, h
-        full = small.new_full((*small.shape[:-1], self.cfg.vocab), NEVER)
-        return full.scatter(-1, self.vocab_ids.expand(*small.shape[:-1], -1), small), h
+        full = small.new_full((*small.shape[:-1], self.cfg.vocab), NEVER, dtype=torch.float32)  # NEVER is -inf in float16
+        return full.scatter(-1, self.vocab_ids.expand(*small.shape[:-1], -1), small.float()), h
 
     def trained_state(self) -> dict[str, torch.Tensor]:
         """The head's own weights (fc and the layer; not the target's tables)."""
@@ -150,6 +151,7 @@ class _Wrapper(nn.Module):
 
     def forward(self, input_ids, position_ids, context, scalars: list[torch.Tensor], past: list[torch.Tensor]):
         state = self.flavour.state([past[0]], [past[1]], *scalars)
+        context = context.to(past[0].dtype)  # the host's float32 rows, in the head's precision
         with attention.call_state(state):
             logits, h = self.head(input_ids, position_ids, context, past_key_values=attention.PassThroughCache(), use_cache=True)
         return (logits.float(), h.float(), *self.flavour.kv_out(state, 0))
@@ -174,6 +176,8 @@ def export_head(head: FeatureHead, path: Path, max_seq: int, dtype: str = "float
     """Trace the head to ``path`` (+ its data file), dynamic S; returns (inputs, outputs, io)."""
     cfg = head.cfg
     inputs, outputs, io = signature(cfg, max_seq, dtype)
+    if dtype != "float32":  # a float16 bundle: the head's weights and tables in float16, its context and outputs float32
+        head = copy.deepcopy(head).to(TORCH_DTYPES[dtype])
     fl = FLAVOURS["ort"]
     s = 3
     args = (

@@ -171,6 +171,19 @@ def _validate_tree(ctx, name, g):
     return name, validate_tree(ctx.models[g.model], ctx.tmp, (name, g), ctx.graph(f"{g.model}_dynamic"), ctx.kv(g.model), seed=ctx.cfg.seed)
 
 
+def _export_move(ctx, plan, model, spec, path, tokens):
+    from specdec.export.kv_move import export_kv_move
+
+    return export_kv_move(path, *ctx.kv(plan.model))
+
+
+def _validate_move(ctx, name, g):
+    """Checked against KVCache.keep here (an ExportError if a row lands wrong); no figures."""
+    from specdec.export.kv_move import validate_kv_move
+
+    validate_kv_move(ctx.tmp, (name, g), seed=ctx.cfg.seed)
+
+
 KINDS: dict[str, GraphKind] = {
     "decoder": GraphKind(_export_decoder, _validate_decoder),  # the dynamic-length graph
     "static": GraphKind(_export_static, _validate_decoder, derived=True),  # K-token verify, 1-token step: the dynamic one, S fixed
@@ -183,4 +196,5 @@ KINDS: dict[str, GraphKind] = {
     "encoder_batched": GraphKind(_export_encoder_batched, lambda ctx, name, g: None),  # B padded sources; checked with the rows graph
     "seq2seq_batched": GraphKind(_export_seq2seq_batched, _validate_seq2seq_batched),  # B rows, each over its slot and its own source
     "tree": GraphKind(_export_tree, _validate_tree),  # N draft-tree nodes, ancestors-only attention (export/tree.py)
+    "move": GraphKind(_export_move, _validate_move, derived=True),  # a tree's accepted rows moved on the device (export/kv_move.py)
 }

@@ -73,6 +73,7 @@ def planned_graphs(cfg: ExportConfig, seq2seq: bool = False) -> tuple[GraphPlan,
         batched += [GraphPlan(f"{m}_batch{b}", m, "dynamic", None, batch=b, kind="batched_one" if b == 1 else "batched") for m in ("target", "draft")]
         if cfg.fused_draft and b > 1:
             batched += [GraphPlan(f"draft_{role}_batch{b}", "draft", role, "gamma", batch=b, kind="fused") for role in FUSED_ROLES]
-    tree = (GraphPlan("target_tree", "target", "tree", "tree", kind="tree"),) if cfg.tree_nodes else ()
+    tree = (GraphPlan("target_tree", "target", "tree", "tree", kind="tree"),  # and its accepted rows moved on a device cache
+            GraphPlan("target_move", "target", "move", None, kind="move")) if cfg.tree_nodes else ()  # fmt: skip
     plans = GRAPHS + fused + (PORTABLE_GRAPHS if cfg.portable else ()) + tuple(batched) + tree
     return plans if cfg.draft is not None else tuple(p for p in plans if p.model != "draft")  # no draft model: its graphs are not made

@@ -66,7 +66,8 @@ def _gqa_tree_to_onnx(query, key, value, past_key, past_value, seqlens_k, total_
     nodes = op.Shape(tree_bias, start=2, end=3)  # [1]: N
     past = op.Sub(op.Reshape(op.Cast(total_len, to=7), op.Constant(value_ints=[1])), nodes)  # [1], int64
     zeros = op.ConstantOfShape(op.Concat(op.Constant(value_ints=[1, 1]), nodes, past, axis=0))  # [1, 1, N, past], float32 zeros
-    bias = op.Concat(op.CastLike(zeros, tree_bias), tree_bias, axis=3)  # [1, 1, N, past + N]
+    bias = op.CastLike(op.Concat(op.CastLike(zeros, tree_bias), tree_bias, axis=3), query)  # [1, 1, N, past + N], in attention's type
+    # (float16: -1e30 becomes -inf, which a row never holds alone: its past and its own node are 0)
     return _MSFT.GroupQueryAttention(
         query, key, value, past_key, past_value, seqlens_k, total_len, None, None, None, bias,
         num_heads=num_heads, kv_num_heads=kv_heads, scale=scale, local_window_size=-1,

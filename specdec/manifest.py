@@ -26,7 +26,7 @@ MANIFEST_NAME = "manifest.json"
 DTYPES = ("float32", "float16", "int64", "int32", "bool")
 MODELS = ("target", "draft", "head")  # head: the feature drafter (export/head.py), one layer over the target's features
 FUSED_ROLES = ("fused", "fused_greedy")  # the draft's γ steps in one call (export/fused.py): sampling, and argmax only
-ROLES = ("dynamic", "verify", "step", "encoder", "tree", *FUSED_ROLES)
+ROLES = ("dynamic", "verify", "step", "encoder", "tree", "move", *FUSED_ROLES)  # move: export/kv_move.py
 FLAVOURS = ("ort", "portable")
 
 
@@ -113,7 +113,8 @@ class GraphSpec:
     call), "dynamic" (any length: prompts, 1-token target steps, short verify calls),
     "fused" / "fused_greedy" (draft, γ steps and their token choice in one call: export/fused.py),
     "encoder" (an encoder-decoder's encoder, run once per request: export/seq2seq.py), or "tree"
-    (the target over a draft tree of N nodes, ancestors-only attention: export/tree.py).
+    (the target over a draft tree of N nodes, ancestors-only attention: export/tree.py), or
+    "move" (a tree's accepted KV rows moved on the cache's device: export/kv_move.py).
     ``tokens`` is the static number of new tokens per call (tokens drafted, for a fused graph),
     or None when it is dynamic.
     ``data`` lists external-data files the graph reads.

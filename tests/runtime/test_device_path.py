@@ -32,8 +32,8 @@ def _decode(bundle, drafter: str, temperature: float) -> list[list[int]]:
     return [dec.generate(p, max_new_tokens=24, ignore_eos=True, temperature=temperature, seed=3).tokens for p in PROMPTS]
 
 
-def _batch(bundle) -> list[list[int]]:
-    with BatchEngine(bundle, max_batch=4) as engine:
+def _batch(bundle, drafter: str | None = None) -> list[list[int]]:
+    with BatchEngine(bundle, max_batch=4, drafter=drafter) as engine:
         return [r.tokens for r in engine.generate_many(PROMPTS, max_new_tokens=24, ignore_eos=True)]
 
 
@@ -53,12 +53,32 @@ def test_device_buffers_decode_as_host_arrays(family_bundle, monkeypatch):
 
 
 @LLAMA
-def test_a_tree_drafter_on_device_buffers_is_refused_by_name(family_bundle, monkeypatch):
-    """A tree keeps rows out of order, which moves KV rows; on device buffers that is refused at
-    load with a typed error naming the fix, not a crash in the middle of a request."""
+def test_tree_drafters_on_device_buffers_move_rows_there(family_bundle, monkeypatch):
+    """A tree keeps its accepted path's KV rows out of order; on device buffers the bundle's move
+    graph (export/kv_move.py) moves them where they are. Greedy and sampled with a seed, the
+    tree drafters give the host path's tokens, with rows moved on the device (not only prefixes
+    kept); a bundle exported before the move graph refuses a tree on a device cache at load, by
+    name, not in the middle of a request."""
+    from specdec.engines.executor import Executor, graph_names, open_sessions
+    from specdec.engines.threads import ThreadPolicy
+
+    bundle = family_bundle[3]
+    host = {t: _decode(bundle, "lookup-tree", t) for t in (0.0, 1.0)}
+    host_batch = _batch(bundle, "lookup-tree")
     monkeypatch.setitem(ort_sessions.DEVICE, "cpu", "ortvalue")
-    with pytest.raises(EngineError, match="chain drafter"):
-        SpeculativeDecoder.load(family_bundle[3], drafter="lookup-tree")
+    for t, want in host.items():
+        assert _decode(bundle, "lookup-tree", t) == want, t
+    assert _batch(bundle, "lookup-tree") == host_batch
+    dec = SpeculativeDecoder.load(bundle, drafter="lookup-tree")
+    for p in PROMPTS:
+        dec.generate(p + p[:3], max_new_tokens=24, ignore_eos=True)
+    target = dec.engine.target
+    assert isinstance(target.slot(0).keys[0], ort.OrtValue) and target.mover.calls > 0, "rows were moved by the graph, on device buffers"
+    m = load_manifest(bundle)
+    older = dataclasses.replace(m, graphs={n: g for n, g in m.graphs.items() if g.role != "move"})
+    sessions = open_sessions(bundle, older, graph_names(older, ["target"], 1, fused=False, tree=True), "cpu", ThreadPolicy.of(None))
+    with pytest.raises(EngineError, match="re-export it with --tree-nodes"):
+        Executor(bundle, older, "target", sessions, "cpu")
 
 
 def test_device_kv_buffers_start_zeroed(monkeypatch):

@@ -272,8 +272,8 @@ def test_a_draft_folder_with_a_head_makes_it_the_bundles_default_drafter(feature
     carries both, its default drafter is the fastest measured at export among the bundle's modes,
     the one the head's folder suggests (γ and the head's stop included) among them, and
     ``SpeculativeDecoder.load(B)`` decodes with it, exactly; its matrices are int8 blocks in this
-    float32 bundle (float32 with --draft-quantize none); a float16 or dynamic-int8 export leaves
-    it out, an int8/int4 one keeps it."""
+    float32 bundle (float32 with --draft-quantize none); a dynamic-int8 export leaves it out, a
+    float16 one keeps it in float16, an int8/int4 one keeps it."""
     from specdec.export.pipeline import ExportConfig
 
     target, _, _, root = feature_bundle
@@ -298,7 +298,8 @@ def test_a_draft_folder_with_a_head_makes_it_the_bundles_default_drafter(feature
         "another drafter keeps the bundle's gamma"  # fmt: skip
     shown = subprocess.run([sys.executable, "-m", "specdec", "inspect", str(out)], capture_output=True, text=True)
     assert f"default drafter {entry['name']}, gamma {entry['gamma']}" in shown.stdout and "(measured at export" in shown.stdout, shown.stdout + shown.stderr
-    assert ExportConfig(str(target), str(draft), tmp_path / "h", dtype="float16").head() is None, "a float16 bundle leaves the head out"
+    fp16 = ExportConfig(str(target), str(draft), tmp_path / "h", dtype="float16")
+    assert fp16.head() == draft and fp16.head_quantization() is None, "a float16 bundle keeps the head, in float16"
     assert ExportConfig(str(target), str(draft), tmp_path / "d", quantize="dynamic-int8").head() is None
     assert ExportConfig(str(target), str(draft), tmp_path / "q", quantize="int8").head() == draft, "an int8 bundle keeps it"
     assert ExportConfig(str(target), str(draft), tmp_path / "f").head() == draft
@@ -306,8 +307,57 @@ def test_a_draft_folder_with_a_head_makes_it_the_bundles_default_drafter(feature
 
 
 @LLAMA
+def test_a_float16_export_keeps_the_head_in_float16(feature_bundle, family_bundle, tmp_path, monkeypatch):
+    """A float16 export of a folder with a head keeps it, in float16 (what a GPU runs): its own
+    matrices float16, its embedding and LM head the target's float16 tables read from the
+    target's file, its context in and features out float32, like the target graphs' features.
+    Decoding with it keeps the float16 target's own greedy output token for token (feature,
+    feature-lookup and feature-tree), on host buffers and on the device path (KV in OrtValues) through the
+    captured runners of provider cuda-graph, the head's calls included (run on the CPU
+    provider, where nothing is captured: on a GPU a difference is the capture's)."""
+    import onnx
+
+    from specdec.engines import sessions as ort_sessions
+    from specdec.engines.captured import CapturedRunner
+    from specdec.export.pipeline import ExportConfig, export_bundle
+
+    target, _, _, root = feature_bundle
+    draft, _ = _draft_with_head(family_bundle[2], root / "head", tmp_path / "draft", {"drafter": "feature-lookup", "gamma": 2})
+    out = tmp_path / "fp16"
+    m = export_bundle(ExportConfig(str(target), str(draft), out, max_seq_len=128, dtype="float16", tree_nodes=6))
+    assert m.head is not None and m.head.quantization is None and m.dtype == "float16"
+    proto = onnx.load(str(out / m.graphs["head_dynamic"].file), load_external_data=False)
+    kinds = {t.data_type for t in proto.graph.initializer if len(t.dims) == 2}
+    assert kinds == {onnx.TensorProto.FLOAT16}, f"the head's matrices: {kinds}"
+    locations = [e.value for t in proto.graph.initializer for e in t.external_data if e.key == "location"]
+    assert locations.count("target.weights") >= 1, "the head reads the target's float16 tables from the target's file"
+    assert m.feature["check"]["max_abs_logits"] > 0
+    ref = SpeculativeDecoder.load(out, drafter="lookup")
+    prompts = [PROMPTS[0], *corpus_prompts(ref)]
+    wants = [ref.generate(p, max_new_tokens=NEW, ignore_eos=True, gamma=0).tokens for p in prompts]
+
+    def decode(drafter: str) -> tuple[list[list[int]], int, SpeculativeDecoder]:
+        dec = SpeculativeDecoder.load(out, drafter=drafter)
+        results = [dec.generate(p, max_new_tokens=NEW, ignore_eos=True, gamma=3) for p in prompts]
+        return [r.tokens for r in results], sum(r.stats.accepted for r in results), dec
+
+    for drafter in ("feature", "feature-lookup", "feature-tree"):
+        tokens, accepted, _ = decode(drafter)
+        assert tokens == wants and accepted > 0, (drafter, accepted)
+    monkeypatch.setitem(ort_sessions.DEVICE, "cpu", "ortvalue")
+    monkeypatch.setattr("specdec.engines.executor.CAPTURE", {"cpu"})  # the runners of "cuda-graph", on the CPU provider
+    for drafter in ("feature-tree", "feature", "feature-lookup"):
+        tokens, accepted, dec = decode(drafter)
+        assert tokens == wants and accepted > 0, (drafter, accepted)
+        assert drafter != "feature-tree" or dec.engine.target.mover is not None, "the tree's rows moved on the device cache"
+    head, target = dec.engine.head, dec.engine.target
+    assert isinstance(head.captured[1], CapturedRunner) and head.captured[1].d_context is not None, "the head's steps ran captured"
+    assert isinstance(target.captured[4], CapturedRunner) and target.captured[4].d_features is not None, "the verify returned its features"
+
+
+@LLAMA
 def test_a_bundle_that_leaves_the_head_out_takes_the_folders_headless_default(feature_bundle, family_bundle, tmp_path):
-    """A float16 export of a folder with a head leaves the head out; its default drafter is the
+    """A dynamic-int8 export of a folder with a head leaves the head out; its default drafter is the
     faster, measured at export, of the draft model and the folder's ``"serve": {"without_head": ...}``
     (Gemma-3-270M's: lookup, as its draft model does not pay), named in the warning, and decodes
     exactly; a suggestion it cannot run is ignored."""
@@ -320,21 +370,21 @@ def test_a_bundle_that_leaves_the_head_out_takes_the_folders_headless_default(fe
                                      {"drafter": "feature-lookup", "gamma": 2, "without_head": {"drafter": "lookup", "gamma": 3, "why": "no head here"}})
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        m = export_bundle(ExportConfig(str(target), str(draft), tmp_path / "q", max_seq_len=128, dtype="float16"))
+        m = export_bundle(ExportConfig(str(target), str(draft), tmp_path / "q", max_seq_len=128, quantize="dynamic-int8"))
     assert any("its default drafter is lookup or the draft model" in str(w.message) for w in caught), [str(w.message) for w in caught]
     assert m.head is None and measured_default(m.drafter, "lookup γ=3"), m.drafter
     dec = SpeculativeDecoder.load(tmp_path / "q")
     assert dec.drafter_spec == m.drafter["name"]
     ref = SpeculativeDecoder.load(tmp_path / "q")
-    for prompt in [PROMPTS[0], *corpus_prompts(dec)]:  # the float16 target's own greedy output
+    for prompt in [PROMPTS[0], *corpus_prompts(dec)]:  # the int8 target's own greedy output
         res = dec.generate(prompt, max_new_tokens=NEW, ignore_eos=True)
         assert res.tokens == ref.generate(prompt, max_new_tokens=NEW, ignore_eos=True, gamma=0).tokens and res.stats.gamma == m.drafter["gamma"]
     config["serve"]["without_head"] = {"drafter": "feature", "gamma": 3}  # needs the head it lacks: ignored
     (draft / "head_config.json").write_text(json.dumps(config))
-    assert ExportConfig(str(target), str(draft), tmp_path / "r", dtype="float16").head() is None
+    assert ExportConfig(str(target), str(draft), tmp_path / "r", quantize="dynamic-int8").head() is None
     from specdec.export.pipeline import headless_drafter
 
-    assert headless_drafter(draft, ExportConfig(str(target), str(draft), tmp_path / "r", dtype="float16")) is None
+    assert headless_drafter(draft, ExportConfig(str(target), str(draft), tmp_path / "r", quantize="dynamic-int8")) is None
 
 
 @LLAMA
