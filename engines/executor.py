@@ -100,10 +100,13 @@ def batched_encoder(manifest: Manifest, model: str) -> str | None:
     return next((n for n, g in manifest.graphs.items() if g.model == model and g.role == "encoder" and g.batch > 1), None)
 
 
-def open_sessions(bundle: Path, manifest: Manifest, names: Sequence[str], provider: str, threads: ThreadPolicy) -> dict[str, ort.InferenceSession]:
+def open_sessions(bundle: Path, manifest: Manifest, names: Sequence[str], provider: str, threads: ThreadPolicy,
+                  draft_provider: str | None = None) -> dict[str, ort.InferenceSession]:  # fmt: skip
     """graph name -> session, each signature checked against the manifest (sessions are
-    thread-safe and hold the weights; executors over them share them)."""
-    return {name: open_session(bundle, name, manifest.graphs[name], provider, threads) for name in names}
+    thread-safe and hold the weights; executors over them share them). ``draft_provider``: the
+    drafting models' (the draft model, the feature head), where it is not the target's."""
+    where = lambda g: provider if g.model == "target" or draft_provider is None else draft_provider  # noqa: E731
+    return {name: open_session(bundle, name, manifest.graphs[name], where(manifest.graphs[name]), threads) for name in names}
 
 
 class Executor:

@@ -53,24 +53,25 @@ class BatchEngine:
 
     def __init__(self, bundle: str | Path, max_batch: int | None = None, drafter=None, threads: ThreadPolicy | int | None = None,
                  max_queue: int = 64, provider: str = "cpu", manifest: Manifest | None = None, verify: str = "full",
-                 prefix_reuse: bool = True, cache_slots: int | None = None):  # fmt: skip
+                 prefix_reuse: bool = True, cache_slots: int | None = None, draft_provider: str | None = None):  # fmt: skip
         """``manifest``: the bundle's, when the caller has loaded (and verified) it already;
         ``verify``: how ``load_manifest`` checks the bundle otherwise ("full" or "size").
         ``prefix_reuse``: a request takes the idle slot holding the longest prefix of its prompt
         and feeds only the rest (a finished request's KV stays in its slot until evicted, least
         recently used first). ``cache_slots``: KV slots allocated at load, >= ``max_batch`` (the
         rows decoded together); more slots keep more conversations' prefixes [default: max_batch].
-        ``drafter``: as ``SpeculativeDecoder.load``'s (None: the bundle's default)."""
+        ``drafter``, ``draft_provider``: as ``SpeculativeDecoder.load``'s (None: the bundle's default; the target's provider)."""
         bundle = local(bundle)  # a stored bundle's URI: this machine's verified copy
         m = self.manifest = manifest or load_manifest(bundle, verify)
         drafter = bundle_default(m) if drafter is None else drafter
         self.max_batch = self.check_options(m, max_batch, drafter, max_queue, cache_slots)
         self.cache_slots = slots = self.max_batch if cache_slots is None else cache_slots
-        self.loaded, drafter = Loaded.open(bundle, drafter, self.max_batch, provider, threads, manifest=m)
+        self.loaded, drafter = Loaded.open(bundle, drafter, self.max_batch, provider, threads, manifest=m, draft_provider=draft_provider)
         self.limits, self.codec, self.threads = self.loaded.limits(drafter), self.loaded.codec, self.loaded.threads
         sessions = self.loaded.sessions
-        self.beams = BeamRunner(bundle, m, sessions, provider, self.threads, self.codec)  # beam searches, beside the rows in flight
-        self.engine = Engine(bundle, m, sessions, drafter, slots, provider, prefill_chunk=PREFILL_CHUNK, reuse=prefix_reuse, rows=self.max_batch)
+        self.beams = BeamRunner(bundle, m, sessions, provider, self.threads, self.codec, draft_provider)  # beam searches, beside the rows in flight
+        self.engine = Engine(bundle, m, sessions, drafter, slots, provider, prefill_chunk=PREFILL_CHUNK, reuse=prefix_reuse, rows=self.max_batch,
+                             draft_provider=draft_provider)  # fmt: skip
         self.drafter_name = self.engine.proposer.name
         self.waiting: queue.Queue = queue.Queue(maxsize=max_queue)
         self.max_queue = max_queue

@@ -90,12 +90,13 @@ class BeamResult:
 class BeamSearcher:
     """A bundle's target (and draft) over ``slots`` cache slots each, for beam search."""
 
-    def __init__(self, bundle: Path, manifest: Manifest, sessions: dict, provider: str, slots: tuple[int, int], rows: int):
+    def __init__(self, bundle: Path, manifest: Manifest, sessions: dict, provider: str, slots: tuple[int, int], rows: int,
+                 draft_provider: str | None = None):  # fmt: skip
         """``slots``: the target's and the draft's (a round scores up to w + uγ target paths,
         the draft's steps up to max(w, u)); 0 draft slots: plain search only, no draft."""
         self.manifest, self.slots = manifest, slots
         self.target = PrefixScorer(Executor(bundle, manifest, "target", sessions, provider, slots[0], None, min(rows, slots[0])))
-        self.draft = PrefixScorer(Executor(bundle, manifest, "draft", sessions, provider, slots[1], None, min(rows, slots[1]))) if slots[1] else None
+        self.draft = PrefixScorer(Executor(bundle, manifest, "draft", sessions, draft_provider or provider, slots[1], None, min(rows, slots[1]))) if slots[1] else None
 
     def search(self, prompt: np.ndarray, cfg: BeamConfig, width: int = 0, gamma: int = 0,
                source: np.ndarray | None = None) -> tuple[list[Beam], BeamStats]:  # fmt: skip
@@ -174,8 +175,10 @@ class BeamRunner:
     first search and grown when a wider one comes. Sessions it needs that the owner did not open
     (a batched engine with another drafter: the draft's graphs) are opened then and kept."""
 
-    def __init__(self, bundle: Path, manifest: Manifest, sessions: dict, provider: str, threads: ThreadPolicy, codec: TextCodec | None):
+    def __init__(self, bundle: Path, manifest: Manifest, sessions: dict, provider: str, threads: ThreadPolicy, codec: TextCodec | None,
+                 draft_provider: str | None = None):  # fmt: skip
         self.bundle, self.manifest, self.sessions, self.provider, self.threads, self.codec = bundle, manifest, sessions, provider, threads, codec
+        self.draft_provider = draft_provider  # the draft model's, where not the target's
         self.searcher: BeamSearcher | None = None
         self.lock = threading.Lock()
 
@@ -197,9 +200,9 @@ class BeamRunner:
                 rows = min(m.max_batch, max(slots)) if m.max_batch > 1 else 1
                 models = ("target", "draft") if slots[1] else ("target",)
                 missing = [n for n in graph_names(m, models, rows, fused=False) if n not in self.sessions]
-                self.sessions.update(open_sessions(self.bundle, m, missing, self.provider, self.threads))
+                self.sessions.update(open_sessions(self.bundle, m, missing, self.provider, self.threads, self.draft_provider))
                 self.searcher = None  # the old slots go before the new ones are allocated
-                self.searcher = BeamSearcher(self.bundle, m, self.sessions, self.provider, slots, rows)
+                self.searcher = BeamSearcher(self.bundle, m, self.sessions, self.provider, slots, rows, self.draft_provider)
             beams, stats = self.searcher.search(req.prompt, params.config(req.stop), width, gamma, req.source)
         decode = self.codec.decode if self.codec else (lambda ids: None)
         return BeamResult([BeamOutput(b.tokens, b.score, decode(b.tokens)) for b in beams], stats)

@@ -54,7 +54,8 @@ class SpeculativeDecoder:
         self.threads = loaded.threads
         self.limits = loaded.limits(drafter)
         self.drafter_spec = drafter
-        self.engine = Engine(loaded.bundle, loaded.manifest, loaded.sessions, drafter, slots=1, provider=loaded.provider)
+        self.engine = Engine(loaded.bundle, loaded.manifest, loaded.sessions, drafter, slots=1, provider=loaded.provider,
+                             draft_provider=loaded.draft_provider)  # fmt: skip
         self._lock = threading.Lock()
         self._owner: int | None = None
         self._beams: BeamRunner | None = None  # made on the first beam search
@@ -66,7 +67,7 @@ class SpeculativeDecoder:
 
     @classmethod
     def load(cls, bundle: str | Path, provider: str = "cpu", threads: ThreadPolicy | int | None = None,
-             drafter: str | Drafter | None = None, verify: str = "full") -> SpeculativeDecoder:  # fmt: skip
+             drafter: str | Drafter | None = None, verify: str = "full", draft_provider: str | None = None) -> SpeculativeDecoder:  # fmt: skip
         """Check the bundle (manifest, paths, hashes, graph signatures) and load the graphs its
         drafter needs (``runtime/loader.py``).
 
@@ -83,8 +84,10 @@ class SpeculativeDecoder:
             verify: "full" checks every file's digest (skipped for files this user verified
                 before and has not changed since); "size" checks sizes only, for a bundle you
                 trust: changed bytes then load and run as another model (``load_manifest``).
+            draft_provider: where the draft model or the feature head runs, when not on ``provider``:
+                e.g. the target on "cuda-graph", the drafter on "cpu" (None: on ``provider``).
         """
-        loaded, drafter = Loaded.open(bundle, drafter, 1, provider, threads, verify)
+        loaded, drafter = Loaded.open(bundle, drafter, 1, provider, threads, verify, draft_provider=draft_provider)
         return cls(loaded, drafter)
 
     def fork(self, drafter: str | Drafter | None = None) -> SpeculativeDecoder:
@@ -159,7 +162,7 @@ class SpeculativeDecoder:
         params = params if params is not None else BeamParams.of(**fields)
         req = self.request(prompt, params.request_params, source=source)
         if self._beams is None:
-            self._beams = BeamRunner(self.bundle, self.manifest, self.sessions, self.provider, self.threads, self.codec)
+            self._beams = BeamRunner(self.bundle, self.manifest, self.sessions, self.provider, self.threads, self.codec, self.loaded.draft_provider)
         self.acquire()
         try:
             return self._beams.run(req, params)

@@ -73,12 +73,13 @@ class Engine:
     """
 
     def __init__(self, bundle: Path, manifest: Manifest, sessions: dict, drafter, slots: int = 1, provider: str = "cpu",
-                 prefill_chunk: int | None = None, reuse: bool = False, rows: int | None = None):  # fmt: skip
+                 prefill_chunk: int | None = None, reuse: bool = False, rows: int | None = None, draft_provider: str | None = None):  # fmt: skip
         self.manifest, self.slots, self.prefill_chunk = manifest, slots, prefill_chunk
         self.reuse = reuse
         self.target = Executor(bundle, manifest, "target", sessions, provider, slots, prefill_chunk, rows)
-        self.draft = Executor(bundle, manifest, "draft", sessions, provider, slots, prefill_chunk, rows) if needs_draft_model(drafter) else None
-        self.head = Executor(bundle, manifest, "head", sessions, provider, slots) if "head" in models_for(drafter) else None
+        drafting = draft_provider or provider  # the draft model's and the head's (the sessions were opened there)
+        self.draft = Executor(bundle, manifest, "draft", sessions, drafting, slots, prefill_chunk, rows) if needs_draft_model(drafter) else None
+        self.head = Executor(bundle, manifest, "head", sessions, drafting, slots) if "head" in models_for(drafter) else None
         self.proposer = make_proposer(drafter, bundle, manifest, self.draft, slots, self.target, self.head)
         if getattr(self.proposer, "tree", False) and self.target.tree_runner is None:
             raise ConfigError(f"drafter {self.proposer.name!r} verifies trees; load the bundle with it (its tree graph's session is opened then)")

@@ -37,28 +37,32 @@ class Loaded:
     codec: TextCodec | None
     provider: str
     threads: ThreadPolicy
+    draft_provider: str | None = None  # the draft model's and the feature head's, where not the target's (None: the same)
 
     @classmethod
     def open(cls, bundle: str | Path, drafter=None, rows: int = 1, provider: str = "cpu", threads: ThreadPolicy | int | None = None,
-             verify: str = "full", manifest: Manifest | None = None) -> tuple[Loaded, object]:  # fmt: skip
+             verify: str = "full", manifest: Manifest | None = None, draft_provider: str | None = None) -> tuple[Loaded, object]:  # fmt: skip
         """The bundle (a folder, or a stored bundle's URI: this machine's verified copy) with the
         sessions ``drafter`` needs for engines of ``rows`` rows, and the drafter decided (None:
-        the bundle's default). ``manifest``: the bundle's, when the caller has loaded it already."""
+        the bundle's default). ``manifest``: the bundle's, when the caller has loaded it already.
+        ``draft_provider``: where the draft model and the feature head run, when not on ``provider``
+        (the target on a GPU, the drafter on the CPU: ``docs/gpu.md``)."""
         bundle = local(bundle)
         manifest = manifest or load_manifest(bundle, verify)
         drafter = bundle_default(manifest) if drafter is None else drafter
         check_drafter(drafter)
-        loaded = cls(bundle, manifest, {}, TextCodec.from_bundle(bundle, manifest), provider, ThreadPolicy.of(threads))
+        loaded = cls(bundle, manifest, {}, TextCodec.from_bundle(bundle, manifest), provider, ThreadPolicy.of(threads), draft_provider)
         loaded.need(drafter, rows)
         return loaded, drafter
 
     def need(self, drafter, rows: int = 1) -> None:
         """Open the sessions ``drafter`` needs at ``rows`` rows that are not open yet."""
         check_drafter(drafter)
-        names = graph_names(self.manifest, models_for(drafter), rows, fused=self.provider in FUSED_PROVIDERS, tree=needs_tree(drafter))
+        fused = (self.draft_provider or self.provider) in FUSED_PROVIDERS
+        names = graph_names(self.manifest, models_for(drafter), rows, fused=fused, tree=needs_tree(drafter))
         missing = [n for n in names if n not in self.sessions]
         if missing:
-            self.sessions.update(open_sessions(self.bundle, self.manifest, missing, self.provider, self.threads))
+            self.sessions.update(open_sessions(self.bundle, self.manifest, missing, self.provider, self.threads, self.draft_provider))
 
     def limits(self, drafter) -> Limits:
         return Limits.of(self.manifest, drafter)

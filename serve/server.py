@@ -47,6 +47,7 @@ class ServeConfig:
     chat_template: Path | None = None  # None: the bundle's
     threads: int | None = None
     provider: str = "cpu"  # ONNX Runtime provider: "cpu", "cuda" or "cuda-graph"
+    draft_provider: str | None = None  # the draft model's and the feature head's, where not ``provider``'s
     verify: str = "full"  # the bundle's files: "full" digests, or "size" only (a trusted bundle, fast start)
     api_key: str | tuple[str, ...] | None = None  # one key or several (a tenant each); None: no key asked
     isolate_tenants: bool = False  # prefix reuse only within a key's requests: the cache salt derived from it
@@ -130,7 +131,7 @@ def api_keys(given: str | tuple[str, ...] | list[str] | None) -> tuple[str, ...]
 def load_engine(cfg: ServeConfig, state: ServerState):
     """Load the batched engine, warm every graph it will run, then attach the metrics."""
     engine = BatchEngine(cfg.bundle, max_batch=cfg.max_batch, drafter=cfg.drafter, threads=cfg.threads, max_queue=cfg.max_queue,
-                         provider=cfg.provider, manifest=state.manifest, prefix_reuse=cfg.prefix_reuse, cache_slots=cfg.cache_slots)
+                         provider=cfg.provider, draft_provider=cfg.draft_provider, manifest=state.manifest, prefix_reuse=cfg.prefix_reuse, cache_slots=cfg.cache_slots)
     try:
         warm = [0] * 4  # token 0 exists in every vocabulary
         n = max(engine.limits.max_gamma * 2, 4)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
@@ -211,3 +212,27 @@ def test_captured_runners_decode_as_host_arrays(family_bundle, monkeypatch):
     with BatchEngine(bundle, max_batch=1, cache_slots=3) as engine:
         assert [r.tokens for r in engine.generate_many(PROMPTS, max_new_tokens=24, ignore_eos=True)] == host_batch
         assert max(len(r.graphs) for r in engine.engine.target.captured.values()) > 1  # slots of their own: a graph each
+
+
+@LLAMA
+def test_the_draft_on_another_device_than_the_target(family_bundle, monkeypatch):
+    """``draft_provider``: the target's KV on the device (OrtValues, a provider standing for CUDA),
+    the draft model's in host arrays on the CPU provider, as a GPU deployment with its drafter
+    on the CPU runs. Every draft-model drafter, greedy and sampled, and BatchEngine give the
+    tokens of both on one provider; each model's sessions and caches are where it was placed."""
+    monkeypatch.setitem(ort_sessions.PROVIDERS, "device", ort_sessions.PROVIDERS["cpu"])  # the CPU provider, KV kept as on a GPU
+    monkeypatch.setitem(ort_sessions.DEVICE, "device", "ortvalue")
+    bundle = family_bundle[3]
+    drafters = ["model", "model-steps", "hierarchical"]
+    host = {(d, t): _decode(bundle, d, t) for d in drafters for t in (0.0, 1.0)}
+    host_batch = _batch(bundle)
+    for (drafter, t), want in host.items():
+        dec = SpeculativeDecoder.load(bundle, drafter=drafter, provider="device", draft_provider="cpu")
+        got = [dec.generate(p, max_new_tokens=24, ignore_eos=True, temperature=t, seed=3).tokens for p in PROMPTS]
+        assert got == want, (drafter, t)
+    engine = dec.engine
+    assert isinstance(engine.target.slot(0).keys[0], ort.OrtValue) and isinstance(engine.draft.slot(0).keys[0], np.ndarray)
+    assert engine.draft.device == "cpu" and engine.target.device == "ortvalue"
+    with BatchEngine(bundle, max_batch=4, provider="device", draft_provider="cpu") as batch:
+        assert [r.tokens for r in batch.generate_many(PROMPTS, max_new_tokens=24, ignore_eos=True)] == host_batch
+        assert batch.engine.draft.fused(2, True) is not None, "the draft on the CPU runs its fused graphs"

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from specdec.commands.bench.corpus import CHAT_CORPORA
-from specdec.commands.cli.options import BUNDLE, parse_numbers, thread_policy
+from specdec.commands.cli.options import BUNDLE, DRAFT_PROVIDER_OPTION, PROVIDER_OPTION, parse_numbers, thread_policy
 from specdec.runtime.drafters import DRAFTERS
 
 
@@ -37,11 +37,12 @@ SYNTHETIC_OPTION = click.option(
 @click.option("--threads", default=None, type=int, help="ONNX Runtime intra-op threads per model session [default: one per core].")
 @click.option("--out", default=None, type=click.Path(file_okay=False, path_type=Path), help="Write results.md, results.json and bench.png here.")
 @click.option("--op-split", is_flag=True, help="First profile the target's calls (1 token, and a verify's k) and print where their time goes: MatMul, attention, other ops.")
-@click.option("--provider", default="cpu", show_default=True, type=click.Choice(["cpu", "cuda", "cuda-graph"]), help="ONNX Runtime provider (docs/gpu.md).")
+@PROVIDER_OPTION
+@DRAFT_PROVIDER_OPTION
 @SYNTHETIC_OPTION
 def bench_cmd(bundle: Path, gammas: str | None, drafters: str, adaptive: bool, temperatures: str, n_prompts: int, corpus: str,
               prompt_tokens: int, tokens: int, rounds: int, threads: int | None, out: Path | None, op_split: bool, provider: str,
-              synthetic_acceptance: float | None) -> None:  # fmt: skip
+              draft_provider: str | None, synthetic_acceptance: float | None) -> None:  # fmt: skip
     """Drafters and γ against γ = 0, side by side and interleaved, with Theorem 3.8's prediction."""
     from specdec.commands import bench
     from specdec.commands.bench.floor import Floor
@@ -52,7 +53,8 @@ def bench_cmd(bundle: Path, gammas: str | None, drafters: str, adaptive: bool, t
     names = _drafter_names(drafters, (("--prompts", n_prompts), ("--prompt-tokens", prompt_tokens), ("--tokens", tokens), ("--rounds", rounds)))
     if op_split and provider != "cpu":
         raise InputError(f"--op-split profiles the CPU provider's calls; drop it with --provider {provider}")
-    dec = SpeculativeDecoder.load(bundle, provider=provider, threads=thread_policy(threads), drafter=names[0] if names else None)
+    dec = SpeculativeDecoder.load(bundle, provider=provider, threads=thread_policy(threads), drafter=names[0] if names else None,
+                                  draft_provider=draft_provider)  # fmt: skip
     names = names or [dec.drafter_spec]
     if dec.codec is None:
         raise InputError(f"bundle {bundle} has no tokenizer; specdec bench draws its prompts from text")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from specdec.commands.cli.options import BUNDLE, parse_gamma, text_or_ids, thread_policy
+from specdec.commands.cli.options import BUNDLE, DRAFT_PROVIDER_OPTION, PROVIDER_OPTION, parse_gamma, text_or_ids, thread_policy
 from specdec.runtime.drafters import DRAFTERS
 
 
@@ -34,7 +34,8 @@ from specdec.runtime.drafters import DRAFTERS
 @click.option("--lookup-max-tokens", default=None, type=int, help="Prompt lookup: most tokens copied per call [default: gamma].")
 @click.option("--lenience", default=1.0, show_default=True, type=float, help="1 = exact. Below 1 accepts more drafts and CHANGES the output distribution (no token above p/lenience; paper App. A.5).")
 @click.option("--ignore-eos", is_flag=True, help="Keep going past end-of-sequence tokens.")
-@click.option("--provider", default="cpu", show_default=True, type=click.Choice(["cpu", "cuda", "cuda-graph"]))
+@PROVIDER_OPTION
+@DRAFT_PROVIDER_OPTION
 @click.option("--verify", default="full", show_default=True, type=click.Choice(["full", "size"]),
               help="Check the bundle's files: full digests (once per unchanged file), or sizes only for a bundle you trust (changed bytes would run as another model).")
 @click.option("--threads", default=None, type=int, help="ONNX Runtime intra-op threads per model session [default: one per core].")
@@ -55,7 +56,7 @@ from specdec.runtime.drafters import DRAFTERS
 @click.option("--grammar", default=None, type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Hold the output to this grammar file: Lark (as llguidance reads it) or GBNF (llama.cpp's).")
 def generate_cmd(bundle: Path, prompt: str | None, prompt_ids: str | None, source: str | None, source_ids: str | None, provider: str,
-                 verify: str, threads: int | None, as_json: bool, drafter: str, lookup_ngram: int, lookup_max_tokens: int | None, gamma: str | None,
+                 draft_provider: str | None, verify: str, threads: int | None, as_json: bool, drafter: str, lookup_ngram: int, lookup_max_tokens: int | None, gamma: str | None,
                  num_beams: int, draft_width: int | None, length_penalty: float, early_stopping: str, num_return_sequences: int,
                  json_schema: Path | None, json_object: bool, regex: str | None, choices: tuple[str, ...], grammar: Path | None,
                  **kw) -> None:  # fmt: skip
@@ -82,7 +83,7 @@ def generate_cmd(bundle: Path, prompt: str | None, prompt_ids: str | None, sourc
         return _beam_search(bundle, prompt, source, beams, params, drafter, provider, threads, verify, as_json)
     lookup = LookupDrafter(max_ngram=lookup_ngram, max_tokens=lookup_max_tokens)  # checked whatever the drafter
     spec = lookup if drafter == "lookup" else drafter
-    dec = SpeculativeDecoder.load(bundle, provider=provider, threads=thread_policy(threads), drafter=spec, verify=verify)
+    dec = SpeculativeDecoder.load(bundle, provider=provider, threads=thread_policy(threads), drafter=spec, verify=verify, draft_provider=draft_provider)
     stream = dec.stream(prompt, params, source=source)
     for piece in stream:
         if not as_json:

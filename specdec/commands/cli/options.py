@@ -25,6 +25,10 @@ class BundleArg(click.ParamType):
 
 
 BUNDLE = BundleArg()
+PROVIDERS = ["cpu", "cuda", "cuda-graph"]
+PROVIDER_OPTION = click.option("--provider", default="cpu", show_default=True, type=click.Choice(PROVIDERS), help="ONNX Runtime provider (docs/gpu.md).")
+DRAFT_PROVIDER_OPTION = click.option("--draft-provider", default=None, type=click.Choice(PROVIDERS),
+                                     help="Where the draft model or the feature head runs, e.g. cpu beside a target on cuda-graph [default: --provider].")
 
 
 def text_or_ids(option: str, text: str | None, ids: str | None) -> str | list[int] | None:

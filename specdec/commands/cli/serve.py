@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from specdec.commands.cli.options import parse_gamma, thread_policy
+from specdec.commands.cli.options import DRAFT_PROVIDER_OPTION, PROVIDER_OPTION, parse_gamma, thread_policy
 from specdec.errors import ConfigError
 from specdec.runtime.drafters import DRAFTERS
 
@@ -24,7 +24,8 @@ from specdec.runtime.drafters import DRAFTERS
 @click.option("--gamma", default="auto", show_default=True, help="Draft tokens per target call: auto (chosen each iteration from the "
               "measured costs and each row's acceptance, 0 where speculation does not pay; a seeded sampled request keeps the bundle's "
               "γ, so it reproduces), or 0..the bundle's gamma.")
-@click.option("--provider", default="cpu", show_default=True, type=click.Choice(["cpu", "cuda", "cuda-graph"]), help="ONNX Runtime provider.")
+@PROVIDER_OPTION
+@DRAFT_PROVIDER_OPTION
 @click.option("--verify", default="full", show_default=True, type=click.Choice(["full", "size"]),
               help="Check the bundle's files: full digests (once per unchanged file), or sizes only for a bundle you trust (changed bytes would run as another model).")
 @click.option("--served-model-name", default=None, help="The model name clients send [default: the bundle folder's name].")
