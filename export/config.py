@@ -88,9 +88,9 @@ class ExportConfig:
         if self.feature_drafter is not None and not _is_head(Path(self.feature_drafter)):
             raise ConfigError(f"--feature-drafter {self.feature_drafter}: expected a folder with head_config.json (specdec train-drafter --save DIR) "
                               "or an EAGLE-3 head's config.json and weights (Speculators, EAGLE, SpecForge)")
-        if self.feature_drafter is not None and (self.dtype != "float32" or self.quantize == "dynamic-int8"):
-            raise ConfigError(f"--feature-drafter with --dtype {self.dtype} --quantize {self.quantize}: the head reads the target's float32 embedding; "
-                              "export with --dtype float32, without --quantize or with --quantize int8/int4")
+        if self.feature_drafter is not None and self.quantize == "dynamic-int8":
+            raise ConfigError("--feature-drafter with --quantize dynamic-int8: the head reads the target's float embedding and LM head, "
+                              "which dynamic-int8 quantizes; export without --quantize, with --dtype float16, or with --quantize int8/int4")
         if self.tree_nodes is not None and (isinstance(self.tree_nodes, bool) or not isinstance(self.tree_nodes, int)
                                             or not 2 <= self.tree_nodes <= MAX_TREE_NODES):  # fmt: skip
             raise ConfigError(f"--tree-nodes {self.tree_nodes}: expected an integer in 2..{MAX_TREE_NODES} (draft-tree nodes per target call)")

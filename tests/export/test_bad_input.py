@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -81,6 +82,19 @@ def test_max_seq_len_beyond_positions(llama_bundle, tmp_path):
     target, draft, _ = llama_bundle
     out = export_cli("--target", str(target), "--draft", str(draft), "--out", str(tmp_path / "b"), "--max-seq-len", "100000")
     assert_one_line_error(out, "--max-seq-len 100000", "max_position_embeddings=512")
+
+
+def test_a_feature_drafter_under_dynamic_int8_is_refused_before_loading(llama_bundle, tmp_path):
+    """dynamic-int8 quantizes the embedding and LM head the head reads: refused from the options,
+    in process (the CLI's exit 2 and one line are every ConfigError's, tested above); a float16
+    export takes the head (it is kept in float16: tests/runtime/test_feature_drafter.py)."""
+    from specdec.errors import ConfigError
+
+    target, draft, _ = llama_bundle
+    head = Path(__file__).parents[2] / "models" / "demo" / "head"
+    with pytest.raises(ConfigError, match="--feature-drafter with --quantize dynamic-int8"):
+        ExportConfig(str(target), str(draft), tmp_path / "b", feature_drafter=str(head), quantize="dynamic-int8")
+    assert ExportConfig(str(target), str(draft), tmp_path / "c", feature_drafter=str(head), dtype="float16").head() == head
 
 
 def test_existing_out_needs_overwrite(llama_bundle):

@@ -5,21 +5,24 @@ Run by tools/gpu/check.sh on the device machine (``--provider cuda``), or here a
 stage that fails records its error and the run goes on; one that would pass ``--budget`` is
 skipped and says so):
 
-1. export: the demo pair (float32 with its feature head, float16, both with fused drafting and
-   8 rows) and SmolLM2-135M-Instruct from its GGUF with the shipped draft (float16 with fused
-   drafting and 8 rows, float32 with the head), in detached processes at low priority (most
+1. export: the demo pair (float32 and float16, both with its feature head, fused drafting, 8
+   rows and an 8-node tree) and SmolLM2-135M-Instruct from its GGUF with the shipped draft and
+   head (float16 with fused drafting, 8 rows and the tree; float32), in detached processes at low priority (most
    are exported beforehand by tools/gpu/pack.py and sent whole); a bundle's stages run as soon
    as its export is done, in priority order.
 2. exact: per bundle, every drafter's greedy output on the provider against autoregressive
    decoding on the provider and on the CPU (same bundle, same machine), batch 1 and
-   ``BatchEngine`` with 8 rows; tree drafters are expected to be refused at load.
+   ``BatchEngine`` with 8 rows; the feature head and the tree drafters run on the device too.
    cli: ``python -m specdec generate --provider`` against the same command on the CPU.
 3. traffic: the target's graphs run under ORT's profiler over device KV buffers: bytes moved
    by Memcpy nodes per call (KV would show here) and the nodes each provider ran; plus the
    bytes the host binds per call (ids, positions, logits), computed from the bindings.
-4. speed: tokens/s on the provider, autoregressive and speculative per drafter, ``BatchEngine``
-   at 1 and 8 rows, and transformers' ``generate`` and assisted generation with the same draft,
-   on the same GPU, in the same run (with the load average: exports still running share the CPU).
+4. speed: tokens/s on the provider, autoregressive and speculative per drafter (and with the
+   drafter on the CPU beside the target on the GPU: ``draft_provider``), ``BatchEngine`` at 1
+   and 8 rows, and transformers' ``generate`` and assisted generation with the same draft, on
+   the same GPU, in the same run (with the load average: exports still running share the CPU).
+5. bench: ``specdec bench --provider`` on held-out chat and coding requests through the chat
+   template (corpora chat, chat-code), T = 0, the shipped drafter against autoregressive.
 """
 
 from __future__ import annotations
@@ -118,11 +121,12 @@ def export_jobs(models: Path, gguf: Path, work: Path, quick: bool) -> dict[str, 
     # rows: SmolLM2's batched graph unrolls attention per row and layer, and its export grew
     # faster than the rows (8 rows: 4 min to trace; 16 rows: over 15 min, on 2 cores; 4x less
     # since the rows are split once, not yet re-timed at 32).
-    # SmolLM2's head rides along from the draft folder (float32 only).
+    # SmolLM2's head rides along from the draft folder (float16 too since issue 82).
+    head, tree = ["--feature-drafter", str(models / "demo/head")], ["--tree-nodes", "8"]
     jobs = {
-        "demo-fp32": [*demo, "--fused-draft", "--feature-drafter", str(models / "demo/head")],
-        "demo-fp16": [*demo, "--dtype", "float16", "--fused-draft"],  # a feature head needs float32 tables
-        "smollm2-fp16": [*smol, "--dtype", "float16", "--fused-draft", "--max-batch", "8"],
+        "demo-fp32": [*demo, "--fused-draft", *head],
+        "demo-fp16": [*demo, "--dtype", "float16", "--fused-draft", *head, *tree],
+        "smollm2-fp16": [*smol, "--dtype", "float16", "--fused-draft", "--max-batch", "8", *tree],
         "smollm2-fp32": smol,  # attention runs on the CPU provider: not a GPU deployment, measured for the record
     }
     if quick:  # the dry run: the bundles sent whole
@@ -324,7 +328,8 @@ def _timed(fn) -> float:
     return time.perf_counter() - t
 
 
-def speed(bundle: Path, provider: str, tokens: int, drafters: list[str], batch_rows: list[int]) -> dict:
+def speed(bundle: Path, provider: str, tokens: int, drafters: list[str], batch_rows: list[int], on_cpu: list[str] = ()) -> dict:
+    """``on_cpu``: drafters also measured with the draft model or head on the CPU (``<name>@cpu``)."""
     from specdec.errors import SpecDecError
     from specdec.runtime import SpeculativeDecoder
     from specdec.runtime.batch import BatchEngine
@@ -332,9 +337,11 @@ def speed(bundle: Path, provider: str, tokens: int, drafters: list[str], batch_r
     prompts = prompts_for(bundle, 4)
     out: dict = {"prompts": len(prompts), "tokens": tokens, "single": {}, "batch": {}, "load_average": os.getloadavg()[0]}  # exports still running?
     base = SpeculativeDecoder.load(bundle, provider=provider, drafter="model")
-    for drafter in ["ar", *drafters]:
+    for drafter in ["ar", *drafters, *(f"{d}@cpu" for d in on_cpu)]:
         try:
-            dec = base if drafter == "ar" else base.fork(drafter)
+            name, placed = drafter.removesuffix("@cpu"), drafter.endswith("@cpu")
+            dec = base if drafter == "ar" else base.fork(name) if not placed else \
+                SpeculativeDecoder.load(bundle, provider=provider, drafter=name, draft_provider="cpu")  # fmt: skip
         except SpecDecError as e:
             out["single"][drafter] = {"refused": str(e)}
             continue
@@ -366,6 +373,22 @@ def speed(bundle: Path, provider: str, tokens: int, drafters: list[str], batch_r
         except Exception as e:  # the single-row figures above still count
             out["batch_error"] = f"{type(e).__name__}: {e}"
     return out
+
+
+def bench(bundle: Path, provider: str, out: Path, quick: bool) -> dict:
+    """``specdec bench`` as a user runs it on held-out chat and coding requests (T = 0): the shipped
+    drafter (feature-lookup at γ 4) against autoregressive on the same GPU; each report in
+    ``out/bench-<corpus>``, the ratios returned."""
+    sizes = ["--prompts", "2", "--tokens", "32", "--rounds", "1"] if quick else ["--prompts", "4", "--tokens", "128", "--rounds", "2"]
+    found = {}
+    for corpus in ("chat", "chat-code"):
+        cmd = [sys.executable, "-m", "specdec", "bench", str(bundle), "--provider", provider, "--corpus", corpus, "--drafters", "feature-lookup",
+               "--gammas", "4", "--temperatures", "0", *sizes, "--out", str(out / f"bench-{corpus}")]  # fmt: skip
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+        if done.returncode != 0:
+            raise RuntimeError(f"specdec bench --corpus {corpus} exited {done.returncode}: {done.stderr[-600:]}")
+        found[corpus] = json.loads((out / f"bench-{corpus}" / "results.json").read_text())
+    return found
 
 
 def transformers_speed(bundle: Path, gguf: Path, draft: Path, dtype: str, tokens: int) -> dict:
@@ -443,10 +466,11 @@ def main() -> None:
     draft = args.models / "smollm2-draft"
     # In priority order: a bundle's stages run once its export is done, while the later ones export.
     rows = [1, 8]  # BatchEngine's rows, as many as the bundle has (see export_jobs)
-    chains = ["model", "model-steps", "hierarchical", "lookup"]  # float16 bundles carry no feature head
+    drafters = ["model", "model-steps", "lookup", "feature", "feature-lookup", "feature-tree", "lookup-tree"]
     plan = {
         "smollm2-fp16": [("exact", exactness, (p, tokens), 40), ("cli", cli, (p, 32), 20), ("traffic", traffic, (p,), 20),
-                         ("speed", speed, (p, speed_tokens, chains, rows), 90),
+                         ("speed", speed, (p, speed_tokens, drafters, rows, ["feature-lookup", "model"]), 90),
+                         ("bench", bench, (p, args.out, args.quick), 60),
                          ("transformers", transformers_speed, (args.gguf, draft, "float16", speed_tokens), 60)],
         "demo-fp16": [("exact", exactness, (p, tokens), 30)],
         "demo-fp32": [("exact", exactness, (p, tokens), 30)],
