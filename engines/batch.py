@@ -184,13 +184,21 @@ class BatchRunner:
         return next(b for b in self.sizes if b >= n)
 
     def run(self, slots: Sequence[int], feeds: Sequence[np.ndarray]) -> np.ndarray:
+        rows, s = self._fill(slots, feeds)
+        self._execute(rows, s, [slots[r] if r < len(slots) else self.cache.scratch for r in range(self.rows)])
+        if self._features is not None:
+            self.features = self._features[: rows * s * self.width].reshape(rows, s, self.width)  # [B, S, d] view
+        return self._logits[: rows * s * self.vocab].reshape(rows, s, self.vocab)[: len(slots)]
+
+    def _fill(self, slots: Sequence[int], feeds: Sequence[np.ndarray]) -> tuple[int, int]:
+        """Check a call and write its host inputs (ids, positions, lengths); returns (B, S)."""
         n, s = len(slots), max(len(f) for f in feeds)
         limit = self.single if n == 1 and self.single else self.max_tokens
         if not 0 < n <= self.rows or not 0 < s <= limit:
             raise InputError(f"{self.name}: {n} rows of up to {s} tokens; this runner takes 1..{self.rows} rows of 1..{limit}")
         rows = self.size_for(n)
         ids, pos = self._ids[: rows * s].reshape(rows, s), self._pos[: rows * s].reshape(rows, s)
-        for r in range(self.rows):
+        for r in range(rows):
             slot = slots[r] if r < n else self.cache.scratch
             start = self.cache.slot(slot).length
             if start + s > self.cache.max_seq:
@@ -199,12 +207,16 @@ class BatchRunner:
                 k = len(feeds[r])
                 ids[r, :k] = feeds[r]
                 ids[r, k:] = ids[r, k - 1]  # padding: later rows, never kept
-            elif r < rows:
+            else:
                 ids[r] = 0
-            if r < rows:
-                np.add(self._arange[:s], start, out=pos[r])
-                self.seqlens[r] = start + s - 1
-                self.totals[r] = start + s
+            np.add(self._arange[:s], start, out=pos[r])
+            self.seqlens[r] = start + s - 1
+            self.totals[r] = start + s
+        return rows, s
+
+    def _execute(self, rows: int, s: int, slots: list[int]) -> None:
+        """Run body ``rows`` at S = ``s``, row r over ``slots[r]`` (the scratch slot past the call's rows)."""
+        for r, slot in enumerate(slots):
             if self.bound_slots[rows][r] != slot:
                 self._bind_row(rows, r, slot)
             if self.cross is not None and self.bound_sources[rows][r] != (slot, self.cross[slot].length):
@@ -212,6 +224,3 @@ class BatchRunner:
         if s != self.bound_tokens[rows]:
             self._bind_tokens(rows, s)
         self.bindings[rows].run()
-        if self._features is not None:
-            self.features = self._features[: rows * s * self.width].reshape(rows, s, self.width)  # [B, S, d] view
-        return self._logits[: rows * s * self.vocab].reshape(rows, s, self.vocab)[:n]

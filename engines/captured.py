@@ -30,6 +30,7 @@ import itertools
 import numpy as np
 import onnxruntime as ort
 
+from specdec.engines.batch import BatchRunner, SlotCache
 from specdec.engines.kv import MEMORY, KVCache
 from specdec.engines.ort import GraphRunner
 from specdec.errors import SignatureError
@@ -105,3 +106,77 @@ class CapturedRunner(GraphRunner):
         np.copyto(self.logits[:, :s], self.d_logits.numpy())
         if self.d_features is not None:
             np.copyto(self.features[:, :s], self.d_features.numpy())  # S x d floats
+
+
+MAX_ARRANGEMENTS = 32  # captured graphs per batched runner and call length; calls past them run uncaptured
+
+
+class CapturedBatchRunner(BatchRunner):
+    """A fixed-B batched graph (``--batch-graphs per-size``: no If nodes, which ONNX Runtime does not
+    capture) replayed as a CUDA graph per call length S (1..γ + 1) and *arrangement*: the slot
+    each of its B rows runs over (the scratch slot for rows a call leaves empty). A replay reads
+    the KV addresses it was captured with, so an arrangement is captured once, at its first call,
+    and replayed whenever the same slots decode together again (a batch's rows keep their
+    slots for a request's life); past ``MAX_ARRANGEMENTS`` per S a call runs uncaptured. Inputs
+    live in device buffers per S (ids, positions, ``seqlens_k``), each row's attention total is
+    bound once at the cache length (as ``CapturedRunner``'s), and the logits (and features) are
+    read back after each replay: S x V floats a row."""
+
+    def __init__(self, session: ort.InferenceSession, name: str, spec, cache: SlotCache, max_tokens: int):
+        if spec.rows:
+            raise SignatureError(f"graph {name} is a rows graph (If nodes, not captured); a captured batch needs --batch-graphs per-size")
+        super().__init__(session, name, spec, cache, max_tokens)
+        self.memory = MEMORY[cache.views[0].device]
+        self.h_total = ort.OrtValue.ortvalue_from_numpy(np.array(cache.max_seq, dtype=np.int32))  # []: read on the host at capture
+        self.device: dict[int, dict[str, ort.OrtValue]] = {}  # S -> its device buffers
+        self.graphs: dict[tuple, tuple] = {}  # (S, slots per row) -> (binding, run options)
+        self.uncaptured = 0  # calls past MAX_ARRANGEMENTS
+
+    def _buffers(self, s: int) -> dict[str, ort.OrtValue]:
+        if s not in self.device:
+            b, device = self.rows, lambda shape, dtype: ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, dtype=dtype), self.memory, 0)  # noqa: E731
+            self.device[s] = {"ids": device((b, s), np.int64), "pos": device((b, s), np.int64), "seqlens": device((b,), np.int32),
+                              "logits": device((b, s, self.vocab), np.float32)}  # fmt: skip
+            if self._features is not None:
+                self.device[s]["features"] = device((b, s, self.width), np.float32)
+        return self.device[s]
+
+    def _captured(self, s: int, slots: tuple) -> tuple | None:
+        key = (s, slots)
+        if key not in self.graphs:
+            if sum(k[0] == s for k in self.graphs) >= MAX_ARRANGEMENTS:
+                return None
+            io, d, b = self.io, self._buffers(s), self.session.io_binding()
+            for name, value in ((io.ids, d["ids"]), (io.positions, d["pos"]), (io.seqlens, d["seqlens"])):
+                b.bind_ortvalue_input(name, value)
+            for total in io.totals:
+                b.bind_ortvalue_input(total, self.h_total)
+            b.bind_ortvalue_output(io.logits, d["logits"])
+            if "features" in d:
+                b.bind_ortvalue_output(io.features, d["features"])
+            for r, slot in enumerate(slots):
+                view = self.cache.slot(slot)
+                for i, ptrs in enumerate(view.pointers()):
+                    (k_in, v_in), (k_out, v_out) = io.past[r * self.layers + i], io.present[r * self.layers + i]
+                    for tin, tout, ptr in ((k_in, k_out, ptrs[0]), (v_in, v_out, ptrs[1])):
+                        b.bind_input(tin, view.memory, 0, view.dtype, list(view.shape), ptr)
+                        b.bind_output(tout, view.memory, 0, view.dtype, list(view.shape), ptr)
+            options = ort.RunOptions()
+            options.add_run_config_entry("gpu_graph_id", str(next(_GRAPH_IDS)))
+            self.graphs[key] = (b, options)
+        return self.graphs[key]
+
+    def _execute(self, rows: int, s: int, slots: list[int]) -> None:
+        found = self._captured(s, tuple(slots))
+        if found is None:
+            self.uncaptured += 1
+            return super()._execute(rows, s, slots)
+        binding, options = found
+        d, n = self.device[s], rows * s
+        d["ids"].update_inplace(self._ids[:n].reshape(rows, s))  # host -> device: 8 bytes a token, each
+        d["pos"].update_inplace(self._pos[:n].reshape(rows, s))
+        d["seqlens"].update_inplace(self.seqlens)
+        self.session.run_with_iobinding(binding, options)
+        self._logits[: n * self.vocab] = d["logits"].numpy().reshape(-1)  # device -> host: S x V floats a row
+        if "features" in d:
+            self._features[: n * self.width] = d["features"].numpy().reshape(-1)

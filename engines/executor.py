@@ -35,7 +35,7 @@ from specdec.engines.batch import BatchRunner, SlotCache, slot_sources
 from specdec.engines.fused import FusedRunner
 from specdec.engines.kv import KVCache
 from specdec.engines.move import RowMover
-from specdec.engines.captured import CapturedRunner
+from specdec.engines.captured import CapturedBatchRunner, CapturedRunner
 from specdec.engines.ort import BatchEncoder, EncoderRunner, GraphRunner, TreeRunner, fixed_tokens, fused_graph, runner_for
 from specdec.engines.sessions import CAPTURE, DEVICE, open_session
 from specdec.engines.threads import ThreadPolicy
@@ -141,9 +141,9 @@ class Executor:
             self._capture = (sessions[name], name, g, m.k)  # the longest captured call: a verify of γ + 1 (a draft catching up feeds as many)
             if self.captured is None:
                 self.static = runner_for(bundle, name, g, view, session=sessions[name], tokens=fixed_tokens(m, model))
-            for b in batched_sizes(m, rows) if model != "head" else ():
+            for b in batched_sizes(m, rows) if model != "head" else ():  # per-size graphs (no If nodes): captured on a capturing provider
                 name, g = m.graph(model, "dynamic", batch=b)
-                self.batched[b] = BatchRunner(sessions[name], name, g, self.cache, m.k)
+                self.batched[b] = (BatchRunner if self.captured is None else CapturedBatchRunner)(sessions[name], name, g, self.cache, m.k)
         self.fused_runners: dict[tuple[int, bool], FusedRunner] = {}  # (graph rows, argmax only) -> runner
         for rows in (1, *(b for b in self.batched if b > 1)):
             for role in FUSED_ROLES:

@@ -228,10 +228,10 @@ def test_greedy_rows_beside_sampled_rows_in_fused_calls(family_bundle):
         assert res.tokens == ref, f"prompt {p}: first difference at {first_diff(res.tokens, ref)}"
 
 
-def test_per_size_batch_graphs_still_decode_exactly(llama_bundle, tmp_path):
+def test_per_size_batch_graphs_still_decode_exactly(llama_bundle, tmp_path, monkeypatch):
     """``--batch-graphs per-size`` (one graph and session per row count, as bundles before the
-    rows graph): the engine opens the batch-1 and 2-row graphs and each row keeps the target's
-    greedy output."""
+    rows graph; what a captured batch runs on a GPU): the engine opens the batch-1 and 2-row graphs
+    and each row keeps the target's greedy output, through the captured runners too."""
     from specdec.engines.executor import graph_names
     from specdec.export.pipeline import ExportConfig, export_bundle
 
@@ -249,6 +249,21 @@ def test_per_size_batch_graphs_still_decode_exactly(llama_bundle, tmp_path):
         assert engine.occupancy[2] > 0  # the 2-row graph ran
     for (prompt, n, _), res in zip(requests, results):
         assert res.tokens == torch_greedy(model, prompt, n)
+    # Provider cuda-graph's batched runners (engines/captured.py CapturedBatchRunner: a graph per
+    # call length and slot arrangement, inputs in device buffers, each row's total bound once at the
+    # cache length), on the CPU provider with the KV in OrtValues, where nothing is captured: the
+    # same tokens, so on a GPU a difference is the capture's.
+    from specdec.engines import sessions as ort_sessions
+    from specdec.engines.captured import CapturedBatchRunner
+
+    monkeypatch.setitem(ort_sessions.DEVICE, "cpu", "ortvalue")
+    monkeypatch.setattr("specdec.engines.executor.CAPTURE", {"cpu"})
+    with BatchEngine(out) as engine:
+        with all_queued(engine):
+            handles = [engine.submit(p, max_new_tokens=n, gamma=g, ignore_eos=True) for p, n, g in requests]
+        assert [h.result(timeout=120).tokens for h in handles] == [r.tokens for r in results]
+        runner = engine.engine.target.batched[2]
+        assert isinstance(runner, CapturedBatchRunner) and runner.graphs and not runner.uncaptured, "the 2-row calls ran on captured runners"
     with pytest.raises(ConfigError, match="--batch-graphs 'some'"):
         ExportConfig(str(target), str(draft), out, max_batch=2, batch_graphs="some")
 
