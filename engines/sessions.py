@@ -72,14 +72,7 @@ def open_session(
     so several runners may share one session. ``threads``: a ``ThreadPolicy``, or an int for
     the default policy with that many threads.
     """
-    if provider not in PROVIDERS:
-        raise EngineError(f"provider {provider!r} is not supported; use one of {sorted(PROVIDERS)}")
-    first = provider_name(provider) if provider in PROVIDERS else None
-    if first not in ort.get_available_providers():
-        raise EngineError(
-            f"provider {provider!r} needs {first}, which this onnxruntime lacks; "
-            "install onnxruntime-gpu (pip install 'specdec[gpu]') or use provider='cpu'"
-        )
+    first = require_provider(provider)
     if spec.flavour not in FLAVOURS:
         raise EngineError(f"graph {name} has flavour {spec.flavour!r}; ONNX Runtime runs {sorted(FLAVOURS)}")
     if spec.flavour == "portable" and DEVICE[provider] != "cpu":
@@ -117,6 +110,20 @@ def open_session(
         )
     check_signature(name, session, spec)
     return session
+
+
+def require_provider(provider: str) -> str:
+    """``provider``'s main ONNX Runtime execution provider, or an EngineError when it is unknown or
+    this onnxruntime lacks it (before any work: ``specdec check`` asks first)."""
+    if provider not in PROVIDERS:
+        raise EngineError(f"provider {provider!r} is not supported; use one of {sorted(PROVIDERS)}")
+    first = provider_name(provider)
+    if first not in ort.get_available_providers():
+        raise EngineError(
+            f"provider {provider!r} needs {first}, which this onnxruntime lacks; "
+            "install onnxruntime-gpu (pip install 'specdec[gpu]') or use provider='cpu'"
+        )
+    return first
 
 
 @functools.cache

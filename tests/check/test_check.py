@@ -42,6 +42,28 @@ def test_every_family_passes_the_quick_check(family_bundle):
     assert names["draft pairing"].ok is True
 
 
+@pytest.mark.parametrize("family_bundle", ["llama"], indirect=True)
+def test_the_check_on_another_provider_compares_its_tokens_with_the_cpu(family_bundle, monkeypatch):
+    """``specdec check --provider cuda`` runs every section there and adds the device's
+    autoregressive tokens against the CPU's; here a provider standing for CUDA (the CPU provider
+    with the KV in OrtValues, the device code path). Without CUDA the CLI refuses in one line."""
+    import onnxruntime as ort
+
+    from specdec.engines import sessions as ort_sessions
+
+    out = family_bundle[3]
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        run = specdec("check", str(out), "--quick", "--provider", "cuda")
+        assert run.returncode == 2 and "onnxruntime lacks" in run.stderr and run.stderr.count("\n") == 1, run.stderr
+    monkeypatch.setitem(ort_sessions.PROVIDERS, "device", ort_sessions.PROVIDERS["cpu"])
+    monkeypatch.setitem(ort_sessions.DEVICE, "device", "ortvalue")
+    items = check.run(out, quick=True, provider="device")
+    assert check.passed(items), check.report(out, items, 0)
+    names = by_name(items)
+    assert names["greedy on device against the CPU (autoregressive)"].ok is True
+    assert isinstance(Loaded.of(out, load_manifest(out), ["model"], None, "device").base.engine.target.slot(0).keys[0], ort.OrtValue)
+
+
 def test_the_full_check_of_a_chat_bundle_with_batched_graphs(chat_bundle):
     """Built-in chat requests through the template; every drafter sampled and in a BatchEngine."""
     _, out = chat_bundle

@@ -72,6 +72,7 @@ def test_generate_text_streams_to_stdout_and_stats_to_stderr(llama_bundle):
         ([], "exactly one of"),
         (["--prompt-ids", "1", "--provider", "cuda"], "onnxruntime lacks"),
         (["--prompt-ids", "1", "--provider", "cuda-graph"], "onnxruntime lacks"),
+        (["--prompt-ids", "1", "--drafter", "model", "--draft-provider", "cuda"], "onnxruntime lacks"),
         (["--prompt-ids", "1", "--num-beams", "3", "--temperature", "0.7"], "--temperature 0.7: beam search is deterministic"),
         (["--prompt-ids", "1", "--num-beams", "3", "--drafter", "lookup"], "--drafter lookup: beam search"),
         (["--prompt-ids", "1", "--num-beams", "3", "--gamma", "auto"], "--gamma auto: beam search takes a fixed number"),
@@ -82,7 +83,7 @@ def test_generate_text_streams_to_stdout_and_stats_to_stderr(llama_bundle):
 def test_generate_bad_input_exits_2_with_one_line(llama_bundle, args, msg):
     import onnxruntime as ort
 
-    if any(a.startswith("cuda") for a in args) and "CUDAExecutionProvider" in ort.get_available_providers():
+    if any(a.startswith("cuda") for a in args) and "CUDAExecutionProvider" in ort.get_available_providers():  # --provider, --draft-provider
         pytest.skip("this machine has CUDA, so the provider is not refused")
     res = run("generate", str(llama_bundle[2]), *args)
     assert res.returncode == 2 and res.stdout == ""

@@ -71,18 +71,19 @@ def code_windows(encode: Callable[[str], list[int]], count: int, length: int) ->
 
 class TargetRunner:
     """A bundle's target dynamic graph over its own cache: logits of a window from an empty cache.
-    ``model="draft"``: the draft model's dynamic graph instead."""
+    ``model="draft"``: the draft model's dynamic graph instead; ``provider``: where it runs (its KV there)."""
 
-    def __init__(self, bundle: Path, threads: int | None = None, model: str = "target"):
+    def __init__(self, bundle: Path, threads: int | None = None, model: str = "target", provider: str = "cpu"):
         from specdec.engines.kv import KVCache
         from specdec.engines.ort import runner_for
+        from specdec.engines.sessions import DEVICE
         from specdec.manifest import load_manifest
 
         m = load_manifest(bundle, verify="size", stamps=False)
         t = getattr(m, model)
-        self.cache = KVCache(t.num_layers, t.num_kv_heads, m.max_seq_len, t.head_dim, m.dtype)
+        self.cache = KVCache(t.num_layers, t.num_kv_heads, m.max_seq_len, t.head_dim, m.dtype, DEVICE[provider])
         name, spec = m.graph(model, "dynamic")
-        self.runner = runner_for(Path(bundle), name, spec, self.cache, threads=threads)
+        self.runner = runner_for(Path(bundle), name, spec, self.cache, provider=provider, threads=threads)
 
     def logits(self, tokens: Sequence[int]) -> np.ndarray:
         """[n, V] float32, a copy."""

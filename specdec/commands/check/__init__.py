@@ -85,8 +85,9 @@ def _template(bundle: Path, m, codec):
 
 
 def run(bundle: Path, *, quick: bool = False, texts: list[str] | None = None, reference: str | None = None, threads=None,
-        progress=lambda step: None) -> list[Item]:  # fmt: skip
-    """Every section's items, in order; ``progress(step)`` is told as each step starts."""
+        progress=lambda step: None, provider: str = "cpu") -> list[Item]:  # fmt: skip
+    """Every section's items, in order; ``progress(step)`` is told as each step starts. ``provider``:
+    where decoding is checked (cuda, cuda-graph: also its autoregressive tokens against the CPU's)."""
     from specdec.commands.check import exactness, integrity, speed
 
     s = Settings.of(quick)
@@ -97,9 +98,11 @@ def run(bundle: Path, *, quick: bool = False, texts: list[str] | None = None, re
     items += [k for k in [exactness.kernels(m)] if k is not None]
     ps = prompts(bundle, m, s.prompts if texts is None else len(texts), texts)
     drafters = exactness.carried(m)
-    loaded = Loaded.of(bundle, m, drafters, threads)
+    loaded = Loaded.of(bundle, m, drafters, threads, provider)
     progress("greedy exactness")
-    items += exactness.greedy(bundle, m, loaded, ps, s.tokens, threads, drafters if s.every_drafter_batched else drafters[:1])
+    items += exactness.greedy(bundle, m, loaded, ps, s.tokens, threads, drafters if s.every_drafter_batched else drafters[:1], provider)
+    if provider != "cpu":
+        items.append(exactness.against_cpu(bundle, m, loaded, ps, s.tokens, threads, provider))
     if reference:
         progress("reference")
         from specdec.commands.check import reference as ref
@@ -108,7 +111,7 @@ def run(bundle: Path, *, quick: bool = False, texts: list[str] | None = None, re
     progress("sampled exactness")
     items += exactness.sampled(m, loaded, ps, s.runs, drafters if s.every_drafter_sampled else drafters[:1])
     progress("speed")
-    items += speed.check(bundle, m, loaded, ps, s.speed_tokens, s.rounds, threads, quick)
+    items += speed.check(bundle, m, loaded, ps, s.speed_tokens, s.rounds, threads, quick or provider != "cpu")  # threads: the CPU's advice
     return items
 
 

@@ -126,7 +126,7 @@ def _verdict(label: str, outcomes: list[tuple[str, str | None]], prompts: int, t
     return Item(SECTION, label, True, f"{prompts - len(close)} of {prompts} requests x {tokens} tokens identical to autoregressive{tail}")
 
 
-def greedy(bundle: Path, m, loaded, prompts: list[list[int]], tokens: int, threads, batch_drafters: list[str]) -> list[Item]:
+def greedy(bundle: Path, m, loaded, prompts: list[list[int]], tokens: int, threads, batch_drafters: list[str], provider: str = "cpu") -> list[Item]:
     """Greedy speculative output of each drafter (batch 1, and ``batch_drafters`` in a BatchEngine) against γ = 0."""
     from specdec.runtime.batch import BatchEngine
 
@@ -138,7 +138,7 @@ def greedy(bundle: Path, m, loaded, prompts: list[list[int]], tokens: int, threa
         got = [dec.generate(p, gamma=m.gamma, **kw).tokens for p in prompts]
         items.append(_verdict(f"greedy, {name}", [judge.differs(p, g, w) for p, g, w in zip(prompts, got, want)], len(prompts), tokens))
     for name in batch_drafters:
-        engine = BatchEngine(bundle, drafter=name, threads=threads, manifest=m)
+        engine = BatchEngine(bundle, drafter=name, threads=threads, manifest=m, provider=provider)
         try:
             got = [r.tokens for r in engine.generate_many(prompts, gamma=m.gamma, **kw)]
         finally:
@@ -148,6 +148,19 @@ def greedy(bundle: Path, m, loaded, prompts: list[list[int]], tokens: int, threa
     has_graph = any(g.model == "draft" and g.role == "dynamic" for g in m.graphs.values())  # older bundles may lack it
     pairing = draft_pairing(bundle, m, prompts, want, threads) if "model" in loaded.decoders and has_graph and not m.seq2seq else None
     return items + ([pairing] if pairing else [])
+
+
+def against_cpu(bundle: Path, m, loaded, prompts: list[list[int]], tokens: int, threads, provider: str) -> Item:
+    """Autoregressive greedy output on ``provider`` against the same bundle's on the CPU: another
+    device sums in another order, so a difference is judged at the target's close calls (on the CPU)."""
+    from specdec.commands.bench.quality import TargetRunner
+    from specdec.runtime.decoder import SpeculativeDecoder
+
+    cpu = SpeculativeDecoder.load(bundle, threads=threads, drafter="lookup", verify="size")
+    kw = dict(max_new_tokens=tokens, ignore_eos=True, gamma=0)
+    judge = Judge(m, None if m.seq2seq else TargetRunner(bundle, threads))
+    outcomes = [judge.differs(p, loaded.base.generate(p, **kw).tokens, cpu.generate(p, **kw).tokens) for p in prompts]
+    return _verdict(f"greedy on {provider} against the CPU (autoregressive)", outcomes, len(prompts), tokens)
 
 
 def draft_pairing(bundle: Path, m, prompts: list[list[int]], greedy: list[list[int]], threads) -> Item | None:

@@ -25,12 +25,13 @@ class Loaded(NamedTuple):
     runner: Any  # specdec.commands.bench.quality.TargetRunner, or None
 
     @classmethod
-    def of(cls, bundle: Path, m, drafters: list[str], threads) -> Loaded:
+    def of(cls, bundle: Path, m, drafters: list[str], threads, provider: str = "cpu") -> Loaded:
         from specdec.commands.bench.quality import TargetRunner
         from specdec.runtime.decoder import SpeculativeDecoder
 
-        base = SpeculativeDecoder.load(bundle, threads=threads, drafter=drafters[0], verify="size")  # digests: the integrity section
-        return cls({drafters[0]: base, **{d: base.fork(drafter=d) for d in drafters[1:]}}, None if m.seq2seq else TargetRunner(bundle, threads))
+        base = SpeculativeDecoder.load(bundle, threads=threads, drafter=drafters[0], verify="size", provider=provider)  # digests: the integrity section
+        runner = None if m.seq2seq else TargetRunner(bundle, threads, provider=provider)
+        return cls({drafters[0]: base, **{d: base.fork(drafter=d) for d in drafters[1:]}}, runner)
 
     @property
     def base(self):
