@@ -156,14 +156,7 @@ class Executor:
         elif m.seq2seq:
             name, g = m.graph(model, "encoder")
             self.encoder = EncoderRunner(sessions[name], name, g, self.cross[0])
-        found = [(n, g) for n, g in m.graphs.items() if g.model == model and g.role == "tree" and n in sessions]
-        self.tree_runner = TreeRunner(sessions[found[0][0]], *found[0], view) if found else None  # a tree drafter's verify graph
-        # a tree keeps rows out of order: on a device cache they move by the bundle's move graph (KVCache.keep on the host)
-        moves = [(n, g) for n, g in m.graphs.items() if g.model == model and g.role == "move" and n in sessions]
-        self.mover = RowMover(sessions[moves[0][0]], *moves[0]) if moves and self.device != "cpu" else None
-        if self.tree_runner is not None and self.device != "cpu" and self.mover is None:
-            raise EngineError(f"tree drafters move KV rows, which this bundle does on host buffers only (it predates the move graph); "
-                              f"re-export it with --tree-nodes, or on provider={provider!r} use a chain drafter (model, feature, feature-lookup, lookup, ...)")
+        self.tree_runner, self.mover = self._tree(m, model, sessions, provider)
         self._cross_slot = {id(self.dynamic): -1, id(self.static): -1}  # slot whose cross K/V each batch-1 runner reads
         # The target's features for a feature drafter (export/features.py): per slot, row t + 1
         # holds the feature of position t (row 0 stays zero: what the head reads at position 0).
@@ -174,6 +167,18 @@ class Executor:
         self.features: np.ndarray | None = None  # [n, d]: the last batch-1 call's features (a view)
         self.calls = 0  # forward calls (the fused drafter adds its γ steps)
         self.encodes = 0  # encoder calls (an encoder-decoder's sources)
+
+    def _tree(self, m: Manifest, model: str, sessions: dict, provider: str) -> tuple[TreeRunner | None, RowMover | None]:
+        """A tree drafter's verify runner (None: not opened), and on a device cache the mover of
+        its accepted rows (the bundle's move graph; KVCache.keep moves them on the host)."""
+        found = [(n, g) for n, g in m.graphs.items() if g.model == model and g.role == "tree" and n in sessions]
+        tree = TreeRunner(sessions[found[0][0]], *found[0], self.cache.slot(0)) if found else None
+        moves = [(n, g) for n, g in m.graphs.items() if g.model == model and g.role == "move" and n in sessions]
+        mover = RowMover(sessions[moves[0][0]], *moves[0]) if moves and self.device != "cpu" else None
+        if tree is not None and self.device != "cpu" and mover is None:
+            raise EngineError(f"tree drafters move KV rows, which this bundle does on host buffers only (it predates the move graph); "
+                              f"re-export it with --tree-nodes, or on provider={provider!r} use a chain drafter (model, feature, feature-lookup, lookup, ...)")
+        return tree, mover
 
     # -- running ----------------------------------------------------------------------------
 
