@@ -11,9 +11,10 @@ Runtime runs where the cache is, over the very buffers the decoding graphs write
 
 ``rows_from`` / ``rows_to`` int64 [m] (absolute positions; the manifest's ``ids`` / ``positions``
 roles). The rows are gathered into a buffer of their own before any is written, so a row
-moved down never overwrites one still to be read; ScatterElements copies ``past`` to
-``present`` first only where they are different buffers (here they are the same one).
-No weights, standard ops: nothing to optimize or quantize.
+moved down never overwrites one still to be read; ScatterElements starts from ``past`` in
+``present`` (bound to the same buffer, that is the cache itself) and writes the moved rows.
+No weights, standard ops: nothing to optimize or quantize. A bundle with this graph needs a
+specdec that knows the role (this one on).
 """
 
 from __future__ import annotations
